@@ -1,0 +1,70 @@
+"""streamq: a job engine for Python services on Redis Streams consumer groups.
+
+Public surface only; everything else lives in private modules. Errors: see ``_errors``
+(documented in ``docs/errors.md``).
+"""
+
+from ._config import QueueConfig, RetryPolicy, WorkerConfig
+from ._errors import (
+    Fail,
+    InvalidArgument,
+    InvalidJobId,
+    InvalidQueueName,
+    JobFailed,
+    JobNotFound,
+    PayloadTooLarge,
+    QueueFull,
+    RegistryError,
+    ResultNotReady,
+    Retry,
+    ScriptError,
+    SerializationError,
+    StreamqError,
+    WaitTimeout,
+)
+from ._keys import Keys
+from ._model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
+from ._queue import AsyncQueue, Queue
+from ._registry import HandlerSpec, Registry
+from ._serde import JsonSerde, MsgpackSerde, Serde
+from ._worker import Worker, WorkerStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STATES",
+    "AsyncQueue",
+    "CancelResult",
+    "EnqueueResult",
+    "Envelope",
+    "Fail",
+    "HandlerSpec",
+    "InvalidArgument",
+    "InvalidJobId",
+    "InvalidQueueName",
+    "Job",
+    "JobFailed",
+    "JobInfo",
+    "JobNotFound",
+    "JsonSerde",
+    "Keys",
+    "MsgpackSerde",
+    "PayloadTooLarge",
+    "Queue",
+    "QueueConfig",
+    "QueueFull",
+    "Registry",
+    "RegistryError",
+    "ResultNotReady",
+    "Retry",
+    "RetryPolicy",
+    "ScriptError",
+    "Serde",
+    "SerializationError",
+    "StreamqError",
+    "WaitTimeout",
+    "Worker",
+    "WorkerConfig",
+    "WorkerStats",
+    "__version__",
+]

@@ -1,0 +1,100 @@
+"""Frozen configuration objects. Durations carry their unit in the name (``_s``, ``_ms``)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import attrs
+
+from ._errors import InvalidArgument
+from ._serde import JsonSerde, Serde
+
+
+def _positive_int(_inst: object, att: attrs.Attribute[int], v: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise InvalidArgument(f"{att.name} must be a positive integer, got {v!r}")
+
+
+def _non_negative_int(_inst: object, att: attrs.Attribute[int], v: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise InvalidArgument(f"{att.name} must be an integer >= 0, got {v!r}")
+
+
+def _positive_seconds(_inst: object, att: attrs.Attribute[float], v: float) -> None:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+        raise InvalidArgument(f"{att.name} must be a positive, finite number of seconds, got {v!r}")
+
+
+def _optional_positive_seconds(inst: object, att: attrs.Attribute[float | None], v: float | None) -> None:
+    if v is not None:
+        _positive_seconds(inst, att, v)  # type: ignore[arg-type]
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Exponential backoff with full jitter: delay = uniform(0, min(cap, base * 2**(attempt-1)))."""
+
+    base_s: float = attrs.field(default=1.0, validator=_positive_seconds)
+    cap_s: float = attrs.field(default=300.0, validator=_positive_seconds)
+
+    def delay_s(self, attempt: int) -> float:
+        ceiling = min(self.cap_s, self.base_s * 2.0 ** min(attempt - 1, 60))
+        return random.uniform(0.0, ceiling)
+
+
+@attrs.frozen
+class QueueConfig:
+    """Settings shared by producers and workers of a queue (keep them the same on both sides)."""
+
+    max_payload_bytes: int = attrs.field(default=512 * 1024, validator=_positive_int)
+    max_depth: int = attrs.field(default=0, validator=_non_negative_int)
+    """Reject enqueues once ready + in-flight + delayed reaches this; 0 = unlimited."""
+    default_result_ttl_s: int = attrs.field(default=24 * 3600, validator=_positive_int)
+    dead_ttl_s: int = attrs.field(default=14 * 24 * 3600, validator=_positive_int)
+    """How long dead-lettered job records are kept."""
+    dead_maxlen: int = attrs.field(default=1_000_000, validator=_positive_int)
+    events_maxlen: int = attrs.field(default=100_000, validator=_non_negative_int)
+    """Approximate cap of the lifecycle events stream; 0 turns events off."""
+    key_prefix: str = "streamq"
+    serde: Serde = attrs.field(factory=JsonSerde)
+
+
+@attrs.frozen
+class WorkerConfig:
+    """How a worker process fetches, runs and recovers jobs."""
+
+    concurrency: int = attrs.field(default=64, validator=_positive_int)
+    visibility_timeout_s: float = attrs.field(default=30.0, validator=_positive_seconds)
+    """A job whose lease is not renewed for this long is taken over by another worker."""
+    fetch_batch: int = attrs.field(default=128, validator=_positive_int)
+    block_ms: int = attrs.field(default=2000, validator=_positive_int)
+    grace_period_s: float = attrs.field(default=10.0, validator=_positive_seconds)
+    heartbeat_interval_s: float = attrs.field(default=5.0, validator=_positive_seconds)
+    promote_interval_s: float = attrs.field(default=1.0, validator=_positive_seconds)
+    """Longest sleep between promotion rounds (sooner when the next due time is known)."""
+    reclaim_interval_s: float | None = attrs.field(
+        default=None, validator=_optional_positive_seconds
+    )
+    """How often to look for lapsed leases; None = a quarter of the visibility timeout."""
+    consumer_dead_after_s: float = attrs.field(default=600.0, validator=_positive_seconds)
+    """Consumers silent this long, with an empty pending list, are pruned from the group."""
+    sync_threads: int | None = attrs.field(default=None)
+    """Thread pool size for sync handlers; None = concurrency."""
+    default_max_attempts: int = attrs.field(default=3, validator=_positive_int)
+    default_timeout_s: float | None = attrs.field(
+        default=None, validator=_optional_positive_seconds
+    )
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    promote: bool = True
+    """Promote due delayed/retry jobs from this worker (on unless a scheduler daemon does it)."""
+
+    @property
+    def reclaim_every_s(self) -> float:
+        if self.reclaim_interval_s is not None:
+            return self.reclaim_interval_s
+        return max(0.05, self.visibility_timeout_s / 4)
+
+    @property
+    def renew_every_s(self) -> float:
+        return max(0.05, self.visibility_timeout_s / 3)

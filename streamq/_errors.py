@@ -1,0 +1,100 @@
+"""The one exception tree of streamq.
+
+Every error streamq raises on purpose derives from :class:`StreamqError`. Errors about bad
+arguments also derive from :class:`ValueError`, and :class:`WaitTimeout` from
+:class:`TimeoutError`, so callers may catch them either way. ``docs/errors.md`` lists them all.
+
+:class:`Retry` and :class:`Fail` are not errors of streamq: handlers raise them to steer the
+outcome of one attempt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StreamqError(Exception):
+    """Base class of every error streamq raises."""
+
+
+class InvalidArgument(StreamqError, ValueError):
+    """An argument at the API boundary is out of range or malformed. Nothing was written."""
+
+
+class InvalidJobId(InvalidArgument):
+    """A job id is empty, too long, or has characters outside the allowed set."""
+
+
+class InvalidQueueName(InvalidArgument):
+    """A queue name is empty, too long, or has characters outside the allowed set."""
+
+
+class PayloadTooLarge(InvalidArgument):
+    """The serialised job envelope is larger than the queue's ``max_payload_bytes``."""
+
+
+class SerializationError(InvalidArgument):
+    """A payload, result or header could not be serialised (or deserialised) by the serde."""
+
+
+class QueueFull(StreamqError):
+    """The queue holds ``max_depth`` jobs (ready + in flight + delayed); the job was rejected."""
+
+    def __init__(self, queue: str, job_id: str) -> None:
+        super().__init__(f"queue {queue!r} is full; job {job_id!r} was not accepted")
+        self.queue = queue
+        self.job_id = job_id
+
+
+class JobNotFound(StreamqError, LookupError):
+    """No record exists for this job id (never enqueued, or its record expired)."""
+
+
+class ResultNotReady(StreamqError):
+    """The job has not finished yet."""
+
+
+class JobFailed(StreamqError):
+    """The job ended in ``failed`` (dead-lettered) or ``cancelled``; ``error`` tells why."""
+
+    def __init__(self, job_id: str, state: str, error: dict[str, Any] | None) -> None:
+        detail = ""
+        if error:
+            detail = f": {error.get('type', '')}: {error.get('message', '')}"
+        super().__init__(f"job {job_id!r} ended {state}{detail}")
+        self.job_id = job_id
+        self.state = state
+        self.error = error or {}
+
+
+class WaitTimeout(StreamqError, TimeoutError):
+    """Waiting for a result took longer than asked. The job itself goes on."""
+
+    def __init__(self, job_id: str, timeout_s: float) -> None:
+        super().__init__(f"job {job_id!r} did not finish within {timeout_s:g} s")
+        self.job_id = job_id
+
+
+class RegistryError(StreamqError):
+    """A handler was registered twice, or under an invalid name."""
+
+
+class ScriptError(StreamqError):
+    """A streamq Lua script failed on the server (a bug or a corrupted key); the message says which."""
+
+
+class Retry(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raise from a handler to retry this job; ``delay_s=None`` uses the backoff policy."""
+
+    def __init__(self, reason: str = "retry requested", *, delay_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay_s = delay_s
+
+
+class Fail(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raise from a handler to dead-letter this job now, without further attempts."""
+
+    def __init__(self, reason: str = "failed by handler") -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,109 @@
+"""Lease renewal on its own thread and connection, so handler code cannot starve it.
+
+An async handler that blocks the event loop, or a pool full of busy sync handlers, still
+gets its lease renewed: this thread only needs the GIL now and then.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import attrs
+import redis
+
+from ._keys import GROUP, Keys
+from ._retry import TRANSIENT
+from ._scripts import SCRIPTS
+
+log = logging.getLogger("streamq.worker")
+_BATCH = 1000
+
+
+@attrs.define
+class Lease:
+    keys: Keys
+    job_id: str
+    entry: str
+    token: str
+    started: float = attrs.field(factory=time.monotonic)
+    lost: bool = False
+
+
+class LeaseKeeper:
+    """Holds the worker's leases; renews those older than ``every_s`` every ``every_s``."""
+
+    def __init__(self, client_factory: Callable[[], redis.Redis], consumer: str,
+                 every_s: float) -> None:
+        self._factory = client_factory
+        self._consumer = consumer
+        self._every_s = every_s
+        self._lock = threading.Lock()
+        self._leases: dict[tuple[str, str], Lease] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.renewed = 0
+        self.lost = 0
+
+    def add(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases[(lease.keys.queue, lease.entry)] = lease
+
+    def remove(self, queue: str, entry: str) -> None:
+        with self._lock:
+            self._leases.pop((queue, entry), None)
+
+    def holds(self, queue: str, entry: str) -> bool:
+        with self._lock:
+            return (queue, entry) in self._leases
+
+    def snapshot(self) -> list[Lease]:
+        with self._lock:
+            return list(self._leases.values())
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="streamq-lease", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        client = self._factory()
+        try:
+            while not self._stop.wait(self._every_s):
+                try:
+                    self.renew_once(client)
+                except TRANSIENT as exc:
+                    log.warning("lease renewal failed, will retry: %s", exc)
+                except Exception:  # keep renewing whatever happens
+                    log.exception("lease renewal failed")
+        finally:
+            client.close()
+
+    def renew_once(self, client: redis.Redis) -> None:
+        cutoff = time.monotonic() - self._every_s
+        by_queue: dict[str, list[Lease]] = {}
+        for lease in self.snapshot():
+            if lease.started <= cutoff and not lease.lost:
+                by_queue.setdefault(lease.keys.queue, []).append(lease)
+        for leases in by_queue.values():
+            for i in range(0, len(leases), _BATCH):
+                batch = leases[i:i + _BATCH]
+                keys = [batch[0].keys.stream, *(x.keys.job(x.job_id) for x in batch)]
+                args: list[str] = [GROUP, self._consumer]
+                for x in batch:
+                    args += [x.entry, x.token]
+                reply = SCRIPTS["renew"](client, keys, args)
+                for x, ok in zip(batch, reply, strict=True):
+                    if ok:
+                        self.renewed += 1
+                    else:
+                        x.lost = True
+                        self.lost += 1
+                        log.warning("lease lost for job %s (entry %s): another worker took it over",
+                                    x.job_id, x.entry)

@@ -1,0 +1,179 @@
+"""The job envelope and the objects users see: Job (handed to handlers), JobInfo, results."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+import attrs
+import cattrs
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+
+from ._errors import SerializationError
+
+State = Literal["scheduled", "queued", "active", "retrying", "completed", "failed", "cancelled"]
+STATES: tuple[State, ...] = (
+    "scheduled", "queued", "active", "retrying", "completed", "failed", "cancelled",
+)
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+@attrs.frozen
+class Envelope:
+    """What a producer hands over: immutable for the life of the job."""
+
+    id: str
+    type: str
+    payload: Any = None
+    version: int = 1
+    max_attempts: int = 0
+    """0 = the handler's (or the worker's) default."""
+    created_ms: int = 0
+    """Producer's clock, informational; due times and deadlines use the server's clock."""
+    not_before_ms: int = 0
+    deadline_ms: int = 0
+    idempotency_key: str | None = None
+    trace: dict[str, str] = attrs.field(factory=dict)
+    """Trace-context carrier (W3C traceparent/tracestate/baggage), filled by instrumentation."""
+    result_ttl_s: int = 0
+    headers: dict[str, str] = attrs.field(factory=dict)
+
+
+_conv = cattrs.Converter()
+_conv.register_unstructure_hook(
+    Envelope,
+    make_dict_unstructure_fn(Envelope, _conv, _cattrs_omit_if_default=True,
+                             id=override(rename="i"), type=override(rename="t"),
+                             payload=override(rename="p", omit_if_default=False)),
+)
+_conv.register_structure_hook(
+    Envelope,
+    make_dict_structure_fn(Envelope, _conv, id=override(rename="i"),
+                           type=override(rename="t"), payload=override(rename="p")),
+)
+
+
+def envelope_to_plain(env: Envelope) -> dict[str, Any]:
+    plain: dict[str, Any] = _conv.unstructure(env)
+    return plain
+
+
+def envelope_from_plain(obj: Any) -> Envelope:
+    try:
+        return _conv.structure(obj, Envelope)
+    except Exception as exc:  # cattrs raises ClassValidationError groups, KeyError, TypeError
+        raise SerializationError(f"malformed job envelope: {exc}") from exc
+
+
+@attrs.frozen
+class Job:
+    """One attempt of a job, as a handler sees it."""
+
+    id: str
+    type: str
+    payload: Any
+    attempt: int
+    """1 on the first run."""
+    max_attempts: int
+    queue: str
+    version: int = 1
+    idempotency_key: str = ""
+    """Stable across attempts (defaults to the job id): key side effects on it."""
+    headers: dict[str, str] = attrs.field(factory=dict)
+    trace: dict[str, str] = attrs.field(factory=dict)
+    deadline_ms: int = 0
+
+
+@attrs.frozen
+class EnqueueResult:
+    job_id: str
+    status: Literal["queued", "scheduled", "duplicate", "rejected"]
+    state: str
+    """For a duplicate: the existing job's state."""
+    result: Any = None
+    """For a duplicate that completed: its result."""
+    error: dict[str, Any] | None = None
+    reason: str = ""
+    """For a rejected job in a bulk enqueue: why."""
+
+
+@attrs.frozen
+class CancelResult:
+    job_id: str
+    cancelled: bool
+    state: str
+    """The state the job was in when cancel was asked ('' when not found)."""
+    reason: str = ""
+
+
+def _ms_to_dt(v: bytes | None) -> dt.datetime | None:
+    if not v:
+        return None
+    return dt.datetime.fromtimestamp(int(v) / 1000, tz=dt.timezone.utc)
+
+
+@attrs.frozen
+class JobInfo:
+    """A snapshot of a job record."""
+
+    id: str
+    queue: str
+    type: str
+    state: str
+    attempts: int
+    """Runs started (a reclaimed run counts)."""
+    max_attempts: int
+    payload: Any
+    created_at: dt.datetime | None
+    enqueued_at: dt.datetime | None
+    due_at: dt.datetime | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    owner: str | None
+    result: Any
+    error: dict[str, Any] | None
+    """The last error (type, message, traceback summary) of a failed or retried attempt."""
+    reason: str
+    envelope: Envelope | None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
+
+
+def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) -> JobInfo:
+    def s(k: str) -> str:
+        v = h.get(k.encode())
+        return v.decode() if v is not None else ""
+
+    env: Envelope | None = None
+    payload: Any = None
+    raw_env = h.get(b"env")
+    if raw_env is not None:
+        try:
+            env = envelope_from_plain(serde.loads(raw_env))
+            payload = env.payload
+        except SerializationError:
+            env = None
+    result: Any = None
+    if h.get(b"result") is not None and s("state") == "completed":
+        try:
+            result = serde.loads(h[b"result"])
+        except SerializationError:
+            result = h[b"result"]
+    error: dict[str, Any] | None = None
+    if h.get(b"error"):
+        try:
+            err = serde.loads(h[b"error"])
+            error = err if isinstance(err, dict) else {"message": str(err)}
+        except SerializationError:
+            error = {"message": s("error")}
+    return JobInfo(
+        id=job_id, queue=queue, type=s("type"), state=s("state"),
+        attempts=int(s("attempts") or 0), max_attempts=int(s("max_attempts") or 0),
+        payload=payload, created_at=_ms_to_dt(h.get(b"created")),
+        enqueued_at=_ms_to_dt(h.get(b"enqueued")), due_at=_ms_to_dt(h.get(b"due")),
+        started_at=_ms_to_dt(h.get(b"started")), finished_at=_ms_to_dt(h.get(b"finished")),
+        owner=s("owner") or None, result=result, error=error, reason=s("reason"),
+        envelope=env,
+    )

@@ -1,0 +1,222 @@
+"""Producer logic shared by Queue and AsyncQueue: validation, script arguments, reply parsing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ._config import QueueConfig
+from ._errors import InvalidArgument, JobFailed, PayloadTooLarge, QueueFull, ResultNotReady
+from ._keys import GROUP, Keys, check_job_id
+from ._model import (
+    TERMINAL,
+    CancelResult,
+    EnqueueResult,
+    Envelope,
+    JobInfo,
+    decode_record,
+    envelope_to_plain,
+)
+from ._scripts import Arg
+
+_TYPE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,199}")
+MAX_BATCH = 1000
+"""Jobs per enqueue script call (loops are capped)."""
+
+ENQUEUE_KEYS = ("type", "payload", "job_id", "delay", "run_at", "deadline", "max_attempts",
+                "result_ttl", "idempotency_key", "headers", "version")
+
+
+def new_job_id() -> str:
+    return os.urandom(16).hex()
+
+
+def _seconds(name: str, v: Any, *, allow_zero: bool) -> float:
+    if isinstance(v, dt.timedelta):
+        v = v.total_seconds()
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise InvalidArgument(f"{name} must be a finite number of seconds, got {v!r}")
+    if v < 0 or (v == 0 and not allow_zero):
+        raise InvalidArgument(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {v!r}")
+    return float(v)
+
+
+def _epoch_ms(name: str, v: Any) -> int:
+    if not isinstance(v, dt.datetime):
+        raise InvalidArgument(f"{name} must be a datetime, got {type(v).__name__}")
+    if v.tzinfo is None:
+        raise InvalidArgument(f"{name} must be timezone-aware (naive datetimes are ambiguous)")
+    return int(v.timestamp() * 1000)
+
+
+@attrs.frozen
+class Prepared:
+    job_id: str
+    key: str
+    args: tuple[Arg, ...]
+
+
+def prepare(
+    keys: Keys,
+    cfg: QueueConfig,
+    job_type: str,
+    payload: Any = None,
+    *,
+    job_id: str | None = None,
+    delay: float | dt.timedelta | None = None,
+    run_at: dt.datetime | None = None,
+    deadline: float | dt.timedelta | dt.datetime | None = None,
+    max_attempts: int | None = None,
+    result_ttl: float | dt.timedelta | None = None,
+    idempotency_key: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    version: int = 1,
+    trace: Mapping[str, str] | None = None,
+    notify: str = "",
+) -> Prepared:
+    """Validate one job and build its slice of enqueue.lua's arguments. Raises InvalidArgument."""
+    if not isinstance(job_type, str) or not _TYPE_RE.fullmatch(job_type):
+        raise InvalidArgument(f"invalid job type {job_type!r}: 1-200 of A-Z a-z 0-9 . _ : / -")
+    jid = new_job_id() if job_id is None else check_job_id(job_id)
+    delay_ms = 0
+    run_at_ms = 0
+    if delay is not None and run_at is not None:
+        raise InvalidArgument("give delay or run_at, not both")
+    if delay is not None:
+        delay_ms = math.ceil(_seconds("delay", delay, allow_zero=True) * 1000)
+    if run_at is not None:
+        run_at_ms = _epoch_ms("run_at", run_at)
+    deadline_arg = 0
+    if isinstance(deadline, dt.datetime):
+        deadline_arg = _epoch_ms("deadline", deadline)
+    elif deadline is not None:
+        deadline_arg = -math.ceil(_seconds("deadline", deadline, allow_zero=False) * 1000)
+    if max_attempts is None:
+        attempts = 0
+    elif isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not (
+        1 <= max_attempts <= 10_000
+    ):
+        raise InvalidArgument(f"max_attempts must be an integer 1..10000, got {max_attempts!r}")
+    else:
+        attempts = max_attempts
+    ttl_s = cfg.default_result_ttl_s
+    if result_ttl is not None:
+        ttl_s = max(1, math.ceil(_seconds("result_ttl", result_ttl, allow_zero=False)))
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InvalidArgument(f"version must be a positive integer, got {version!r}")
+    if idempotency_key is not None and not isinstance(idempotency_key, str):
+        raise InvalidArgument("idempotency_key must be a string")
+    hdrs = dict(headers or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in hdrs.items()):
+        raise InvalidArgument("headers must map str to str")
+    env = Envelope(
+        id=jid, type=job_type, payload=payload, version=version, max_attempts=attempts,
+        created_ms=int(time.time() * 1000), not_before_ms=run_at_ms,
+        deadline_ms=deadline_arg if deadline_arg > 0 else 0, idempotency_key=idempotency_key,
+        trace=dict(trace or {}), result_ttl_s=ttl_s, headers=hdrs,
+    )
+    data = cfg.serde.dumps(envelope_to_plain(env))
+    if len(data) > cfg.max_payload_bytes:
+        raise PayloadTooLarge(
+            f"job {jid!r}: envelope is {len(data)} bytes, over the queue's max_payload_bytes"
+            f" of {cfg.max_payload_bytes}"
+        )
+    return Prepared(jid, keys.job(jid), (jid, job_type, data, attempts, ttl_s, deadline_arg,
+                                          delay_ms, run_at_ms, notify))
+
+
+def prepare_many(keys: Keys, cfg: QueueConfig, jobs: Iterable[Mapping[str, Any]]) -> list[Prepared]:
+    out: list[Prepared] = []
+    for i, spec in enumerate(jobs):
+        if not isinstance(spec, Mapping) or "type" not in spec:
+            raise InvalidArgument(f"job #{i}: a mapping with at least a 'type' key is required")
+        unknown = set(spec) - set(ENQUEUE_KEYS)
+        if unknown:
+            raise InvalidArgument(f"job #{i}: unknown keys {sorted(unknown)}")
+        kw = {k: v for k, v in spec.items() if k not in ("type", "payload")}
+        try:
+            out.append(prepare(keys, cfg, spec["type"], spec.get("payload"), **kw))
+        except InvalidArgument as exc:
+            raise type(exc)(f"job #{i}: {exc}") from exc
+    return out
+
+
+def chunks(prepared: Sequence[Prepared]) -> list[Sequence[Prepared]]:
+    return [prepared[i:i + MAX_BATCH] for i in range(0, len(prepared), MAX_BATCH)]
+
+
+def enqueue_call(keys: Keys, cfg: QueueConfig, batch: Sequence[Prepared]) -> tuple[list[str], list[Arg]]:
+    k = [keys.stream, keys.delayed, keys.stats, keys.events]
+    k.extend(p.key for p in batch)
+    args: list[Arg] = [cfg.events_maxlen, cfg.max_depth, keys.wake_channel, len(batch)]
+    for p in batch:
+        args.extend(p.args)
+    return k, args
+
+
+def parse_enqueue(
+    cfg: QueueConfig, batch: Sequence[Prepared], reply: list[Any], *, retried: bool
+) -> list[EnqueueResult]:
+    out: list[EnqueueResult] = []
+    for i, p in enumerate(batch):
+        status, state, result, error, mine = reply[5 * i:5 * i + 5]
+        st = status.decode()
+        if st == "full":
+            out.append(EnqueueResult(p.job_id, "rejected", "", reason="queue full"))
+            continue
+        if st == "duplicate" and retried and int(mine) == 1:
+            # an earlier try of this very call went through before the connection dropped
+            st_state = state.decode()
+            out.append(EnqueueResult(p.job_id, "scheduled" if st_state == "scheduled" else "queued",
+                                     st_state))
+            continue
+        res = cfg.serde.loads(result) if result else None
+        err = cfg.serde.loads(error) if error else None
+        out.append(EnqueueResult(p.job_id, st, state.decode(), res, err))  # type: ignore[arg-type]
+    return out
+
+
+def single(queue: str, results: list[EnqueueResult]) -> EnqueueResult:
+    r = results[0]
+    if r.status == "rejected":
+        raise QueueFull(queue, r.job_id)
+    return r
+
+
+def cancel_call(keys: Keys, cfg: QueueConfig, job_id: str) -> tuple[list[str], list[Arg]]:
+    check_job_id(job_id)
+    return ([keys.job(job_id), keys.stream, keys.delayed, keys.stats, keys.events],
+            [GROUP, job_id, cfg.events_maxlen])
+
+
+def parse_cancel(job_id: str, reply: list[bytes], *, retried: bool) -> CancelResult:
+    code, state = reply[0].decode(), reply[1].decode()
+    if code == "cancelled":
+        return CancelResult(job_id, True, state)
+    if code == "not_found":
+        return CancelResult(job_id, False, "", "job not found (never enqueued, or expired)")
+    if retried and state == "cancelled":
+        return CancelResult(job_id, True, state)
+    return CancelResult(job_id, False, state, f"job is {state}; only scheduled, queued or"
+                        " retrying jobs can be cancelled")
+
+
+def outcome(info: JobInfo) -> Any:
+    """The result of a finished job, or the error it ended with."""
+    if info.state == "completed":
+        return info.result
+    if info.state in TERMINAL:
+        raise JobFailed(info.id, info.state, info.error or ({"message": info.reason}
+                                                             if info.reason else None))
+    raise ResultNotReady(f"job {info.id!r} is {info.state}")
+
+
+def to_info(keys: Keys, cfg: QueueConfig, job_id: str, h: dict[bytes, bytes]) -> JobInfo:
+    return decode_record(keys.queue, job_id, h, cfg.serde)

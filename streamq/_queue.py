@@ -1,0 +1,287 @@
+"""Queue (blocking) and AsyncQueue (asyncio): the producer and query API of one queue."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+from redis.exceptions import NoScriptError
+
+from . import _producer as P
+from ._config import QueueConfig
+from ._conn import async_client, sync_client
+from ._errors import JobNotFound, ResultNotReady, WaitTimeout
+from ._keys import Keys, check_job_id
+from ._model import TERMINAL, CancelResult, EnqueueResult, JobInfo
+from ._retry import async_retrying, retrying
+from ._scripts import SCRIPTS
+
+_POLL_MAX_S = 0.5
+
+
+class _Base:
+    def __init__(self, name: str, config: QueueConfig | None = None) -> None:
+        self.config = config or QueueConfig()
+        self.keys = Keys(name, self.config.key_prefix)
+        self.name = name
+
+
+class Queue(_Base):
+    """A queue, used from blocking code. All methods are thread-safe (redis-py pool)."""
+
+    def __init__(self, client: redis.Redis, name: str, config: QueueConfig | None = None) -> None:
+        super().__init__(name, config)
+        self.client = client
+
+    @classmethod
+    def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
+                 **client_kwargs: Any) -> Queue:
+        return cls(sync_client(url, **client_kwargs), name, config)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _enqueue(self, prepared: list[P.Prepared]) -> list[EnqueueResult]:
+        out: list[EnqueueResult] = []
+        for batch in P.chunks(prepared):
+            keys, args = P.enqueue_call(self.keys, self.config, batch)
+            for n, attempt in enumerate(retrying()):
+                with attempt:
+                    reply = SCRIPTS["enqueue"](self.client, keys, args)
+                    out.extend(P.parse_enqueue(self.config, batch, reply, retried=n > 0))
+        return out
+
+    def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
+        """Enqueue one job now or later. Options: see ``docs/getting-started.md``."""
+        return P.single(self.name, self._enqueue([P.prepare(self.keys, self.config, job_type,
+                                                             payload, **options)]))
+
+    def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
+        """Enqueue many jobs in pipelined batches; each dict takes enqueue's argument names.
+
+        A job the queue has no room for comes back with status 'rejected' (no exception),
+        so one full queue never hides which jobs were accepted.
+        """
+        prepared = P.prepare_many(self.keys, self.config, jobs)
+        batches = P.chunks(prepared)
+        if len(batches) <= 1:
+            return self._enqueue(prepared)
+        calls = [P.enqueue_call(self.keys, self.config, b) for b in batches]
+        script = SCRIPTS["enqueue"]
+        for n, attempt in enumerate(retrying()):
+            with attempt:
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                try:
+                    replies = pipe.execute()
+                except NoScriptError:
+                    self.client.script_load(script.source)
+                    replies = pipe.execute()
+                out: list[EnqueueResult] = []
+                for b, reply in zip(batches, replies, strict=True):
+                    out.extend(P.parse_enqueue(self.config, b, reply, retried=n > 0))
+        return out
+
+    def get(self, job_id: str) -> JobInfo | None:
+        """The job's record, or None when there is none (never enqueued, or expired)."""
+        check_job_id(job_id)
+        for attempt in retrying():
+            with attempt:
+                h = self.client.hgetall(self.keys.job(job_id))
+        return P.to_info(self.keys, self.config, job_id, h) if h else None
+
+    def _info(self, job_id: str) -> JobInfo:
+        info = self.get(job_id)
+        if info is None:
+            raise JobNotFound(f"job {job_id!r} not found in queue {self.name!r}")
+        return info
+
+    def result(self, job_id: str, *, timeout: float | None = None) -> Any:
+        """The result of a completed job; raises JobFailed, ResultNotReady or JobNotFound.
+
+        With ``timeout`` (seconds), waits that long for the job to finish (WaitTimeout).
+        """
+        info = self._info(job_id)
+        if timeout is None or info.finished:
+            return P.outcome(info)
+        return self._wait(job_id, timeout, None)
+
+    def cancel(self, job_id: str) -> CancelResult:
+        keys, args = P.cancel_call(self.keys, self.config, job_id)
+        for n, attempt in enumerate(retrying()):
+            with attempt:
+                reply = SCRIPTS["cancel"](self.client, keys, args)
+                return P.parse_cancel(job_id, reply, retried=n > 0)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
+                         **options: Any) -> Any:
+        """Enqueue, then wait for the result; raises JobFailed or WaitTimeout (job goes on)."""
+        P._seconds("timeout", timeout, allow_zero=False)
+        job_id = options.pop("job_id", None) or P.new_job_id()
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            channel = self.keys.done_channel(job_id)
+            pubsub.subscribe(channel)
+            r = self.enqueue(job_type, payload, job_id=job_id, notify=channel, **options)
+            if r.status == "duplicate" and r.state in TERMINAL:
+                return P.outcome(self._info(job_id))
+            return self._wait(job_id, timeout, pubsub)
+        finally:
+            pubsub.close()
+
+    def _wait(self, job_id: str, timeout: float, pubsub: Any) -> Any:
+        end = time.monotonic() + timeout
+        poll = 0.01
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(job_id, timeout)
+            if pubsub is not None:
+                pubsub.get_message(timeout=min(remaining, _POLL_MAX_S))
+            else:
+                time.sleep(min(remaining, poll))
+                poll = min(poll * 2, _POLL_MAX_S)
+            try:
+                return P.outcome(self._info(job_id))
+            except ResultNotReady:
+                continue
+
+
+class AsyncQueue(_Base):
+    """A queue, used from asyncio code. Same methods as Queue, awaitable."""
+
+    def __init__(self, client: aredis.Redis, name: str, config: QueueConfig | None = None) -> None:
+        super().__init__(name, config)
+        self.client = client
+
+    @classmethod
+    def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
+                 **client_kwargs: Any) -> AsyncQueue:
+        return cls(async_client(url, **client_kwargs), name, config)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _enqueue(self, prepared: list[P.Prepared]) -> list[EnqueueResult]:
+        out: list[EnqueueResult] = []
+        for batch in P.chunks(prepared):
+            keys, args = P.enqueue_call(self.keys, self.config, batch)
+            n = 0
+            async for attempt in async_retrying():
+                with attempt:
+                    reply = await SCRIPTS["enqueue"].run_async(self.client, keys, args)
+                    out.extend(P.parse_enqueue(self.config, batch, reply, retried=n > 0))
+                n += 1
+        return out
+
+    async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
+        return P.single(self.name, await self._enqueue(
+            [P.prepare(self.keys, self.config, job_type, payload, **options)]))
+
+    async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
+        prepared = P.prepare_many(self.keys, self.config, jobs)
+        batches = P.chunks(prepared)
+        if len(batches) <= 1:
+            return await self._enqueue(prepared)
+        calls = [P.enqueue_call(self.keys, self.config, b) for b in batches]
+        script = SCRIPTS["enqueue"]
+        n = 0
+        out: list[EnqueueResult] = []
+        async for attempt in async_retrying():
+            with attempt:
+                pipe = self.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                try:
+                    replies = await pipe.execute()
+                except NoScriptError:
+                    await self.client.script_load(script.source)
+                    replies = await pipe.execute()
+                out = []
+                for b, reply in zip(batches, replies, strict=True):
+                    out.extend(P.parse_enqueue(self.config, b, reply, retried=n > 0))
+            n += 1
+        return out
+
+    async def get(self, job_id: str) -> JobInfo | None:
+        check_job_id(job_id)
+        h: dict[bytes, bytes] = {}
+        async for attempt in async_retrying():
+            with attempt:
+                h = await self.client.hgetall(self.keys.job(job_id))  # type: ignore[misc]
+        return P.to_info(self.keys, self.config, job_id, h) if h else None
+
+    async def _info(self, job_id: str) -> JobInfo:
+        info = await self.get(job_id)
+        if info is None:
+            raise JobNotFound(f"job {job_id!r} not found in queue {self.name!r}")
+        return info
+
+    async def result(self, job_id: str, *, timeout: float | None = None) -> Any:
+        info = await self._info(job_id)
+        if timeout is None or info.finished:
+            return P.outcome(info)
+        return await self._wait(job_id, timeout, None)
+
+    async def cancel(self, job_id: str) -> CancelResult:
+        keys, args = P.cancel_call(self.keys, self.config, job_id)
+        n = 0
+        result: CancelResult | None = None
+        async for attempt in async_retrying():
+            with attempt:
+                reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
+                result = P.parse_cancel(job_id, reply, retried=n > 0)
+            n += 1
+        assert result is not None
+        return result
+
+    async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
+                               **options: Any) -> Any:
+        P._seconds("timeout", timeout, allow_zero=False)
+        job_id = options.pop("job_id", None) or P.new_job_id()
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            channel = self.keys.done_channel(job_id)
+            await pubsub.subscribe(channel)
+            r = await self.enqueue(job_type, payload, job_id=job_id, notify=channel, **options)
+            if r.status == "duplicate" and r.state in TERMINAL:
+                return P.outcome(await self._info(job_id))
+            return await self._wait(job_id, timeout, pubsub)
+        finally:
+            await pubsub.aclose()
+
+    async def _wait(self, job_id: str, timeout: float, pubsub: Any) -> Any:
+        import asyncio
+
+        end = time.monotonic() + timeout
+        poll = 0.01
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise WaitTimeout(job_id, timeout)
+            if pubsub is not None:
+                await pubsub.get_message(timeout=min(remaining, _POLL_MAX_S))
+            else:
+                await asyncio.sleep(min(remaining, poll))
+                poll = min(poll * 2, _POLL_MAX_S)
+            try:
+                return P.outcome(await self._info(job_id))
+            except ResultNotReady:
+                continue

@@ -1,0 +1,585 @@
+"""The worker: fetch with XREADGROUP, start, run handlers, settle outcomes in batches, recover."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import traceback
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+import redis.asyncio as aredis
+from redis.exceptions import ResponseError
+
+from ._config import QueueConfig, RetryPolicy, WorkerConfig
+from ._conn import async_client, sync_client
+from ._errors import Fail, Retry, SerializationError
+from ._keys import GROUP, Keys
+from ._lease import Lease, LeaseKeeper
+from ._model import Envelope, Job, envelope_from_plain
+from ._promote import Promoter
+from ._registry import HandlerSpec, Registry
+from ._retry import TRANSIENT
+from ._scripts import SCRIPTS
+
+log = logging.getLogger("streamq.worker")
+_BATCH = 1000
+_instance = itertools.count()
+Finish = tuple[str, str, str, str, bytes, Any, str]
+"""(job id, entry, token, outcome, data, delay ms or reason, error type) for finish.lua."""
+
+
+def error_info(exc: BaseException) -> dict[str, str]:
+    tb = "".join(traceback.format_exception(exc, limit=8))
+    return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": tb[-4000:]}
+
+
+@attrs.define
+class _QState:
+    keys: Keys
+    buf: list[Finish] = attrs.field(factory=list)
+    flush: asyncio.Event = attrs.field(factory=asyncio.Event)
+    paused: bool = False
+    cursor: str = "0-0"
+    """XAUTOCLAIM cursor, kept between reclaim rounds."""
+    own_cursor: str | None = "0"
+    """Where to read this consumer's own pending entries from; None once they are all seen."""
+    promoter: Promoter | None = None
+
+
+@attrs.define
+class WorkerStats:
+    started: int = 0
+    completed: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+    reclaimed: int = 0
+    released: int = 0
+
+
+class Worker:
+    """Runs registered handlers for jobs of one or more queues.
+
+    ``worker.run()`` blocks until SIGTERM/SIGINT; inside a running service use
+    ``async with worker:`` or ``await worker.start()`` / ``await worker.stop()``.
+    """
+
+    def __init__(self, url: str, queues: Sequence[str], registry: Registry,
+                 config: WorkerConfig | None = None, queue_config: QueueConfig | None = None,
+                 *, consumer: str | None = None, **client_kwargs: Any) -> None:
+        self.config = config or WorkerConfig()
+        self.queue_config = queue_config or QueueConfig()
+        self.registry = registry
+        self.url = url
+        if not queues:
+            raise ValueError("a worker needs at least one queue")
+        self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{next(_instance)}"
+        self._client_kwargs = client_kwargs
+        self._qs = {q: _QState(Keys(q, self.queue_config.key_prefix)) for q in queues}
+        self.stats = WorkerStats()
+        self._free = self.config.concurrency
+        self._capacity = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._flushers: list[asyncio.Task[None]] = []
+        self._running = False
+        self._stopped = asyncio.Event()
+        self._client: aredis.Redis | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s)
+
+    @classmethod
+    def from_url(cls, url: str, *, queues: Sequence[str], registry: Registry,
+                 concurrency: int | None = None, visibility_timeout: float | None = None,
+                 config: WorkerConfig | None = None, queue_config: QueueConfig | None = None,
+                 **kwargs: Any) -> Worker:
+        cfg = config or WorkerConfig()
+        if concurrency is not None:
+            cfg = attrs.evolve(cfg, concurrency=concurrency)
+        if visibility_timeout is not None:
+            cfg = attrs.evolve(cfg, visibility_timeout_s=visibility_timeout)
+        return cls(url, queues, registry, cfg, queue_config, **kwargs)
+
+    def _sync_client(self) -> Any:
+        return sync_client(self.url, **self._client_kwargs)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Connect, create the consumer groups, and start fetching in background tasks."""
+        if self._running:
+            return
+        timeout = self.config.block_ms / 1000 + 10
+        self._client = async_client(self.url, socket_timeout_s=timeout, **self._client_kwargs)
+        self._pool = ThreadPoolExecutor(self.config.sync_threads or self.config.concurrency,
+                                        thread_name_prefix="streamq-job")
+        for qs in self._qs.values():
+            await self._ensure_group(qs.keys)
+            if self.config.promote:
+                qs.promoter = Promoter(qs.keys, self.queue_config)
+        self._running = True
+        self._stopped.clear()
+        self._free = self.config.concurrency
+        self._capacity.set()
+        for qs in self._qs.values():
+            qs.own_cursor = "0"
+        self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s)
+        self._leases.start()
+        for qs in self._qs.values():
+            self._loops.append(asyncio.create_task(self._fetch_loop(qs)))
+            self._flushers.append(asyncio.create_task(self._flush_loop(qs)))
+        self._loops.append(asyncio.create_task(self._control_loop()))
+        self._loops.append(asyncio.create_task(self._reclaim_loop()))
+        if self.config.promote:
+            self._loops.append(asyncio.create_task(self._promote_loop()))
+        log.info("worker %s started on %s (concurrency %d)", self.consumer,
+                 ", ".join(self._qs), self.config.concurrency)
+
+    async def stop(self) -> None:
+        """Stop fetching, let in-flight jobs finish within the grace period, hand back the rest."""
+        if not self._running:
+            return
+        self._running = False
+        for t in self._loops:
+            t.cancel()
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        self._loops.clear()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.config.grace_period_s)
+        leftover = [(key, task) for key, task in self._jobs.items() if not task.done()]
+        for _key, task in leftover:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in leftover), return_exceptions=True)
+        for qs in self._qs.values():
+            qs.flush.set()
+        for _ in range(50):  # let the flushers drain what finished
+            if not any(qs.buf for qs in self._qs.values()):
+                break
+            await asyncio.sleep(0.02)
+        for t in self._flushers:
+            t.cancel()
+        await asyncio.gather(*self._flushers, return_exceptions=True)
+        self._flushers.clear()
+        await self._hand_back()
+        self._leases.stop()
+        assert self._pool is not None and self._client is not None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        await self._client.aclose()
+        self._stopped.set()
+        log.info("worker %s stopped: %s", self.consumer, self.stats)
+
+    def run(self) -> None:
+        """Run until SIGTERM or SIGINT, then stop gracefully."""
+        asyncio.run(self._run_until_signal())
+
+    async def _run_until_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+    # ----------------------------------------------------------------- fetching
+
+    async def _ensure_group(self, keys: Keys) -> None:
+        assert self._client is not None
+        try:
+            await self._client.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _reserve(self, want: int) -> int:
+        share = max(1, self._free // max(1, len(self._qs)))
+        n = min(want, share, self._free)
+        self._free -= n
+        if self._free <= 0:
+            self._capacity.clear()
+        return n
+
+    def _release(self, n: int) -> None:
+        if n > 0:
+            self._free += n
+            self._capacity.set()
+
+    async def _fetch_loop(self, qs: _QState) -> None:
+        assert self._client is not None
+        backoff = 0.05
+        while self._running:
+            if qs.paused:
+                await asyncio.sleep(0.2)
+                continue
+            await self._capacity.wait()
+            n = self._reserve(self.config.fetch_batch)
+            if n == 0:
+                await asyncio.sleep(0)
+                continue
+            try:
+                if qs.own_cursor is not None:  # entries delivered to this consumer name earlier
+                    reply = await self._client.xreadgroup(
+                        GROUP, self.consumer, {qs.keys.stream: qs.own_cursor}, count=n)
+                    raw = reply[0][1] if reply else []
+                    qs.own_cursor = raw[-1][0].decode() if raw else None
+                    entries = [e for e in raw if (qs.keys.queue, e[0].decode()) not in self._jobs]
+                else:
+                    reply = await self._client.xreadgroup(
+                        GROUP, self.consumer, {qs.keys.stream: ">"}, count=n,
+                        block=self.config.block_ms)
+                    entries = reply[0][1] if reply else []
+                backoff = 0.05
+            except asyncio.CancelledError:
+                self._release(n)
+                raise
+            except ResponseError as exc:
+                self._release(n)
+                if "NOGROUP" in str(exc):
+                    await self._ensure_group(qs.keys)
+                    continue
+                log.exception("fetch from %s failed", qs.keys.queue)
+                await asyncio.sleep(1.0)
+                continue
+            except TRANSIENT as exc:
+                self._release(n)
+                log.warning("fetch from %s failed (%s); reconnecting in %.2fs",
+                            qs.keys.queue, exc, backoff)
+                qs.own_cursor = "0"
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            self._release(n - len(entries))
+            if entries:
+                try:
+                    await self._start(qs, entries)
+                except TRANSIENT as exc:
+                    log.warning("start on %s failed (%s); entries stay pending", qs.keys.queue, exc)
+                    self._release(len(entries))
+                    qs.own_cursor = "0"
+                except Exception:  # entries stay pending and are reclaimed later
+                    log.exception("start on %s failed", qs.keys.queue)
+                    self._release(len(entries))
+
+    async def _start(self, qs: _QState, entries: list[Any], *, reclaimed: bool = False) -> None:
+        """Start delivered entries (capacity for all of them is already reserved)."""
+        assert self._client is not None
+        k = qs.keys
+        good: list[tuple[str, str]] = []
+        bad: list[tuple[str, str]] = []
+        ghosts: list[str] = []
+        for entry_id, fields in entries:
+            eid = entry_id.decode()
+            if fields is None:
+                ghosts.append(eid)
+                continue
+            raw = fields.get(b"id")
+            try:
+                good.append((eid, raw.decode()))
+            except (AttributeError, UnicodeDecodeError):
+                bad.append((eid, repr(fields)[:500]))
+        if ghosts:
+            await self._client.xack(k.stream, GROUP, *ghosts)
+        skipped = len(bad) + len(ghosts)
+        cfg = self.queue_config
+        for i in range(0, max(len(good), 1), _BATCH):
+            part = good[i:i + _BATCH]
+            if not part and not bad:
+                break
+            keys = [k.stream, k.dead, k.stats, k.events, k.lease_seq]
+            keys.extend(k.job(j) for _, j in part)
+            args: list[Any] = [GROUP, self.consumer, cfg.events_maxlen, cfg.dead_ttl_s,
+                               cfg.dead_maxlen, len(part)]
+            for eid, jid in part:
+                args += [eid, jid]
+            args.append(len(bad))
+            for eid, desc in bad:
+                args += [eid, desc]
+            bad = []
+            reply = await SCRIPTS["start"].run_async(self._client, keys, args)
+            for n, (eid, jid) in enumerate(part):
+                code, token, attempt, data = reply[4 * n:4 * n + 4]
+                if code != b"run":
+                    skipped += 1
+                    continue
+                self.stats.started += 1
+                if reclaimed:
+                    self.stats.reclaimed += 1
+                self._launch(qs, eid, jid, str(token), int(attempt), data)
+        self._release(skipped)
+
+    def _launch(self, qs: _QState, entry: str, job_id: str, token: str, attempt: int,
+                data: bytes) -> None:
+        lease = Lease(qs.keys, job_id, entry, token)
+        self._leases.add(lease)
+        task = asyncio.create_task(self._run_job(qs, lease, attempt, data))
+        self._tasks.add(task)
+        self._jobs[(qs.keys.queue, entry)] = task
+        task.add_done_callback(self._tasks.discard)
+
+    # ----------------------------------------------------------------- running
+
+    async def _run_job(self, qs: _QState, lease: Lease, attempt: int, data: bytes) -> None:
+        try:
+            item = await self._attempt(qs, lease, attempt, data)
+        except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
+            return
+        except Exception as exc:  # a bug of ours: retry the job rather than lose the slot
+            log.exception("job %s: internal error", lease.job_id)
+            item = (lease.job_id, lease.entry, lease.token, "retry",
+                    self.queue_config.serde.dumps(error_info(exc)), 1000, type(exc).__name__)
+        qs.buf.append(item)
+        qs.flush.set()
+
+    async def _attempt(self, qs: _QState, lease: Lease, attempt: int, data: bytes) -> Finish:
+        ident = (lease.job_id, lease.entry, lease.token)
+        serde = self.queue_config.serde
+        try:
+            env = envelope_from_plain(serde.loads(data))
+        except SerializationError as exc:
+            return (*ident, "dead", serde.dumps(error_info(exc)), "malformed envelope",
+                    "MalformedEnvelope")
+        spec = self.registry.get(env.type, env.version)
+        if spec is None:
+            err = {"type": "UnknownJobType", "message": f"no handler for {env.type!r}"
+                   f" version {env.version} on this worker", "traceback": ""}
+            return (*ident, "dead", serde.dumps(err), "unknown job type", "UnknownJobType")
+        max_attempts = env.max_attempts or spec.max_attempts or self.config.default_max_attempts
+        if attempt > max_attempts:
+            err = {"type": "AttemptsExhausted", "message": f"attempt {attempt} of"
+                   f" {max_attempts}: the previous run's lease lapsed", "traceback": ""}
+            return (*ident, "dead", serde.dumps(err), "attempts exhausted (lease lapsed)",
+                    "LeaseExpired")
+        job = Job(id=env.id, type=env.type, payload=env.payload, attempt=attempt,
+                  max_attempts=max_attempts, queue=qs.keys.queue, version=env.version,
+                  idempotency_key=env.idempotency_key or env.id, headers=env.headers,
+                  trace=env.trace, deadline_ms=env.deadline_ms)
+        timeout = spec.timeout_s or self.config.default_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                if spec.is_async:
+                    result = await spec.fn(job)
+                else:
+                    loop = asyncio.get_running_loop()
+                    result = await loop.run_in_executor(self._pool, spec.fn, job)
+        except asyncio.CancelledError:
+            raise
+        except Fail as exc:
+            return (*ident, "dead", serde.dumps(error_info(exc)), exc.reason[:500], "Fail")
+        except Retry as exc:
+            delay = exc.delay_s
+            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, delay)
+        except TimeoutError as exc:
+            exc2 = TimeoutError(f"handler timed out after {timeout:g} s")
+            exc2.__cause__ = exc
+            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc2, None)
+        except BaseException as exc:  # noqa: BLE001 - any handler failure is the job's, not ours
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                log.warning("handler of job %s raised %s; treated as a job failure",
+                            lease.job_id, type(exc).__name__)
+            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, None)
+        try:
+            payload = serde.dumps(result)
+        except SerializationError as exc:
+            return (*ident, "dead", serde.dumps(error_info(exc)), "result not serialisable",
+                    "SerializationError")
+        return (*ident, "ok", payload, 0, "")
+
+    def _retry_or_bury(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
+                       attempt: int, max_attempts: int, exc: BaseException,
+                       delay_s: float | None) -> Finish:
+        data = self.queue_config.serde.dumps(error_info(exc))
+        etype = type(exc).__name__
+        if attempt >= max_attempts:
+            return (*ident, "dead", data, "attempts exhausted", etype)
+        if delay_s is None:
+            policy: RetryPolicy = spec.retry or self.config.retry
+            delay_s = policy.delay_s(attempt)
+        return (*ident, "retry", data, max(0, int(delay_s * 1000)), etype)
+
+    # ----------------------------------------------------------------- settling
+
+    async def _flush_loop(self, qs: _QState) -> None:
+        assert self._client is not None
+        k = qs.keys
+        cfg = self.queue_config
+        backoff = 0.05
+        while True:
+            await qs.flush.wait()
+            qs.flush.clear()
+            while qs.buf:
+                batch = qs.buf[:_BATCH]
+                keys = [k.stream, k.delayed, k.dead, k.stats, k.events]
+                keys.extend(k.job(b[0]) for b in batch)
+                args: list[Any] = [GROUP, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen,
+                                   k.wake_channel, len(batch)]
+                for b in batch:
+                    args.extend(b)
+                try:
+                    reply = await SCRIPTS["finish"].run_async(self._client, keys, args)
+                except TRANSIENT as exc:  # finish is idempotent: retry the same batch
+                    log.warning("settling %d jobs failed (%s); retrying", len(batch), exc)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                    continue
+                backoff = 0.05
+                del qs.buf[:len(batch)]
+                for b, state in zip(batch, reply, strict=True):
+                    self._settled(qs, b, state)
+
+    def _settled(self, qs: _QState, item: Finish, state: bytes) -> None:
+        job_id, entry = item[0], item[1]
+        self._leases.remove(qs.keys.queue, entry)
+        self._jobs.pop((qs.keys.queue, entry), None)
+        self._release(1)
+        if state == b"completed":
+            self.stats.completed += 1
+        elif state == b"retrying":
+            self.stats.retried += 1
+        elif state == b"failed":
+            self.stats.failed += 1
+            log.warning("job %s dead-lettered: %s", job_id, item[5] if item[3] == "dead" else
+                        "attempts exhausted")
+        else:
+            self.stats.lost += 1
+            log.warning("job %s: lease lost before settling; result discarded", job_id)
+
+    async def _hand_back(self) -> None:
+        """Release jobs this worker started but did not finish, and entries it never started."""
+        assert self._client is not None
+        for qs in self._qs.values():
+            k = qs.keys
+            items: dict[str, tuple[str, str]] = {}
+            for lease in self._leases.snapshot():
+                if lease.keys.queue == k.queue:
+                    items[lease.entry] = (lease.job_id, lease.token)
+            try:
+                reply = await self._client.xreadgroup(GROUP, self.consumer, {k.stream: "0"},
+                                                      count=_BATCH)
+                for eid, fields in (reply[0][1] if reply else []):
+                    jid = (fields or {}).get(b"id")
+                    if jid and eid.decode() not in items:
+                        items[eid.decode()] = (jid.decode(), "")
+                for i in range(0, len(items), _BATCH):
+                    part = list(items.items())[i:i + _BATCH]
+                    keys = [k.stream, k.stats, k.events, *(k.job(j) for _, (j, _t) in part)]
+                    args: list[Any] = [GROUP, self.queue_config.events_maxlen, self.consumer]
+                    for eid, (jid, token) in part:
+                        args += [jid, eid, token]
+                    released = await SCRIPTS["release"].run_async(self._client, keys, args)
+                    self.stats.released += sum(released)
+            except TRANSIENT as exc:
+                log.warning("could not hand back jobs of %s (%s); they recover after the"
+                            " visibility timeout", k.queue, exc)
+            for eid in items:
+                self._leases.remove(k.queue, eid)
+
+    # ----------------------------------------------------------------- housekeeping
+
+    async def _control_loop(self) -> None:
+        """Pause flags every second; heartbeat every heartbeat interval; pruning now and then."""
+        assert self._client is not None
+        beat_every = self.config.heartbeat_interval_s
+        last_beat = -1e9
+        last_prune = -1e9
+        loop = asyncio.get_running_loop()
+        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                           "concurrency": self.config.concurrency, "queues": list(self._qs)})
+        while True:
+            try:
+                pipe = self._client.pipeline(transaction=False)
+                for qs in self._qs.values():
+                    pipe.exists(qs.keys.paused)
+                for qs, flag in zip(self._qs.values(), await pipe.execute(), strict=True):
+                    qs.paused = bool(flag)
+                now = loop.time()
+                if now - last_beat >= beat_every:
+                    last_beat = now
+                    for qs in self._qs.values():
+                        await SCRIPTS["heartbeat"].run_async(
+                            self._client, [qs.keys.workers, qs.keys.worker_info(self.consumer)],
+                            [self.consumer, info, int(beat_every * 3) + 1])
+                if now - last_prune >= 60:
+                    last_prune = now
+                    for qs in self._qs.values():
+                        await self._prune(qs.keys)
+            except TRANSIENT as exc:
+                log.warning("control loop: %s", exc)
+            await asyncio.sleep(min(1.0, beat_every))
+
+    async def _prune(self, keys: Keys) -> None:
+        assert self._client is not None
+        consumers = await self._client.xinfo_consumers(keys.stream, GROUP)
+        stale_ms = int(self.config.consumer_dead_after_s * 1000)
+        for c in consumers[:_BATCH]:
+            name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+            if name == self.consumer or int(c["pending"]) > 0 or int(c["idle"]) < stale_ms:
+                continue
+            if await SCRIPTS["prune"].run_async(self._client, [keys.stream, keys.workers],
+                                                 [GROUP, name, stale_ms]):
+                log.info("pruned dead consumer %s from %s", name, keys.queue)
+
+    async def _reclaim_loop(self) -> None:
+        """Take over entries whose lease lapsed (XAUTOCLAIM, cursor kept between rounds)."""
+        assert self._client is not None
+        min_idle = int(self.config.visibility_timeout_s * 1000)
+        while True:
+            await asyncio.sleep(self.config.reclaim_every_s)
+            for qs in self._qs.values():
+                if qs.paused or self._free <= 0:
+                    continue
+                n = self._reserve(100)
+                try:
+                    cursor, entries, *_ = await self._client.xautoclaim(
+                        qs.keys.stream, GROUP, self.consumer, min_idle, qs.cursor, count=n)
+                    qs.cursor = cursor.decode()
+                    entries = [e for e in entries
+                               if (qs.keys.queue, e[0].decode()) not in self._jobs]
+                    self._release(n - len(entries))
+                    if entries:
+                        log.info("reclaiming %d lapsed entries of %s", len(entries),
+                                 qs.keys.queue)
+                        await self._start(qs, entries, reclaimed=True)
+                except TRANSIENT as exc:
+                    self._release(n)
+                    log.warning("reclaim on %s failed: %s", qs.keys.queue, exc)
+                except ResponseError as exc:
+                    self._release(n)
+                    if "NOGROUP" in str(exc):
+                        await self._ensure_group(qs.keys)
+                    else:
+                        log.exception("reclaim on %s failed", qs.keys.queue)
+
+    async def _promote_loop(self) -> None:
+        assert self._client is not None
+        for qs in self._qs.values():
+            assert qs.promoter is not None
+            await qs.promoter.sync_clock(self._client)
+        while True:
+            sleep = self.config.promote_interval_s
+            for qs in self._qs.values():
+                assert qs.promoter is not None
+                try:
+                    _moved, more = await qs.promoter.run_once(self._client)
+                except TRANSIENT as exc:
+                    log.warning("promotion on %s failed: %s", qs.keys.queue, exc)
+                    continue
+                sleep = 0 if more else min(sleep, qs.promoter.sleep_s(sleep))
+            await asyncio.sleep(sleep)

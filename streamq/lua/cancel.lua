@@ -1,0 +1,31 @@
+-- cancel.lua: cancel a job that has not started (scheduled, queued or retrying).
+-- KEYS[1]   job record HASH
+-- KEYS[2]   ready stream
+-- KEYS[3]   delayed ZSET
+-- KEYS[4]   stats HASH
+-- KEYS[5]   events STREAM
+-- ARGV[1]   consumer group
+-- ARGV[2]   job id
+-- ARGV[3]   events max length (0 = no events)
+-- Returns {code, state}: code 'cancelled' | 'not_found' | 'not_cancellable'; state is the
+--           state the job was in.
+local jobkey, stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local group, id, events_maxlen = ARGV[1], ARGV[2], ARGV[3]
+local r = redis.call('HMGET', jobkey, 'state', 'entry', 'result_ttl')
+local state = r[1]
+if not state then return {'not_found', ''} end
+if state == 'scheduled' or state == 'retrying' then
+  redis.call('ZREM', delayed, id)
+elseif state == 'queued' then
+  ack_del(stream, group, r[2])
+else
+  return {'not_cancellable', state}
+end
+local now = now_ms()
+redis.call('HSET', jobkey, 'state', 'cancelled', 'finished', now, 'entry', '')
+local ttl = tonumber(r[3]) or 0
+if ttl > 0 then redis.call('EXPIRE', jobkey, ttl) end
+redis.call('HINCRBY', stats, 'cancelled', 1)
+emit(events, events_maxlen, id, 'cancelled', now, state)
+notify(jobkey, id, 'cancelled')
+return {'cancelled', state}

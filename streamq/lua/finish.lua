@@ -1,0 +1,70 @@
+-- finish.lua: settle a batch of finished attempts (complete, retry or dead-letter), fenced.
+-- An outcome is applied only while the job is 'active' under the caller's lease token; a stale
+-- token yields 'lost' (counted, nothing written). Re-running the same call (a client retry)
+-- answers with the outcome already applied and writes nothing more.
+-- KEYS[1]   ready stream
+-- KEYS[2]   delayed ZSET
+-- KEYS[3]   dead STREAM
+-- KEYS[4]   stats HASH
+-- KEYS[5]   events STREAM
+-- KEYS[5+i] job record HASH of attempt i (i = 1..N)
+-- ARGV[1]   consumer group
+-- ARGV[2]   events max length (0 = no events)
+-- ARGV[3]   dead-letter retention in seconds
+-- ARGV[4]   dead stream max length
+-- ARGV[5]   wake channel ('' = none)
+-- ARGV[6]   N, the number of attempts
+-- ARGV[7 + 7*(i-1) ..] per attempt i: job id, stream entry id, lease token,
+--           outcome ('ok' | 'retry' | 'dead'), data (result for ok, error JSON otherwise),
+--           retry delay ms (retry) or reason (dead), error type ('' for ok)
+-- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed') or 'lost'.
+local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local group, events_maxlen, dead_ttl, dead_maxlen, wake =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local n = tonumber(ARGV[6])
+local now = now_ms()
+local out = {}
+for i = 1, n do
+  local b = 7 + 7 * (i - 1)
+  local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
+  local jobkey = KEYS[5 + i]
+  local r = redis.call('HMGET', jobkey, 'state', 'token', 'attempts', 'max_attempts',
+    'result_ttl')
+  local state, cur = r[1], r[2]
+  if cur ~= token or not state then
+    redis.call('HINCRBY', stats, 'lease_lost', 1)
+    emit(events, events_maxlen, id, 'lease_lost', now, token)
+    out[i] = 'lost'
+  elseif state ~= 'active' then
+    out[i] = state  -- already applied by an earlier run of this same call
+  else
+    ack_del(stream, group, entry)
+    redis.call('HSET', jobkey, 'entry', '')
+    if outcome == 'ok' then
+      redis.call('HSET', jobkey, 'state', 'completed', 'result', data, 'finished', now)
+      local ttl = tonumber(r[5]) or 0
+      if ttl > 0 then redis.call('EXPIRE', jobkey, ttl) end
+      redis.call('HINCRBY', stats, 'completed', 1)
+      emit(events, events_maxlen, id, 'completed', now, '')
+      notify(jobkey, id, 'completed')
+      out[i] = 'completed'
+    elseif outcome == 'retry' and ((tonumber(r[4]) or 0) == 0
+        or (tonumber(r[3]) or 0) < tonumber(r[4])) then
+      local due = now + tonumber(extra)
+      wake_if_sooner(delayed, wake, due)
+      redis.call('ZADD', delayed, due, id)
+      redis.call('HSET', jobkey, 'state', 'retrying', 'due', due, 'error', data)
+      redis.call('HINCRBY', stats, 'retried', 1)
+      emit(events, events_maxlen, id, 'retrying', now, etype)
+      out[i] = 'retrying'
+    else
+      local reason = extra
+      if outcome == 'retry' then reason = 'attempts exhausted' end
+      bury(jobkey, dead, stats, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
+        events_maxlen)
+      out[i] = 'failed'
+    end
+  end
+end
+return out

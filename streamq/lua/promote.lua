@@ -1,0 +1,41 @@
+-- promote.lua: move due jobs from the delayed ZSET into the ready stream (one capped batch).
+-- The caller passes candidate ids (the lowest scores it read); this script re-checks each one
+-- against the server clock, so concurrent promoters move every job exactly once.
+-- KEYS[1]   delayed ZSET
+-- KEYS[2]   ready stream
+-- KEYS[3]   dead STREAM (for ids whose job record is missing)
+-- KEYS[4]   stats HASH
+-- KEYS[5]   events STREAM
+-- KEYS[5+i] job record HASH of candidate i
+-- ARGV[1]   events max length (0 = no events)
+-- ARGV[2]   dead-letter retention in seconds
+-- ARGV[3]   dead stream max length
+-- ARGV[4..] candidate job ids, in the same order as KEYS[6..]
+-- Returns {moved, server now ms, next due ms or -1}
+local delayed, stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local events_maxlen, dead_ttl, dead_maxlen = ARGV[1], ARGV[2], ARGV[3]
+local now = now_ms()
+local moved = 0
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  local jobkey = KEYS[i + 2]
+  local score = redis.call('ZSCORE', delayed, id)
+  if score and tonumber(score) <= now then
+    redis.call('ZREM', delayed, id)
+    local state = redis.call('HGET', jobkey, 'state')
+    if state == 'scheduled' or state == 'retrying' then
+      local entry = redis.call('XADD', stream, '*', 'id', id)
+      redis.call('HSET', jobkey, 'state', 'queued', 'entry', entry, 'enqueued', now)
+      emit(events, events_maxlen, id, 'queued', now, state)
+      moved = moved + 1
+    elseif not state then
+      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
+        'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
+      redis.call('HINCRBY', stats, 'failed', 1)
+    end
+  end
+end
+local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+local next_due = -1
+if first[2] then next_due = tonumber(first[2]) end
+return {moved, now, next_due}

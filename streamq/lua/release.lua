@@ -1,0 +1,47 @@
+-- release.lua: hand jobs back to the queue at once (graceful stop, operator requeue).
+-- A started job is released only under the caller's token; its interrupted attempt is
+-- refunded and the token cleared, so a handler still running somewhere is fenced out.
+-- A delivered-but-unstarted entry is released when the record still points at it.
+-- The old entry is acked and deleted and a fresh entry is appended, so any worker can take it.
+-- KEYS[1]   ready stream
+-- KEYS[2]   stats HASH
+-- KEYS[3]   events STREAM
+-- KEYS[3+i] job record HASH of job i (i = 1..N)
+-- ARGV[1]   consumer group
+-- ARGV[2]   events max length (0 = no events)
+-- ARGV[3]   consumer name releasing (unstarted entries of a previous life of it may go too)
+-- ARGV[4..] per job i: job id, stream entry id, lease token ('' when never started) (triples)
+-- Returns per job: 1 released, 0 not ours to release (left untouched)
+local stream, stats, events = KEYS[1], KEYS[2], KEYS[3]
+local group, events_maxlen, consumer = ARGV[1], ARGV[2], ARGV[3]
+local now = now_ms()
+local out = {}
+local n = (#ARGV - 3) / 3
+for i = 1, n do
+  local id, entry, token = ARGV[1 + 3 * i], ARGV[2 + 3 * i], ARGV[3 + 3 * i]
+  local jobkey = KEYS[3 + i]
+  local r = redis.call('HMGET', jobkey, 'state', 'token', 'entry', 'attempts', 'owner')
+  local ok = false
+  if r[3] == entry then
+    if token ~= '' then
+      ok = r[1] == 'active' and r[2] == token
+      if ok then
+        redis.call('HSET', jobkey, 'attempts', math.max(0, (tonumber(r[4]) or 1) - 1))
+      end
+    else
+      ok = r[1] == 'queued' or (r[1] == 'active' and r[5] == consumer)
+    end
+  end
+  if ok then
+    ack_del(stream, group, entry)
+    local new = redis.call('XADD', stream, '*', 'id', id)
+    redis.call('HSET', jobkey, 'state', 'queued', 'entry', new, 'token', '', 'enqueued', now)
+    redis.call('HDEL', jobkey, 'owner')
+    redis.call('HINCRBY', stats, 'released', 1)
+    emit(events, events_maxlen, id, 'released', now, consumer)
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out

@@ -1,0 +1,27 @@
+-- renew.lua: extend the leases of running jobs by resetting their idle time in the PEL.
+-- Only entries whose job is still 'active' under the caller's token are touched, so a worker
+-- whose lease was reclaimed can never take the entry back from its new owner.
+-- KEYS[1]   ready stream
+-- KEYS[1+i] job record HASH of lease i (i = 1..N)
+-- ARGV[1]   consumer group
+-- ARGV[2]   consumer name (the owner)
+-- ARGV[3..] per lease i: stream entry id, lease token (pairs)
+-- Returns per lease: 1 renewed, 0 lost
+local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+local out, ids = {}, {}
+local n = (#ARGV - 2) / 2
+for i = 1, n do
+  local entry, token = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
+  local r = redis.call('HMGET', KEYS[1 + i], 'state', 'token')
+  if r[1] == 'active' and r[2] == token then
+    ids[#ids + 1] = entry
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+if #ids > 0 then
+  ids[#ids + 1] = 'JUSTID'  -- options follow the ids; JUSTID keeps the delivery count
+  redis.call('XCLAIM', stream, group, consumer, 0, unpack(ids))
+end
+return out

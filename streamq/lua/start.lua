@@ -1,0 +1,88 @@
+-- start.lua: start a batch of delivered (or reclaimed) stream entries, one lease each.
+-- Each startable job gets a fresh lease token from the queue's sequence, its attempt counted,
+-- owner set. Entries that must not run are settled here: ghosts and finished or cancelled
+-- jobs are acked and deleted; expired or exhausted jobs and malformed entries are dead-lettered.
+-- KEYS[1]   ready stream
+-- KEYS[2]   dead STREAM
+-- KEYS[3]   stats HASH
+-- KEYS[4]   events STREAM
+-- KEYS[5]   lease token sequence (STRING counter)
+-- KEYS[5+i] job record HASH of entry i (i = 1..N)
+-- ARGV[1]   consumer group
+-- ARGV[2]   consumer name
+-- ARGV[3]   events max length (0 = no events)
+-- ARGV[4]   dead-letter retention in seconds
+-- ARGV[5]   dead stream max length
+-- ARGV[6]   N, the number of entries with a job id
+-- ARGV[7 + 2*(i-1) ..] per entry i: stream entry id, job id
+-- ARGV[7 + 2*N]        M, the number of malformed entries (no usable job id)
+-- ARGV[8 + 2*N + 2*(j-1) ..] per malformed entry j: stream entry id, description
+-- Returns a flat array, 4 per job entry: code ('run' | 'skip' | 'dead'), token, attempt,
+--           envelope ('' unless run) or the reason (for skip and dead).
+local stream, dead, stats, events, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local group, consumer = ARGV[1], ARGV[2]
+local events_maxlen, dead_ttl, dead_maxlen = ARGV[3], ARGV[4], ARGV[5]
+local n = tonumber(ARGV[6])
+local now = now_ms()
+local out = {}
+local function push(a, b, c, d)
+  out[#out + 1] = a; out[#out + 1] = b; out[#out + 1] = c; out[#out + 1] = d
+end
+for i = 1, n do
+  local entry, id = ARGV[7 + 2 * (i - 1)], ARGV[8 + 2 * (i - 1)]
+  local jobkey = KEYS[5 + i]
+  local r = redis.call('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts',
+    'deadline', 'env')
+  local state = r[1]
+  if not state then
+    ack_del(stream, group, entry)
+    redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
+      'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
+    redis.call('HINCRBY', stats, 'failed', 1)
+    push('dead', 0, 0, 'job record missing')
+  elseif r[2] ~= entry or (state ~= 'queued' and state ~= 'active') then
+    -- a ghost of an older delivery, or a job already finished or cancelled
+    if r[2] == entry then redis.call('HSET', jobkey, 'entry', '') end
+    ack_del(stream, group, entry)
+    push('skip', 0, 0, state)
+  else
+    local attempts = tonumber(r[3]) or 0
+    local max_attempts = tonumber(r[4]) or 0  -- 0: the handler's setting decides
+    local deadline = tonumber(r[5]) or 0
+    if deadline > 0 and now > deadline then
+      ack_del(stream, group, entry)
+      redis.call('HSET', jobkey, 'entry', '')
+      bury(jobkey, dead, stats, events, id, 'deadline passed', '', 'DeadlineExceeded', now,
+        dead_ttl, dead_maxlen, events_maxlen)
+      push('dead', 0, attempts, 'deadline passed')
+    elseif max_attempts > 0 and attempts >= max_attempts then
+      ack_del(stream, group, entry)
+      redis.call('HSET', jobkey, 'entry', '')
+      bury(jobkey, dead, stats, events, id, 'attempts exhausted (lease lapsed)', '',
+        'LeaseExpired', now, dead_ttl, dead_maxlen, events_maxlen)
+      push('dead', 0, attempts, 'attempts exhausted (lease lapsed)')
+    else
+      local token = redis.call('INCR', seq)
+      attempts = attempts + 1
+      redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'token', token,
+        'owner', consumer, 'started', now)
+      if state == 'active' then
+        redis.call('HINCRBY', stats, 'reclaimed', 1)
+        emit(events, events_maxlen, id, 'reclaimed', now, consumer)
+      end
+      redis.call('HINCRBY', stats, 'started', 1)
+      emit(events, events_maxlen, id, 'started', now, attempts)
+      push('run', token, attempts, r[6])
+    end
+  end
+end
+local m = tonumber(ARGV[7 + 2 * n])
+for j = 1, m do
+  local b = 8 + 2 * n + 2 * (j - 1)
+  ack_del(stream, group, ARGV[b])
+  redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', '', 'reason',
+    'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', now,
+    'entry', ARGV[b], 'raw', ARGV[b + 1])
+  redis.call('HINCRBY', stats, 'failed', 1)
+end
+return out

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from redis_server import RedisServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One private server shared by the session; tests isolate themselves by queue name."""
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def aof_server() -> Iterator[RedisServer]:
+    """A private server of this test's own, AOF on (appendfsync always), for restarts."""
+    server = RedisServer(aof=True).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def qname() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, protocol=2)
+    yield client
+    client.close()

@@ -1,0 +1,117 @@
+"""A private redis-server for tests and benchmarks: free port, temp dir, never 6379.
+
+The binary is ``$STREAMQ_REDIS_SERVER`` (default ``redis-server`` on PATH), so the same suite
+runs against Valkey (``STREAMQ_REDIS_SERVER=valkey-server``) or another Redis build.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """Start, kill and restart one redis-server process owned by the caller."""
+
+    def __init__(self, *, aof: bool = False, directory: str | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.binary = os.environ.get("STREAMQ_REDIS_SERVER", "redis-server")
+        if shutil.which(self.binary) is None:
+            raise RuntimeError(f"redis server binary {self.binary!r} not found on PATH")
+        self.aof = aof
+        self._own_dir = directory is None
+        self.dir = Path(directory or tempfile.mkdtemp(prefix="streamq-redis-"))
+        self.extra = extra
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        for _ in range(5):
+            args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                    "--dir", str(self.dir), "--save", "", "--daemonize", "no",
+                    "--logfile", str(self.dir / "redis.log"),
+                    "--appendonly", "yes" if self.aof else "no", *self.extra]
+            if self.aof:
+                args += ["--appendfsync", "always"]
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+            if self._wait_ready():
+                return self
+            self.proc.kill()
+            self.proc.wait()
+            self.port = free_port()  # the port was taken between probe and bind
+        raise RuntimeError(f"redis-server did not start; see {self.dir / 'redis.log'}")
+
+    def _wait_ready(self) -> bool:
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, protocol=2)
+        try:
+            for _ in range(200):
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    if client.ping():
+                        return True
+                except redis.exceptions.BusyLoadingError:
+                    pass
+                except redis.exceptions.ConnectionError:
+                    pass
+                time.sleep(0.025)
+            return False
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save; AOF (fsync always) is what survives."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def restart(self, *, kill: bool = True) -> None:
+        self.kill() if kill else self.stop()
+        if not self._wait_port_free():
+            raise RuntimeError("port still busy after kill")
+        self.start()
+
+    def _wait_port_free(self) -> bool:
+        for _ in range(100):
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", self.port))
+                    return True
+                except OSError:
+                    time.sleep(0.05)
+        return False
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
