@@ -77,16 +77,20 @@ class Queue(_Base):
             return self._enqueue(prepared)
         calls = [P.enqueue_call(self.keys, self.config, b) for b in batches]
         script = SCRIPTS["enqueue"]
+
+        def send() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            return pipe.execute()
+
         for n, attempt in enumerate(retrying()):
             with attempt:
-                pipe = self.client.pipeline(transaction=False)
-                for keys, args in calls:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
                 try:
-                    replies = pipe.execute()
-                except NoScriptError:
+                    replies = send()
+                except NoScriptError:  # a restarted server: load, then send the batch again
                     self.client.script_load(script.source)
-                    replies = pipe.execute()
+                    replies = send()
                 out: list[EnqueueResult] = []
                 for b, reply in zip(batches, replies, strict=True):
                     out.extend(P.parse_enqueue(self.config, b, reply, retried=n > 0))
@@ -204,16 +208,20 @@ class AsyncQueue(_Base):
         script = SCRIPTS["enqueue"]
         n = 0
         out: list[EnqueueResult] = []
+
+        async def send() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            return await pipe.execute()
+
         async for attempt in async_retrying():
             with attempt:
-                pipe = self.client.pipeline(transaction=False)
-                for keys, args in calls:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
                 try:
-                    replies = await pipe.execute()
-                except NoScriptError:
+                    replies = await send()
+                except NoScriptError:  # a restarted server: load, then send the batch again
                     await self.client.script_load(script.source)
-                    replies = await pipe.execute()
+                    replies = await send()
                 out = []
                 for b, reply in zip(batches, replies, strict=True):
                     out.extend(P.parse_enqueue(self.config, b, reply, retried=n > 0))

@@ -38,6 +38,12 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    return run_demo(args.url, args.jobs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamq", description="streamq job engine")
     p.add_argument("--log-level", default=os.environ.get("STREAMQ_LOG_LEVEL", "INFO"))
@@ -52,12 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-promote", action="store_true",
                    help="leave promotion of delayed jobs to a scheduler daemon")
     w.set_defaults(func=_worker)
+    d = sub.add_parser("demo", help="a self-contained tour (starts its own Redis without --url)")
+    d.add_argument("--url", default=os.environ.get("STREAMQ_URL"))
+    d.add_argument("--jobs", type=int, default=2000)
+    d.set_defaults(func=_demo)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
+    logging.basicConfig(level=args.log_level.upper() if args.command != "demo" else "ERROR",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     rc: int = args.func(args)
     return rc

@@ -1,0 +1,34 @@
+# Everything a fresh machine needs: Python 3.11 and redis-server on PATH.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: demo test test-fast lint check bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/streamq demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+check: lint test
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
