@@ -26,7 +26,9 @@ def _positive_seconds(_inst: object, att: attrs.Attribute[float], v: float) -> N
         raise InvalidArgument(f"{att.name} must be a positive, finite number of seconds, got {v!r}")
 
 
-def _optional_positive_seconds(inst: object, att: attrs.Attribute[float | None], v: float | None) -> None:
+def _optional_positive_seconds(
+    inst: object, att: attrs.Attribute[float | None], v: float | None
+) -> None:
     if v is not None:
         _positive_seconds(inst, att, v)  # type: ignore[arg-type]
 

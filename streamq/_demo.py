@@ -3,54 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-import redis
+from typing import Any
 
 from ._config import RetryPolicy, WorkerConfig
 from ._errors import Fail, Retry
 from ._model import Job
 from ._queue import AsyncQueue
 from ._registry import Registry
+from ._server import RedisServer
 from ._worker import Worker
-
-
-@contextmanager
-def embedded_redis() -> Iterator[str]:
-    """A throwaway redis-server on a free port in a temp dir, stopped on exit."""
-    binary = os.environ.get("STREAMQ_REDIS_SERVER", "redis-server")
-    if shutil.which(binary) is None:
-        raise SystemExit(f"streamq demo: no --url given and {binary!r} is not on PATH;"
-                         " install Redis (apt-get install redis-server) or pass --url")
-    workdir = tempfile.mkdtemp(prefix="streamq-demo-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
-                             "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = redis.Redis(port=port, socket_connect_timeout=0.2)
-        for _ in range(200):
-            try:
-                if client.ping():
-                    break
-            except redis.ConnectionError:
-                time.sleep(0.025)
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _registry() -> Registry:
@@ -81,7 +44,7 @@ def _registry() -> Registry:
 async def _run(url: str, n: int) -> int:
     qname = f"demo-{random.randrange(1 << 30):x}"
     q = AsyncQueue.from_url(url, qname)
-    jobs = [{"type": "demo.instant", "payload": {"n": i}} for i in range(n)]
+    jobs: list[dict[str, Any]] = [{"type": "demo.instant", "payload": {"n": i}} for i in range(n)]
     jobs += [{"type": "demo.instant", "payload": {"n": i}, "delay": 0.5} for i in range(n // 10)]
     jobs += [{"type": "demo.flaky"} for _ in range(n // 20)]
     jobs += [{"type": "demo.broken"} for _ in range(n // 50)]
@@ -115,6 +78,10 @@ async def _run(url: str, n: int) -> int:
 def run_demo(url: str | None, n: int = 2000) -> int:
     if url:
         return asyncio.run(_run(url, n))
-    with embedded_redis() as embedded:
-        print(f"started a private redis-server at {embedded}")
-        return asyncio.run(_run(embedded, n))
+    try:
+        server = RedisServer()
+    except RuntimeError as exc:
+        raise SystemExit(f"streamq demo: no --url given and {exc}") from None
+    with server:
+        print(f"started a private redis-server at {server.url} (stopped when the demo ends)")
+        return asyncio.run(_run(server.url, n))

@@ -80,10 +80,12 @@ class RegistryError(StreamqError):
 
 
 class ScriptError(StreamqError):
-    """A streamq Lua script failed on the server (a bug or a corrupted key); the message says which."""
+    """A streamq Lua script failed on the server (a bug or a corrupted key).
+
+    The message names the script."""
 
 
-class Retry(Exception):  # noqa: N818 - a control-flow signal, not an error
+class Retry(Exception):
     """Raise from a handler to retry this job; ``delay_s=None`` uses the backoff policy."""
 
     def __init__(self, reason: str = "retry requested", *, delay_s: float | None = None) -> None:
@@ -92,7 +94,7 @@ class Retry(Exception):  # noqa: N818 - a control-flow signal, not an error
         self.delay_s = delay_s
 
 
-class Fail(Exception):  # noqa: N818 - a control-flow signal, not an error
+class Fail(Exception):
     """Raise from a handler to dead-letter this job now, without further attempts."""
 
     def __init__(self, reason: str = "failed by handler") -> None:

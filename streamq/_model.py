@@ -109,7 +109,7 @@ class CancelResult:
 def _ms_to_dt(v: bytes | None) -> dt.datetime | None:
     if not v:
         return None
-    return dt.datetime.fromtimestamp(int(v) / 1000, tz=dt.timezone.utc)
+    return dt.datetime.fromtimestamp(int(v) / 1000, tz=dt.UTC)
 
 
 @attrs.frozen

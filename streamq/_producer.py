@@ -44,7 +44,8 @@ def _seconds(name: str, v: Any, *, allow_zero: bool) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise InvalidArgument(f"{name} must be a finite number of seconds, got {v!r}")
     if v < 0 or (v == 0 and not allow_zero):
-        raise InvalidArgument(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, got {v!r}")
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidArgument(f"{name} must be {bound} seconds, got {v!r}")
     return float(v)
 
 
@@ -152,7 +153,9 @@ def chunks(prepared: Sequence[Prepared]) -> list[Sequence[Prepared]]:
     return [prepared[i:i + MAX_BATCH] for i in range(0, len(prepared), MAX_BATCH)]
 
 
-def enqueue_call(keys: Keys, cfg: QueueConfig, batch: Sequence[Prepared]) -> tuple[list[str], list[Arg]]:
+def enqueue_call(
+    keys: Keys, cfg: QueueConfig, batch: Sequence[Prepared]
+) -> tuple[list[str], list[Arg]]:
     k = [keys.stream, keys.delayed, keys.stats, keys.events]
     k.extend(p.key for p in batch)
     args: list[Arg] = [cfg.events_maxlen, cfg.max_depth, keys.wake_channel, len(batch)]
@@ -179,7 +182,7 @@ def parse_enqueue(
             continue
         res = cfg.serde.loads(result) if result else None
         err = cfg.serde.loads(error) if error else None
-        out.append(EnqueueResult(p.job_id, st, state.decode(), res, err))  # type: ignore[arg-type]
+        out.append(EnqueueResult(p.job_id, st, state.decode(), res, err))
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import attrs
 import redis.asyncio as aredis
@@ -27,7 +28,7 @@ class Promoter:
     next_due_ms: int = -1
 
     async def sync_clock(self, client: aredis.Redis) -> None:
-        sec, usec = await client.time()  # type: ignore[misc]
+        sec, usec = await client.time()
         self.offset_ms = sec * 1000 + usec / 1000 - time.time() * 1000
 
     def server_now_ms(self) -> float:
@@ -36,10 +37,10 @@ class Promoter:
     async def run_once(self, client: aredis.Redis) -> tuple[int, bool]:
         """Promote one batch of due jobs; returns (moved, whether more may be due now)."""
         horizon = int(self.server_now_ms()) + _SLACK_MS
-        ids: list[bytes] = await client.zrangebyscore(  # type: ignore[misc]
+        ids: Any = await client.zrangebyscore(
             self.keys.delayed, "-inf", horizon, start=0, num=BATCH)
         if not ids:
-            first = await client.zrange(self.keys.delayed, 0, 0, withscores=True)  # type: ignore[misc]
+            first: Any = await client.zrange(self.keys.delayed, 0, 0, withscores=True)
             self.next_due_ms = int(first[0][1]) if first else -1
             return 0, False
         k = self.keys

@@ -10,7 +10,7 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
-from . import _producer as P
+from . import _producer as prod
 from ._config import QueueConfig
 from ._conn import async_client, sync_client
 from ._errors import JobNotFound, ResultNotReady, WaitTimeout
@@ -50,19 +50,19 @@ class Queue(_Base):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _enqueue(self, prepared: list[P.Prepared]) -> list[EnqueueResult]:
+    def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         out: list[EnqueueResult] = []
-        for batch in P.chunks(prepared):
-            keys, args = P.enqueue_call(self.keys, self.config, batch)
+        for batch in prod.chunks(prepared):
+            keys, args = prod.enqueue_call(self.keys, self.config, batch)
             for n, attempt in enumerate(retrying()):
                 with attempt:
                     reply = SCRIPTS["enqueue"](self.client, keys, args)
-                    out.extend(P.parse_enqueue(self.config, batch, reply, retried=n > 0))
+                    out.extend(prod.parse_enqueue(self.config, batch, reply, retried=n > 0))
         return out
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
         """Enqueue one job now or later. Options: see ``docs/getting-started.md``."""
-        return P.single(self.name, self._enqueue([P.prepare(self.keys, self.config, job_type,
+        return prod.single(self.name, self._enqueue([prod.prepare(self.keys, self.config, job_type,
                                                              payload, **options)]))
 
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
@@ -71,11 +71,11 @@ class Queue(_Base):
         A job the queue has no room for comes back with status 'rejected' (no exception),
         so one full queue never hides which jobs were accepted.
         """
-        prepared = P.prepare_many(self.keys, self.config, jobs)
-        batches = P.chunks(prepared)
+        prepared = prod.prepare_many(self.keys, self.config, jobs)
+        batches = prod.chunks(prepared)
         if len(batches) <= 1:
             return self._enqueue(prepared)
-        calls = [P.enqueue_call(self.keys, self.config, b) for b in batches]
+        calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
         script = SCRIPTS["enqueue"]
 
         def send() -> list[Any]:
@@ -93,7 +93,7 @@ class Queue(_Base):
                     replies = send()
                 out: list[EnqueueResult] = []
                 for b, reply in zip(batches, replies, strict=True):
-                    out.extend(P.parse_enqueue(self.config, b, reply, retried=n > 0))
+                    out.extend(prod.parse_enqueue(self.config, b, reply, retried=n > 0))
         return out
 
     def get(self, job_id: str) -> JobInfo | None:
@@ -101,8 +101,8 @@ class Queue(_Base):
         check_job_id(job_id)
         for attempt in retrying():
             with attempt:
-                h = self.client.hgetall(self.keys.job(job_id))
-        return P.to_info(self.keys, self.config, job_id, h) if h else None
+                h: Any = self.client.hgetall(self.keys.job(job_id))
+        return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     def _info(self, job_id: str) -> JobInfo:
         info = self.get(job_id)
@@ -117,29 +117,29 @@ class Queue(_Base):
         """
         info = self._info(job_id)
         if timeout is None or info.finished:
-            return P.outcome(info)
+            return prod.outcome(info)
         return self._wait(job_id, timeout, None)
 
     def cancel(self, job_id: str) -> CancelResult:
-        keys, args = P.cancel_call(self.keys, self.config, job_id)
+        keys, args = prod.cancel_call(self.keys, self.config, job_id)
         for n, attempt in enumerate(retrying()):
             with attempt:
                 reply = SCRIPTS["cancel"](self.client, keys, args)
-                return P.parse_cancel(job_id, reply, retried=n > 0)
+                return prod.parse_cancel(job_id, reply, retried=n > 0)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                          **options: Any) -> Any:
         """Enqueue, then wait for the result; raises JobFailed or WaitTimeout (job goes on)."""
-        P._seconds("timeout", timeout, allow_zero=False)
-        job_id = options.pop("job_id", None) or P.new_job_id()
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        prod._seconds("timeout", timeout, allow_zero=False)
+        job_id = options.pop("job_id", None) or prod.new_job_id()
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             channel = self.keys.done_channel(job_id)
             pubsub.subscribe(channel)
             r = self.enqueue(job_type, payload, job_id=job_id, notify=channel, **options)
             if r.status == "duplicate" and r.state in TERMINAL:
-                return P.outcome(self._info(job_id))
+                return prod.outcome(self._info(job_id))
             return self._wait(job_id, timeout, pubsub)
         finally:
             pubsub.close()
@@ -157,7 +157,7 @@ class Queue(_Base):
                 time.sleep(min(remaining, poll))
                 poll = min(poll * 2, _POLL_MAX_S)
             try:
-                return P.outcome(self._info(job_id))
+                return prod.outcome(self._info(job_id))
             except ResultNotReady:
                 continue
 
@@ -183,28 +183,28 @@ class AsyncQueue(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _enqueue(self, prepared: list[P.Prepared]) -> list[EnqueueResult]:
+    async def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         out: list[EnqueueResult] = []
-        for batch in P.chunks(prepared):
-            keys, args = P.enqueue_call(self.keys, self.config, batch)
+        for batch in prod.chunks(prepared):
+            keys, args = prod.enqueue_call(self.keys, self.config, batch)
             n = 0
             async for attempt in async_retrying():
                 with attempt:
                     reply = await SCRIPTS["enqueue"].run_async(self.client, keys, args)
-                    out.extend(P.parse_enqueue(self.config, batch, reply, retried=n > 0))
+                    out.extend(prod.parse_enqueue(self.config, batch, reply, retried=n > 0))
                 n += 1
         return out
 
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
-        return P.single(self.name, await self._enqueue(
-            [P.prepare(self.keys, self.config, job_type, payload, **options)]))
+        return prod.single(self.name, await self._enqueue(
+            [prod.prepare(self.keys, self.config, job_type, payload, **options)]))
 
     async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
-        prepared = P.prepare_many(self.keys, self.config, jobs)
-        batches = P.chunks(prepared)
+        prepared = prod.prepare_many(self.keys, self.config, jobs)
+        batches = prod.chunks(prepared)
         if len(batches) <= 1:
             return await self._enqueue(prepared)
-        calls = [P.enqueue_call(self.keys, self.config, b) for b in batches]
+        calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
         script = SCRIPTS["enqueue"]
         n = 0
         out: list[EnqueueResult] = []
@@ -224,17 +224,17 @@ class AsyncQueue(_Base):
                     replies = await send()
                 out = []
                 for b, reply in zip(batches, replies, strict=True):
-                    out.extend(P.parse_enqueue(self.config, b, reply, retried=n > 0))
+                    out.extend(prod.parse_enqueue(self.config, b, reply, retried=n > 0))
             n += 1
         return out
 
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
-        h: dict[bytes, bytes] = {}
+        h: Any = {}
         async for attempt in async_retrying():
             with attempt:
-                h = await self.client.hgetall(self.keys.job(job_id))  # type: ignore[misc]
-        return P.to_info(self.keys, self.config, job_id, h) if h else None
+                h = await self.client.hgetall(self.keys.job(job_id))
+        return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     async def _info(self, job_id: str) -> JobInfo:
         info = await self.get(job_id)
@@ -245,35 +245,35 @@ class AsyncQueue(_Base):
     async def result(self, job_id: str, *, timeout: float | None = None) -> Any:
         info = await self._info(job_id)
         if timeout is None or info.finished:
-            return P.outcome(info)
+            return prod.outcome(info)
         return await self._wait(job_id, timeout, None)
 
     async def cancel(self, job_id: str) -> CancelResult:
-        keys, args = P.cancel_call(self.keys, self.config, job_id)
+        keys, args = prod.cancel_call(self.keys, self.config, job_id)
         n = 0
         result: CancelResult | None = None
         async for attempt in async_retrying():
             with attempt:
                 reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
-                result = P.parse_cancel(job_id, reply, retried=n > 0)
+                result = prod.parse_cancel(job_id, reply, retried=n > 0)
             n += 1
         assert result is not None
         return result
 
     async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                                **options: Any) -> Any:
-        P._seconds("timeout", timeout, allow_zero=False)
-        job_id = options.pop("job_id", None) or P.new_job_id()
+        prod._seconds("timeout", timeout, allow_zero=False)
+        job_id = options.pop("job_id", None) or prod.new_job_id()
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
             channel = self.keys.done_channel(job_id)
             await pubsub.subscribe(channel)
             r = await self.enqueue(job_type, payload, job_id=job_id, notify=channel, **options)
             if r.status == "duplicate" and r.state in TERMINAL:
-                return P.outcome(await self._info(job_id))
+                return prod.outcome(await self._info(job_id))
             return await self._wait(job_id, timeout, pubsub)
         finally:
-            await pubsub.aclose()
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def _wait(self, job_id: str, timeout: float, pubsub: Any) -> Any:
         import asyncio
@@ -290,6 +290,6 @@ class AsyncQueue(_Base):
                 await asyncio.sleep(min(remaining, poll))
                 poll = min(poll * 2, _POLL_MAX_S)
             try:
-                return P.outcome(await self._info(job_id))
+                return prod.outcome(await self._info(job_id))
             except ResultNotReady:
                 continue

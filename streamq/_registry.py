@@ -29,7 +29,10 @@ class HandlerSpec:
 
 
 class Registry:
-    """Maps job types to handlers. ``@registry.handler("email.send", max_attempts=5, timeout=30)``."""
+    """Maps job types to handlers.
+
+    ``@registry.handler("email.send", max_attempts=5, timeout=30)``
+    """
 
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, int | None], HandlerSpec] = {}

@@ -44,10 +44,10 @@ class Script:
         self, client: aredis.Redis, keys: Sequence[str], args: Sequence[Arg]
     ) -> Any:
         try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
             await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[misc]
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
         except ResponseError as exc:
             raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
 

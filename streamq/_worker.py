@@ -236,9 +236,9 @@ class Worker:
                 continue
             try:
                 if qs.own_cursor is not None:  # entries delivered to this consumer name earlier
-                    reply = await self._client.xreadgroup(
+                    reply: Any = await self._client.xreadgroup(
                         GROUP, self.consumer, {qs.keys.stream: qs.own_cursor}, count=n)
-                    raw = reply[0][1] if reply else []
+                    raw: list[Any] = reply[0][1] if reply else []
                     qs.own_cursor = raw[-1][0].decode() if raw else None
                     entries = [e for e in raw if (qs.keys.queue, e[0].decode()) not in self._jobs]
                 else:
@@ -471,8 +471,8 @@ class Worker:
                 if lease.keys.queue == k.queue:
                     items[lease.entry] = (lease.job_id, lease.token)
             try:
-                reply = await self._client.xreadgroup(GROUP, self.consumer, {k.stream: "0"},
-                                                      count=_BATCH)
+                reply: Any = await self._client.xreadgroup(
+                    GROUP, self.consumer, {k.stream: "0"}, count=_BATCH)
                 for eid, fields in (reply[0][1] if reply else []):
                     jid = (fields or {}).get(b"id")
                     if jid and eid.decode() not in items:

@@ -1,16 +1,12 @@
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from redis_server import RedisServer  # noqa: E402
+from streamq._server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A private redis-server for tests and benchmarks: free port, temp dir, never 6379.
+"""A private redis-server (demo, tests, benchmarks): free port, temp dir, never 6379.
 
 The binary is ``$STREAMQ_REDIS_SERVER`` (default ``redis-server`` on PATH), so the same suite
 runs against Valkey (``STREAMQ_REDIS_SERVER=valkey-server``) or another Redis build.
@@ -32,7 +32,8 @@ class RedisServer:
                  extra: tuple[str, ...] = ()) -> None:
         self.binary = os.environ.get("STREAMQ_REDIS_SERVER", "redis-server")
         if shutil.which(self.binary) is None:
-            raise RuntimeError(f"redis server binary {self.binary!r} not found on PATH")
+            raise RuntimeError(f"redis server binary {self.binary!r} not found on PATH; install"
+                               " Redis (apt-get install redis-server) or set STREAMQ_REDIS_SERVER")
         self.aof = aof
         self._own_dir = directory is None
         self.dir = Path(directory or tempfile.mkdtemp(prefix="streamq-redis-"))
@@ -110,6 +111,12 @@ class RedisServer:
                 except OSError:
                     time.sleep(0.05)
         return False
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         self.stop()
