@@ -16,7 +16,7 @@ from ._conn import async_client, sync_client
 from ._errors import JobNotFound, ResultNotReady, WaitTimeout
 from ._keys import Keys, check_job_id
 from ._model import TERMINAL, CancelResult, EnqueueResult, JobInfo
-from ._retry import async_retrying, retrying
+from ._retry import acall, call
 from ._scripts import SCRIPTS
 
 _POLL_MAX_S = 0.5
@@ -54,10 +54,12 @@ class Queue(_Base):
         out: list[EnqueueResult] = []
         for batch in prod.chunks(prepared):
             keys, args = prod.enqueue_call(self.keys, self.config, batch)
-            for n, attempt in enumerate(retrying()):
-                with attempt:
-                    reply = SCRIPTS["enqueue"](self.client, keys, args)
-                    out.extend(prod.parse_enqueue(self.config, batch, reply, retried=n > 0))
+
+            def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
+                reply = SCRIPTS["enqueue"](self.client, k, a)
+                return prod.parse_enqueue(self.config, b, reply, retried=retried)
+
+            out.extend(call(once))
         return out
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
@@ -84,24 +86,23 @@ class Queue(_Base):
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             return pipe.execute()
 
-        for n, attempt in enumerate(retrying()):
-            with attempt:
-                try:
-                    replies = send()
-                except NoScriptError:  # a restarted server: load, then send the batch again
-                    self.client.script_load(script.source)
-                    replies = send()
-                out: list[EnqueueResult] = []
-                for b, reply in zip(batches, replies, strict=True):
-                    out.extend(prod.parse_enqueue(self.config, b, reply, retried=n > 0))
-        return out
+        def once(retried: bool) -> list[EnqueueResult]:
+            try:
+                replies = send()
+            except NoScriptError:  # a restarted server: load, then send the batch again
+                self.client.script_load(script.source)
+                replies = send()
+            out: list[EnqueueResult] = []
+            for b, reply in zip(batches, replies, strict=True):
+                out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
+            return out
+
+        return call(once)
 
     def get(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (never enqueued, or expired)."""
         check_job_id(job_id)
-        for attempt in retrying():
-            with attempt:
-                h: Any = self.client.hgetall(self.keys.job(job_id))
+        h: Any = call(lambda _retried: self.client.hgetall(self.keys.job(job_id)))
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     def _info(self, job_id: str) -> JobInfo:
@@ -122,11 +123,8 @@ class Queue(_Base):
 
     def cancel(self, job_id: str) -> CancelResult:
         keys, args = prod.cancel_call(self.keys, self.config, job_id)
-        for n, attempt in enumerate(retrying()):
-            with attempt:
-                reply = SCRIPTS["cancel"](self.client, keys, args)
-                return prod.parse_cancel(job_id, reply, retried=n > 0)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return call(lambda retried: prod.parse_cancel(
+            job_id, SCRIPTS["cancel"](self.client, keys, args), retried=retried))
 
     def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                          **options: Any) -> Any:
@@ -187,12 +185,12 @@ class AsyncQueue(_Base):
         out: list[EnqueueResult] = []
         for batch in prod.chunks(prepared):
             keys, args = prod.enqueue_call(self.keys, self.config, batch)
-            n = 0
-            async for attempt in async_retrying():
-                with attempt:
-                    reply = await SCRIPTS["enqueue"].run_async(self.client, keys, args)
-                    out.extend(prod.parse_enqueue(self.config, batch, reply, retried=n > 0))
-                n += 1
+
+            async def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
+                reply = await SCRIPTS["enqueue"].run_async(self.client, k, a)
+                return prod.parse_enqueue(self.config, b, reply, retried=retried)
+
+            out.extend(await acall(once))
         return out
 
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
@@ -206,8 +204,6 @@ class AsyncQueue(_Base):
             return await self._enqueue(prepared)
         calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
         script = SCRIPTS["enqueue"]
-        n = 0
-        out: list[EnqueueResult] = []
 
         async def send() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
@@ -215,25 +211,26 @@ class AsyncQueue(_Base):
                 pipe.evalsha(script.sha, len(keys), *keys, *args)
             return await pipe.execute()
 
-        async for attempt in async_retrying():
-            with attempt:
-                try:
-                    replies = await send()
-                except NoScriptError:  # a restarted server: load, then send the batch again
-                    await self.client.script_load(script.source)
-                    replies = await send()
-                out = []
-                for b, reply in zip(batches, replies, strict=True):
-                    out.extend(prod.parse_enqueue(self.config, b, reply, retried=n > 0))
-            n += 1
-        return out
+        async def once(retried: bool) -> list[EnqueueResult]:
+            try:
+                replies = await send()
+            except NoScriptError:  # a restarted server: load, then send the batch again
+                await self.client.script_load(script.source)
+                replies = await send()
+            out: list[EnqueueResult] = []
+            for b, reply in zip(batches, replies, strict=True):
+                out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
+            return out
+
+        return await acall(once)
 
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
-        h: Any = {}
-        async for attempt in async_retrying():
-            with attempt:
-                h = await self.client.hgetall(self.keys.job(job_id))
+
+        async def once(_retried: bool) -> Any:
+            return await self.client.hgetall(self.keys.job(job_id))
+
+        h = await acall(once)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     async def _info(self, job_id: str) -> JobInfo:
@@ -250,15 +247,12 @@ class AsyncQueue(_Base):
 
     async def cancel(self, job_id: str) -> CancelResult:
         keys, args = prod.cancel_call(self.keys, self.config, job_id)
-        n = 0
-        result: CancelResult | None = None
-        async for attempt in async_retrying():
-            with attempt:
-                reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
-                result = prod.parse_cancel(job_id, reply, retried=n > 0)
-            n += 1
-        assert result is not None
-        return result
+
+        async def once(retried: bool) -> CancelResult:
+            reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
+            return prod.parse_cancel(job_id, reply, retried=retried)
+
+        return await acall(once)
 
     async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                                **options: Any) -> Any:

@@ -1,0 +1,45 @@
+"""Shared test helpers: poll for a condition with a deadline (no sleep-and-hope)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+
+from streamq import WorkerConfig
+
+
+async def eventually(pred: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition"
+                     ) -> Any:
+    """Await until ``pred()`` (sync or async) is truthy; fail with ``what`` after timeout_s."""
+    end = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def wait_until(pred: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
+    end = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def fast(**overrides: Any) -> WorkerConfig:
+    """A worker config with short intervals, for tests."""
+    base = WorkerConfig(concurrency=16, block_ms=200, promote_interval_s=0.05,
+                        heartbeat_interval_s=0.5, grace_period_s=2.0, visibility_timeout_s=30.0)
+    return attrs.evolve(base, **overrides)

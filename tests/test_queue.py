@@ -1,0 +1,257 @@
+"""Producer API: enqueue (now, delayed, dedup, bulk), validation, cancel, get, result, waiting."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+import pytest
+import redis
+
+from streamq import (
+    AsyncQueue,
+    InvalidArgument,
+    InvalidJobId,
+    InvalidQueueName,
+    JobFailed,
+    JobNotFound,
+    Keys,
+    PayloadTooLarge,
+    Queue,
+    QueueConfig,
+    QueueFull,
+    ResultNotReady,
+    SerializationError,
+    WaitTimeout,
+)
+from streamq import _producer as prod
+from streamq._scripts import SCRIPTS
+
+
+@pytest.fixture
+def q(url: str, qname: str) -> Any:
+    queue = Queue.from_url(url, qname)
+    yield queue
+    queue.close()
+
+
+def keys_of(r: redis.Redis, qname: str) -> set[bytes]:
+    return set(r.scan_iter(match=f"streamq:{{{qname}}}:*"))  # test-only inspection
+
+
+def test_enqueue_now_writes_record_and_stream_entry(q: Queue, r: redis.Redis) -> None:
+    res = q.enqueue("email.send", {"to": "a@example.com"}, job_id="welcome-42")
+    assert (res.job_id, res.status, res.state) == ("welcome-42", "queued", "queued")
+    k = Keys(q.name)
+    entries: Any = r.xrange(k.stream)
+    assert len(entries) == 1 and entries[0][1] == {b"id": b"welcome-42"}
+    rec = r.hgetall(k.job("welcome-42"))
+    assert rec[b"state"] == b"queued" and rec[b"entry"] == entries[0][0]
+    info = q.get("welcome-42")
+    assert info is not None and info.payload == {"to": "a@example.com"}
+    assert info.type == "email.send" and info.attempts == 0 and info.state == "queued"
+
+
+def test_generated_ids_are_unique(q: Queue) -> None:
+    ids = {q.enqueue("t").job_id for _ in range(50)}
+    assert len(ids) == 50
+
+
+def test_duplicate_answers_existing_state_and_writes_nothing(q: Queue, r: redis.Redis) -> None:
+    q.enqueue("t", {"v": 1}, job_id="d1")
+    dup = q.enqueue("t", {"v": 2}, job_id="d1")
+    assert (dup.status, dup.state) == ("duplicate", "queued")
+    assert r.xlen(Keys(q.name).stream) == 1
+    info = q.get("d1")
+    assert info is not None and info.payload == {"v": 1}
+
+
+def test_duplicate_of_completed_job_returns_its_result(q: Queue, r: redis.Redis) -> None:
+    q.enqueue("t", job_id="done-1")
+    r.hset(Keys(q.name).job("done-1"), mapping={"state": "completed", "result": b'{"ok":1}'})
+    dup = q.enqueue("t", job_id="done-1")
+    assert dup.status == "duplicate" and dup.state == "completed" and dup.result == {"ok": 1}
+
+
+def test_delay_schedules_on_server_clock(q: Queue, r: redis.Redis) -> None:
+    before = r.time()
+    res = q.enqueue("t", job_id="later", delay=30)
+    assert res.status == "scheduled"
+    k = Keys(q.name)
+    due = r.zscore(k.delayed, "later")
+    now_ms = before[0] * 1000 + before[1] // 1000
+    assert due is not None and now_ms + 30_000 <= due <= now_ms + 31_000
+    assert r.xlen(k.stream) == 0
+
+
+def test_run_at_in_the_past_queues_now_and_future_schedules(q: Queue) -> None:
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    future = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    assert q.enqueue("t", run_at=past).status == "queued"
+    res = q.enqueue("t", run_at=future)
+    info = q.get(res.job_id)
+    assert res.status == "scheduled" and info is not None and info.due_at is not None
+    assert abs((info.due_at - future).total_seconds()) < 0.01
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"job_id": ""}, InvalidJobId),
+        ({"job_id": "has space"}, InvalidJobId),
+        ({"job_id": "x" * 201}, InvalidJobId),
+        ({"job_id": "{brace}"}, InvalidJobId),
+        ({"delay": -1}, InvalidArgument),
+        ({"delay": math.nan}, InvalidArgument),
+        ({"delay": math.inf}, InvalidArgument),
+        ({"delay": True}, InvalidArgument),
+        ({"delay": "10"}, InvalidArgument),
+        ({"run_at": dt.datetime(2030, 1, 1)}, InvalidArgument),  # naive
+        ({"delay": 1, "run_at": dt.datetime(2030, 1, 1, tzinfo=dt.UTC)},
+         InvalidArgument),
+        ({"result_ttl": 0}, InvalidArgument),
+        ({"result_ttl": -5}, InvalidArgument),
+        ({"result_ttl": math.inf}, InvalidArgument),
+        ({"result_ttl": math.nan}, InvalidArgument),
+        ({"max_attempts": 0}, InvalidArgument),
+        ({"max_attempts": True}, InvalidArgument),
+        ({"deadline": 0}, InvalidArgument),
+        ({"headers": {"a": 1}}, InvalidArgument),
+        ({"version": 0}, InvalidArgument),
+    ],
+)
+def test_bad_options_raise_typed_errors_and_write_nothing(
+    q: Queue, r: redis.Redis, options: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        q.enqueue("t", {"x": 1}, **options)
+    assert keys_of(r, q.name) == set()
+
+
+@pytest.mark.parametrize("job_type", ["", "has space", "x" * 201, None])
+def test_bad_job_type_is_rejected(q: Queue, job_type: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        q.enqueue(job_type)
+
+
+def test_bad_queue_names_are_rejected(url: str) -> None:
+    for name in ["", "a{b}", "with space", "x" * 129]:
+        with pytest.raises(InvalidQueueName):
+            Queue.from_url(url, name)
+
+
+def test_unserialisable_payload_is_a_typed_error(q: Queue, r: redis.Redis) -> None:
+    with pytest.raises(SerializationError):
+        q.enqueue("t", {"x": object()})
+    with pytest.raises(SerializationError):
+        q.enqueue("t", {"x": math.nan})
+    assert keys_of(r, q.name) == set()
+
+
+def test_payload_size_limit(url: str, qname: str, r: redis.Redis) -> None:
+    queue = Queue.from_url(url, qname, QueueConfig(max_payload_bytes=1000))
+    queue.enqueue("t", "a" * 500)
+    with pytest.raises(PayloadTooLarge, match="max_payload_bytes"):
+        queue.enqueue("t", "a" * 2000)
+    assert r.xlen(queue.keys.stream) == 1
+
+
+def test_max_depth_rejects_with_queue_full(url: str, qname: str) -> None:
+    queue = Queue.from_url(url, qname, QueueConfig(max_depth=3))
+    for i in range(2):
+        queue.enqueue("t", job_id=f"n{i}")
+    queue.enqueue("t", job_id="d", delay=60)  # delayed jobs count too
+    with pytest.raises(QueueFull):
+        queue.enqueue("t", job_id="over")
+    assert queue.get("over") is None
+    results = queue.enqueue_many([{"type": "t", "job_id": "b1"}, {"type": "t", "job_id": "n0"}])
+    assert [x.status for x in results] == ["rejected", "duplicate"]
+    assert results[0].reason == "queue full"
+
+
+def test_enqueue_many_spans_batches_and_reports_each_job(q: Queue, r: redis.Redis) -> None:
+    jobs: list[dict[str, Any]] = [{"type": "t", "payload": {"i": i}, "job_id": f"b{i}"}
+                                  for i in range(2500)]
+    jobs.append({"type": "t", "job_id": "b7"})  # duplicate inside the same call
+    jobs.append({"type": "t", "job_id": "late", "delay": 60})
+    results = q.enqueue_many(jobs)
+    assert len(results) == 2502
+    assert sum(x.status == "queued" for x in results) == 2500
+    assert results[2500].status == "duplicate" and results[2501].status == "scheduled"
+    assert r.xlen(q.keys.stream) == 2500 and r.zcard(q.keys.delayed) == 1
+
+
+def test_enqueue_many_validates_everything_before_writing(q: Queue, r: redis.Redis) -> None:
+    with pytest.raises(InvalidArgument, match="job #1"):
+        q.enqueue_many([{"type": "t"}, {"type": "t", "delay": -1}])
+    with pytest.raises(InvalidArgument, match="unknown keys"):
+        q.enqueue_many([{"type": "t", "paylod": 1}])
+    assert keys_of(r, q.name) == set()
+
+
+def test_cancel_queued_scheduled_and_finished(q: Queue, r: redis.Redis) -> None:
+    q.enqueue("t", job_id="c-queued")
+    q.enqueue("t", job_id="c-sched", delay=60)
+    res = q.cancel("c-queued")
+    assert res.cancelled and res.state == "queued"
+    assert r.xlen(q.keys.stream) == 0
+    res = q.cancel("c-sched")
+    assert res.cancelled and res.state == "scheduled"
+    assert r.zcard(q.keys.delayed) == 0
+    again = q.cancel("c-sched")
+    assert not again.cancelled and again.state == "cancelled" and "only" in again.reason
+    missing = q.cancel("nope")
+    assert not missing.cancelled and "not found" in missing.reason
+    info = q.get("c-queued")
+    assert info is not None and info.state == "cancelled"
+    with pytest.raises(JobFailed) as exc:
+        q.result("c-queued")
+    assert exc.value.state == "cancelled"
+
+
+def test_result_of_unknown_and_unfinished_jobs(q: Queue) -> None:
+    assert q.get("missing") is None
+    with pytest.raises(JobNotFound):
+        q.result("missing")
+    q.enqueue("t", job_id="pending")
+    with pytest.raises(ResultNotReady):
+        q.result("pending")
+    with pytest.raises(WaitTimeout):
+        q.result("pending", timeout=0.1)
+
+
+def test_enqueue_and_wait_times_out_without_a_worker(q: Queue) -> None:
+    with pytest.raises(WaitTimeout) as exc:
+        q.enqueue_and_wait("t", {"x": 1}, job_id="w1", timeout=0.2)
+    assert exc.value.job_id == "w1"
+    info = q.get("w1")
+    assert info is not None and info.state == "queued"  # the job goes on
+
+
+def test_retried_enqueue_reports_the_original_outcome(q: Queue) -> None:
+    """A client retry after a dropped reply must not report the job as a duplicate."""
+    prepared = [prod.prepare(q.keys, q.config, "t", {"a": 1}, job_id="retry-me")]
+    keys, args = prod.enqueue_call(q.keys, q.config, prepared)
+    SCRIPTS["enqueue"](q.client, keys, args)  # the first try went through; its reply was lost
+    reply = SCRIPTS["enqueue"](q.client, keys, args)
+    (res,) = prod.parse_enqueue(q.config, prepared, reply, retried=True)
+    assert (res.status, res.state) == ("queued", "queued")
+    other = q.enqueue("t", {"a": 1}, job_id="retry-me")  # a genuinely second enqueue
+    assert other.status == "duplicate"
+
+
+async def test_async_queue_same_api(url: str, qname: str) -> None:
+    async with AsyncQueue.from_url(url, qname) as aq:
+        res = await aq.enqueue("t", {"n": 1}, job_id="a1")
+        assert res.status == "queued"
+        assert (await aq.enqueue("t", job_id="a1")).status == "duplicate"
+        results = await aq.enqueue_many([{"type": "t"} for _ in range(1500)])
+        assert all(x.status == "queued" for x in results)
+        info = await aq.get("a1")
+        assert info is not None and info.payload == {"n": 1}
+        assert (await aq.cancel("a1")).cancelled
+        with pytest.raises(WaitTimeout):
+            await aq.enqueue_and_wait("t", timeout=0.1)
+        with pytest.raises(JobNotFound):
+            await aq.result("nope")
