@@ -49,6 +49,7 @@ class _QState:
     paused: bool = False
     cursor: str = "0-0"
     """XAUTOCLAIM cursor, kept between reclaim rounds."""
+    next_reclaim: float = 0.0
     own_cursor: str | None = "0"
     """Where to read this consumer's own pending entries from; None once they are all seen."""
     promoter: Promoter | None = None
@@ -92,6 +93,7 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._flushers: list[asyncio.Task[None]] = []
         self._running = False
+        self._settling = False
         self._stopped = asyncio.Event()
         self._client: aredis.Redis | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -133,7 +135,9 @@ class Worker:
             await self._ensure_group(qs.keys)
             if self.config.promote:
                 qs.promoter = Promoter(qs.keys, self.queue_config)
+        await self._refresh_paused()  # never fetch from a queue that is already paused
         self._running = True
+        self._settling = True
         self._stopped.clear()
         self._free = self.config.concurrency
         self._capacity.set()
@@ -145,7 +149,6 @@ class Worker:
             self._loops.append(asyncio.create_task(self._fetch_loop(qs)))
             self._flushers.append(asyncio.create_task(self._flush_loop(qs)))
         self._loops.append(asyncio.create_task(self._control_loop()))
-        self._loops.append(asyncio.create_task(self._reclaim_loop()))
         if self.config.promote:
             self._loops.append(asyncio.create_task(self._promote_loop()))
         log.info("worker %s started on %s (concurrency %d)", self.consumer,
@@ -155,10 +158,10 @@ class Worker:
         """Stop fetching, let in-flight jobs finish within the grace period, hand back the rest."""
         if not self._running:
             return
-        self._running = False
-        for t in self._loops:
+        self._running = False  # every loop also ends on its own (a cancellation racing a
+        for t in self._loops:  # client timeout can surface as TimeoutError on Python 3.11)
             t.cancel()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        await asyncio.wait(self._loops, timeout=5)
         self._loops.clear()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.config.grace_period_s)
@@ -166,15 +169,12 @@ class Worker:
         for _key, task in leftover:
             task.cancel()
         await asyncio.gather(*(t for _, t in leftover), return_exceptions=True)
+        self._settling = False  # flushers settle what is buffered, then end
         for qs in self._qs.values():
             qs.flush.set()
-        for _ in range(50):  # let the flushers drain what finished
-            if not any(qs.buf for qs in self._qs.values()):
-                break
-            await asyncio.sleep(0.02)
+        await asyncio.wait(self._flushers, timeout=self.config.grace_period_s)
         for t in self._flushers:
             t.cancel()
-        await asyncio.gather(*self._flushers, return_exceptions=True)
         self._flushers.clear()
         await self._hand_back()
         self._leases.stop()
@@ -223,7 +223,10 @@ class Worker:
             self._capacity.set()
 
     async def _fetch_loop(self, qs: _QState) -> None:
+        """Fetch for one queue: own pending entries first, lapsed leases when a reclaim is
+        due, new entries otherwise. The loop alone owns the capacity it reserves."""
         assert self._client is not None
+        loop = asyncio.get_running_loop()
         backoff = 0.05
         while self._running:
             if qs.paused:
@@ -234,17 +237,20 @@ class Worker:
             if n == 0:
                 await asyncio.sleep(0)
                 continue
+            reclaimed = False
             try:
                 if qs.own_cursor is not None:  # entries delivered to this consumer name earlier
-                    reply: Any = await self._client.xreadgroup(
-                        GROUP, self.consumer, {qs.keys.stream: qs.own_cursor}, count=n)
-                    raw: list[Any] = reply[0][1] if reply else []
-                    qs.own_cursor = raw[-1][0].decode() if raw else None
-                    entries = [e for e in raw if (qs.keys.queue, e[0].decode()) not in self._jobs]
+                    entries = await self._read_own(qs, n)
+                elif loop.time() >= qs.next_reclaim:
+                    entries = await self._reclaim(qs, n)
+                    reclaimed = True
+                    if qs.cursor == "0-0":  # a full sweep is done; the next one when due
+                        qs.next_reclaim = loop.time() + self.config.reclaim_every_s
                 else:
-                    reply = await self._client.xreadgroup(
+                    reply: Any = await self._client.xreadgroup(
                         GROUP, self.consumer, {qs.keys.stream: ">"}, count=n,
-                        block=self.config.block_ms)
+                        block=min(self.config.block_ms,
+                                  max(1, int((qs.next_reclaim - loop.time()) * 1000))))
                     entries = reply[0][1] if reply else []
                 backoff = 0.05
             except asyncio.CancelledError:
@@ -269,7 +275,7 @@ class Worker:
             self._release(n - len(entries))
             if entries:
                 try:
-                    await self._start(qs, entries)
+                    await self._start(qs, entries, reclaimed=reclaimed)
                 except TRANSIENT as exc:
                     log.warning("start on %s failed (%s); entries stay pending", qs.keys.queue, exc)
                     self._release(len(entries))
@@ -277,6 +283,26 @@ class Worker:
                 except Exception:  # entries stay pending and are reclaimed later
                     log.exception("start on %s failed", qs.keys.queue)
                     self._release(len(entries))
+
+    async def _read_own(self, qs: _QState, n: int) -> list[Any]:
+        assert self._client is not None and qs.own_cursor is not None
+        reply: Any = await self._client.xreadgroup(
+            GROUP, self.consumer, {qs.keys.stream: qs.own_cursor}, count=n)
+        raw: list[Any] = reply[0][1] if reply else []
+        qs.own_cursor = raw[-1][0].decode() if raw else None
+        return [e for e in raw if (qs.keys.queue, e[0].decode()) not in self._jobs]
+
+    async def _reclaim(self, qs: _QState, n: int) -> list[Any]:
+        """Take over up to n entries whose lease lapsed (XAUTOCLAIM; the cursor is kept)."""
+        assert self._client is not None
+        min_idle = int(self.config.visibility_timeout_s * 1000)
+        reply: Any = await self._client.xautoclaim(
+            qs.keys.stream, GROUP, self.consumer, min_idle, qs.cursor, count=n)
+        qs.cursor = reply[0].decode()
+        entries = [e for e in reply[1] if (qs.keys.queue, e[0].decode()) not in self._jobs]
+        if entries:
+            log.info("reclaiming %d lapsed entries of %s", len(entries), qs.keys.queue)
+        return entries
 
     async def _start(self, qs: _QState, entries: list[Any], *, reclaimed: bool = False) -> None:
         """Start delivered entries (capacity for all of them is already reserved)."""
@@ -421,7 +447,7 @@ class Worker:
         k = qs.keys
         cfg = self.queue_config
         backoff = 0.05
-        while True:
+        while self._settling or qs.buf:
             await qs.flush.wait()
             qs.flush.clear()
             while qs.buf:
@@ -436,6 +462,9 @@ class Worker:
                     reply = await SCRIPTS["finish"].run_async(self._client, keys, args)
                 except TRANSIENT as exc:  # finish is idempotent: retry the same batch
                     log.warning("settling %d jobs failed (%s); retrying", len(batch), exc)
+                    if not self._settling and backoff >= 2.0:
+                        qs.flush.set()
+                        return  # stopping and Redis is away: the leases lapse, jobs re-run
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                     continue
@@ -502,13 +531,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                            "concurrency": self.config.concurrency, "queues": list(self._qs)})
-        while True:
+        while self._running:
             try:
-                pipe = self._client.pipeline(transaction=False)
-                for qs in self._qs.values():
-                    pipe.exists(qs.keys.paused)
-                for qs, flag in zip(self._qs.values(), await pipe.execute(), strict=True):
-                    qs.paused = bool(flag)
+                await self._refresh_paused()
                 now = loop.time()
                 if now - last_beat >= beat_every:
                     last_beat = now
@@ -524,6 +549,14 @@ class Worker:
                 log.warning("control loop: %s", exc)
             await asyncio.sleep(min(1.0, beat_every))
 
+    async def _refresh_paused(self) -> None:
+        assert self._client is not None
+        pipe = self._client.pipeline(transaction=False)
+        for qs in self._qs.values():
+            pipe.exists(qs.keys.paused)
+        for qs, flag in zip(self._qs.values(), await pipe.execute(), strict=True):
+            qs.paused = bool(flag)
+
     async def _prune(self, keys: Keys) -> None:
         assert self._client is not None
         consumers = await self._client.xinfo_consumers(keys.stream, GROUP)
@@ -536,43 +569,12 @@ class Worker:
                                                  [GROUP, name, stale_ms]):
                 log.info("pruned dead consumer %s from %s", name, keys.queue)
 
-    async def _reclaim_loop(self) -> None:
-        """Take over entries whose lease lapsed (XAUTOCLAIM, cursor kept between rounds)."""
-        assert self._client is not None
-        min_idle = int(self.config.visibility_timeout_s * 1000)
-        while True:
-            await asyncio.sleep(self.config.reclaim_every_s)
-            for qs in self._qs.values():
-                if qs.paused or self._free <= 0:
-                    continue
-                n = self._reserve(100)
-                try:
-                    cursor, entries, *_ = await self._client.xautoclaim(
-                        qs.keys.stream, GROUP, self.consumer, min_idle, qs.cursor, count=n)
-                    qs.cursor = cursor.decode()
-                    entries = [e for e in entries
-                               if (qs.keys.queue, e[0].decode()) not in self._jobs]
-                    self._release(n - len(entries))
-                    if entries:
-                        log.info("reclaiming %d lapsed entries of %s", len(entries),
-                                 qs.keys.queue)
-                        await self._start(qs, entries, reclaimed=True)
-                except TRANSIENT as exc:
-                    self._release(n)
-                    log.warning("reclaim on %s failed: %s", qs.keys.queue, exc)
-                except ResponseError as exc:
-                    self._release(n)
-                    if "NOGROUP" in str(exc):
-                        await self._ensure_group(qs.keys)
-                    else:
-                        log.exception("reclaim on %s failed", qs.keys.queue)
-
     async def _promote_loop(self) -> None:
         assert self._client is not None
         for qs in self._qs.values():
             assert qs.promoter is not None
             await qs.promoter.sync_clock(self._client)
-        while True:
+        while self._running:
             sleep = self.config.promote_interval_s
             for qs in self._qs.values():
                 assert qs.promoter is not None

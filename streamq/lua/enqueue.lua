@@ -9,7 +9,8 @@
 -- ARGV[3]   wake channel published when a delayed job becomes the earliest ('' = none)
 -- ARGV[4]   N, the number of jobs
 -- ARGV[5 + 9*(i-1) ..] per job i: id, type, envelope, max_attempts, result_ttl_s,
---           deadline_ms (0 = none), delay_ms, run_at_ms (0 = none), notify channel ('' = none)
+--           deadline_ms (0 = none; negative = that many ms after the server's now),
+--           delay_ms, run_at_ms (0 = none), notify channel ('' = none)
 -- Returns a flat array, 5 per job: status (queued|scheduled|duplicate|full), state,
 --           result ('' unless completed), error ('' unless failed), 1 when an existing
 --           duplicate carries this very envelope (a retried call), else 0.
@@ -45,9 +46,11 @@ for i = 1, n do
   else
     local delay_ms, run_at = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
     local due = 0
+    local deadline = tonumber(ARGV[b + 5])
+    if deadline < 0 then deadline = now - deadline end
     if run_at > 0 then due = run_at elseif delay_ms > 0 then due = now + delay_ms end
     redis.call('HSET', jobkey, 'type', jtype, 'env', env, 'attempts', 0,
-      'max_attempts', ARGV[b + 3], 'result_ttl', ARGV[b + 4], 'deadline', ARGV[b + 5],
+      'max_attempts', ARGV[b + 3], 'result_ttl', ARGV[b + 4], 'deadline', deadline,
       'created', now, 'token', '', 'entry', '')
     if ARGV[b + 8] ~= '' then redis.call('HSET', jobkey, 'notify', ARGV[b + 8]) end
     local status
