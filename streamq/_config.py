@@ -81,6 +81,8 @@ class WorkerConfig:
     """How often to look for lapsed leases; None = a quarter of the visibility timeout."""
     consumer_dead_after_s: float = attrs.field(default=600.0, validator=_positive_seconds)
     """Consumers silent this long, with an empty pending list, are pruned from the group."""
+    prune_interval_s: float = attrs.field(default=60.0, validator=_positive_seconds)
+    """How often a worker looks for dead consumers to prune."""
     sync_threads: int | None = attrs.field(default=None)
     """Thread pool size for sync handlers; None = concurrency."""
     default_max_attempts: int = attrs.field(default=3, validator=_positive_int)

@@ -541,7 +541,7 @@ class Worker:
                         await SCRIPTS["heartbeat"].run_async(
                             self._client, [qs.keys.workers, qs.keys.worker_info(self.consumer)],
                             [self.consumer, info, int(beat_every * 3) + 1])
-                if now - last_prune >= 60:
+                if now - last_prune >= self.config.prune_interval_s:
                     last_prune = now
                     for qs in self._qs.values():
                         await self._prune(qs.keys)

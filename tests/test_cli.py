@@ -1,0 +1,47 @@
+"""The `streamq` command line, driven as a user would: a subprocess against a real server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import wait_until
+
+from streamq import Queue
+
+TESTS = Path(__file__).parent
+
+
+def streamq(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "streamq", *args], cwd=TESTS, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_worker_command_runs_jobs_and_stops_gracefully_on_sigterm(url: str, qname: str) -> None:
+    q = Queue.from_url(url, qname)
+    q.enqueue("echo", {"hello": "world"}, job_id="cli-1")
+    proc = streamq("worker", "cli_jobs:registry", "--url", url, "--queue", qname,
+                   "--concurrency", "4", "--visibility-timeout", "5")
+    try:
+        wait_until(lambda: (i := q.get("cli-1")) is not None and i.state == "completed",
+                   what="the CLI worker to run the job")
+        assert q.result("cli-1") == {"hello": "world"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out
+    assert "stopped" in out
+
+
+def test_worker_command_rejects_what_is_not_a_registry(url: str) -> None:
+    for spec, message in [("cli_jobs", "module:attribute"),
+                          ("cli_jobs:missing", "cannot load registry"),
+                          ("no_such_module:registry", "cannot load registry"),
+                          ("cli_jobs:not_a_registry", "not a streamq.Registry")]:
+        proc = streamq("worker", spec, "--url", url, "--queue", "x")
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode != 0 and message in out, out
