@@ -94,7 +94,7 @@ class Keys:
         return f"{self.base}:worker:{consumer}"
 
     def job(self, job_id: str) -> str:
-        return f"{self.base}:job:{job_id}"
+        return f"{self.prefix}:{{{self.queue}}}:job:{job_id}"
 
     def done_channel(self, job_id: str) -> str:
         """Pub/sub channel told when this job reaches a terminal state."""

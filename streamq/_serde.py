@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import json.encoder
 from typing import Any, Protocol, runtime_checkable
 
 from ._errors import SerializationError
@@ -25,13 +26,22 @@ class JsonSerde:
     name = "json"
 
     def __init__(self) -> None:
-        self._enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        self._encode = enc.encode
+        # The C encoder, built once (JSONEncoder.encode builds it on every call). Without
+        # circular-reference markers a cycle ends in RecursionError, which is caught below.
+        make = getattr(json.encoder, "c_make_encoder", None)
+        self._c = None if make is None else make(
+            None, enc.default, json.encoder.encode_basestring, None, ":", ",", False, False,
+            False)
         self._dec = json.JSONDecoder()
 
     def dumps(self, obj: Any) -> bytes:
         try:
-            return self._enc.encode(obj).encode()
-        except (TypeError, ValueError) as exc:
+            if self._c is not None:
+                return "".join(self._c(obj, 0)).encode()
+            return self._encode(obj).encode()
+        except (TypeError, ValueError, RecursionError) as exc:
             raise SerializationError(f"not JSON-serialisable: {exc}") from exc
 
     def loads(self, data: bytes) -> Any:

@@ -8,11 +8,17 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Lifecycle event. The entry id carries the server time (ms); every entry has the same
+-- three fields, so the stream stores field names once per node.
 local function emit(events, maxlen, job_id, ev, now, detail)
-  if tonumber(maxlen) > 0 then
-    redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*',
-      'job', job_id, 'ev', ev, 't', now, 'd', detail or '')
+  if maxlen ~= '0' then
+    redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'job', job_id, 'ev', ev,
+      'd', detail or '')
   end
+end
+
+local function count(stats, field, n)
+  if n > 0 then redis.call('HINCRBY', stats, field, n) end
 end
 
 local function ack_del(stream, group, entry)
@@ -22,10 +28,9 @@ local function ack_del(stream, group, entry)
   end
 end
 
-local function notify(jobkey, job_id, state)
-  local ch = redis.call('HGET', jobkey, 'notify')
-  if ch and ch ~= '' then
-    redis.call('PUBLISH', ch, state)
+local function notify(channel, state)
+  if channel and channel ~= '' then
+    redis.call('PUBLISH', channel, state)
   end
 end
 
@@ -39,11 +44,17 @@ local function wake_if_sooner(delayed, channel, due)
 end
 
 -- Dead-letter a job: terminal 'failed' state, dead index entry, retention TTL, waiters told.
-local function bury(jobkey, dead, stats, events, job_id, reason, err, etype, now,
+-- The caller counts it in the stats HASH ('failed').
+local function bury(jobkey, dead, events, job_id, reason, err, etype, now,
                     dead_ttl, dead_maxlen, events_maxlen)
-  redis.call('HSET', jobkey, 'state', 'failed', 'finished', now, 'reason', reason)
-  if err and err ~= '' then redis.call('HSET', jobkey, 'error', err) end
-  local jtype = redis.call('HGET', jobkey, 'type') or ''
+  if err and err ~= '' then
+    redis.call('HSET', jobkey, 'state', 'failed', 'finished', now, 'reason', reason,
+      'error', err, 'entry', '')
+  else
+    redis.call('HSET', jobkey, 'state', 'failed', 'finished', now, 'reason', reason, 'entry', '')
+  end
+  local r = redis.call('HMGET', jobkey, 'type', 'notify')
+  local jtype = r[1] or ''
   if tonumber(dead_maxlen) > 0 then
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', job_id,
       'reason', reason, 'etype', etype or '', 'type', jtype, 't', now)
@@ -51,7 +62,6 @@ local function bury(jobkey, dead, stats, events, job_id, reason, err, etype, now
   if tonumber(dead_ttl) > 0 and redis.call('EXISTS', jobkey) == 1 then
     redis.call('EXPIRE', jobkey, dead_ttl)
   end
-  redis.call('HINCRBY', stats, 'failed', 1)
   emit(events, events_maxlen, job_id, 'failed', now, reason)
-  notify(jobkey, job_id, 'failed')
+  notify(r[2], 'failed')
 end

@@ -11,7 +11,7 @@
 --           state the job was in.
 local jobkey, stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, id, events_maxlen = ARGV[1], ARGV[2], ARGV[3]
-local r = redis.call('HMGET', jobkey, 'state', 'entry', 'result_ttl')
+local r = redis.call('HMGET', jobkey, 'state', 'entry', 'result_ttl', 'notify')
 local state = r[1]
 if not state then return {'not_found', ''} end
 if state == 'scheduled' or state == 'retrying' then
@@ -27,5 +27,5 @@ local ttl = tonumber(r[3]) or 0
 if ttl > 0 then redis.call('EXPIRE', jobkey, ttl) end
 redis.call('HINCRBY', stats, 'cancelled', 1)
 emit(events, events_maxlen, id, 'cancelled', now, state)
-notify(jobkey, id, 'cancelled')
+notify(r[4], 'cancelled')
 return {'cancelled', state}

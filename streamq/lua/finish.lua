@@ -24,47 +24,53 @@ local group, events_maxlen, dead_ttl, dead_maxlen, wake =
 local n = tonumber(ARGV[6])
 local now = now_ms()
 local out = {}
+local completed, retried, failed, lost = 0, 0, 0, 0
 for i = 1, n do
   local b = 7 + 7 * (i - 1)
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
   local r = redis.call('HMGET', jobkey, 'state', 'token', 'attempts', 'max_attempts',
-    'result_ttl')
+    'result_ttl', 'notify')
   local state, cur = r[1], r[2]
   if cur ~= token or not state then
-    redis.call('HINCRBY', stats, 'lease_lost', 1)
+    lost = lost + 1
     emit(events, events_maxlen, id, 'lease_lost', now, token)
     out[i] = 'lost'
   elseif state ~= 'active' then
     out[i] = state  -- already applied by an earlier run of this same call
   else
     ack_del(stream, group, entry)
-    redis.call('HSET', jobkey, 'entry', '')
+    local max_attempts = tonumber(r[4]) or 0
     if outcome == 'ok' then
-      redis.call('HSET', jobkey, 'state', 'completed', 'result', data, 'finished', now)
+      redis.call('HSET', jobkey, 'state', 'completed', 'result', data, 'finished', now,
+        'entry', '')
       local ttl = tonumber(r[5]) or 0
       if ttl > 0 then redis.call('EXPIRE', jobkey, ttl) end
-      redis.call('HINCRBY', stats, 'completed', 1)
+      completed = completed + 1
       emit(events, events_maxlen, id, 'completed', now, '')
-      notify(jobkey, id, 'completed')
+      notify(r[6], 'completed')
       out[i] = 'completed'
-    elseif outcome == 'retry' and ((tonumber(r[4]) or 0) == 0
-        or (tonumber(r[3]) or 0) < tonumber(r[4])) then
+    elseif outcome == 'retry' and (max_attempts == 0 or (tonumber(r[3]) or 0) < max_attempts) then
       local due = now + tonumber(extra)
       wake_if_sooner(delayed, wake, due)
       redis.call('ZADD', delayed, due, id)
-      redis.call('HSET', jobkey, 'state', 'retrying', 'due', due, 'error', data)
-      redis.call('HINCRBY', stats, 'retried', 1)
+      redis.call('HSET', jobkey, 'state', 'retrying', 'due', due, 'error', data, 'entry', '')
+      retried = retried + 1
       emit(events, events_maxlen, id, 'retrying', now, etype)
       out[i] = 'retrying'
     else
       local reason = extra
       if outcome == 'retry' then reason = 'attempts exhausted' end
-      bury(jobkey, dead, stats, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
+      bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
         events_maxlen)
+      failed = failed + 1
       out[i] = 'failed'
     end
   end
 end
+count(stats, 'completed', completed)
+count(stats, 'retried', retried)
+count(stats, 'failed', failed)
+count(stats, 'lease_lost', lost)
 return out

@@ -15,7 +15,7 @@
 local delayed, stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local events_maxlen, dead_ttl, dead_maxlen = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
-local moved = 0
+local moved, missing = 0, 0
 for i = 4, #ARGV do
   local id = ARGV[i]
   local jobkey = KEYS[i + 2]
@@ -31,10 +31,11 @@ for i = 4, #ARGV do
     elseif not state then
       redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
         'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
-      redis.call('HINCRBY', stats, 'failed', 1)
+      missing = missing + 1
     end
   end
 end
+count(stats, 'failed', missing)
 local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 local next_due = -1
 if first[2] then next_due = tonumber(first[2]) end

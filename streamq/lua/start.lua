@@ -1,5 +1,6 @@
 -- start.lua: start a batch of delivered (or reclaimed) stream entries, one lease each.
--- Each startable job gets a fresh lease token from the queue's sequence, its attempt counted,
+-- Each startable job gets a fresh lease token from the queue's sequence (never reused), its
+-- attempt counted,
 -- owner set. Entries that must not run are settled here: ghosts and finished or cancelled
 -- jobs are acked and deleted; expired or exhausted jobs and malformed entries are dead-lettered.
 -- KEYS[1]   ready stream
@@ -25,12 +26,16 @@ local events_maxlen, dead_ttl, dead_maxlen = ARGV[3], ARGV[4], ARGV[5]
 local n = tonumber(ARGV[6])
 local now = now_ms()
 local out = {}
+local started, reclaimed, failed = 0, 0, 0
+local token = 0
+if n > 0 then token = redis.call('INCRBY', seq, n) - n end  -- tokens token+1 .. token+n
 local function push(a, b, c, d)
   out[#out + 1] = a; out[#out + 1] = b; out[#out + 1] = c; out[#out + 1] = d
 end
 for i = 1, n do
   local entry, id = ARGV[7 + 2 * (i - 1)], ARGV[8 + 2 * (i - 1)]
   local jobkey = KEYS[5 + i]
+  token = token + 1
   local r = redis.call('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts',
     'deadline', 'env')
   local state = r[1]
@@ -38,11 +43,10 @@ for i = 1, n do
     ack_del(stream, group, entry)
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
       'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
-    redis.call('HINCRBY', stats, 'failed', 1)
+    failed = failed + 1
     push('dead', 0, 0, 'job record missing')
   elseif r[2] ~= entry or (state ~= 'queued' and state ~= 'active') then
     -- a ghost of an older delivery, or a job already finished or cancelled
-    if r[2] == entry then redis.call('HSET', jobkey, 'entry', '') end
     ack_del(stream, group, entry)
     push('skip', 0, 0, state)
   else
@@ -51,26 +55,25 @@ for i = 1, n do
     local deadline = tonumber(r[5]) or 0
     if deadline > 0 and now > deadline then
       ack_del(stream, group, entry)
-      redis.call('HSET', jobkey, 'entry', '')
-      bury(jobkey, dead, stats, events, id, 'deadline passed', '', 'DeadlineExceeded', now,
+      bury(jobkey, dead, events, id, 'deadline passed', '', 'DeadlineExceeded', now,
         dead_ttl, dead_maxlen, events_maxlen)
+      failed = failed + 1
       push('dead', 0, attempts, 'deadline passed')
     elseif max_attempts > 0 and attempts >= max_attempts then
       ack_del(stream, group, entry)
-      redis.call('HSET', jobkey, 'entry', '')
-      bury(jobkey, dead, stats, events, id, 'attempts exhausted (lease lapsed)', '',
+      bury(jobkey, dead, events, id, 'attempts exhausted (lease lapsed)', '',
         'LeaseExpired', now, dead_ttl, dead_maxlen, events_maxlen)
+      failed = failed + 1
       push('dead', 0, attempts, 'attempts exhausted (lease lapsed)')
     else
-      local token = redis.call('INCR', seq)
       attempts = attempts + 1
       redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'token', token,
         'owner', consumer, 'started', now)
       if state == 'active' then
-        redis.call('HINCRBY', stats, 'reclaimed', 1)
+        reclaimed = reclaimed + 1
         emit(events, events_maxlen, id, 'reclaimed', now, consumer)
       end
-      redis.call('HINCRBY', stats, 'started', 1)
+      started = started + 1
       emit(events, events_maxlen, id, 'started', now, attempts)
       push('run', token, attempts, r[6])
     end
@@ -83,6 +86,9 @@ for j = 1, m do
   redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', '', 'reason',
     'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', now,
     'entry', ARGV[b], 'raw', ARGV[b + 1])
-  redis.call('HINCRBY', stats, 'failed', 1)
+  failed = failed + 1
 end
+count(stats, 'started', started)
+count(stats, 'reclaimed', reclaimed)
+count(stats, 'failed', failed)
 return out
