@@ -1,6 +1,11 @@
-"""The scheduler daemon (promotion, cron, recovery sweeps). See issue 3; promotion logic is
-shared with workers in ``streamq._promote``."""
+"""The scheduler daemon: promotion of delayed and retry jobs, cron, recovery sweeps.
 
-from streamq._promote import Promoter
+``await Scheduler.from_url(url, queues=[...], cron=[Cron(...), ...]).run()`` or
+``streamq scheduler --url ... --queue ... --cron module:attribute``.
+"""
 
-__all__ = ["Promoter"]
+from ._cron import CronExpr
+from ._entries import Cron
+from ._scheduler import Scheduler, SchedulerConfig
+
+__all__ = ["Cron", "CronExpr", "Scheduler", "SchedulerConfig"]

@@ -82,6 +82,11 @@ class Keys:
         return f"{self.base}:paused"
 
     @property
+    def cron(self) -> str:
+        """Cron state: '<name>:last' = last fired tick (ms), '<name>' = ops info (JSON)."""
+        return f"{self.base}:cron"
+
+    @property
     def workers(self) -> str:
         return f"{self.base}:workers"
 

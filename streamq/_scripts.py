@@ -20,7 +20,7 @@ from ._errors import ScriptError
 Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
-          "prune")
+          "prune", "fire", "requeue")
 
 
 class Script:

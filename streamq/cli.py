@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ._config import WorkerConfig
 from ._registry import Registry
@@ -38,6 +40,35 @@ def _worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_cron(spec: str) -> list[Any]:
+    from schedulers import Cron
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"streamq: --cron must be given as module:attribute, got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SystemExit(f"streamq: cannot load cron schedule {spec!r}: {exc}") from exc
+    entries = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    if not all(isinstance(e, Cron) for e in entries):
+        raise SystemExit(f"streamq: {spec!r} must be a schedulers.Cron or a list of them")
+    return entries
+
+
+def _scheduler(args: argparse.Namespace) -> int:
+    from schedulers import Scheduler, SchedulerConfig
+
+    cron = [e for spec in args.cron or [] for e in _load_cron(spec)]
+    if not args.queue and not cron:
+        raise SystemExit("streamq scheduler: give at least one --queue or --cron")
+    cfg = SchedulerConfig(poll_interval_s=args.poll_interval,
+                          visibility_timeout_s=args.visibility_timeout)
+    asyncio.run(Scheduler(args.url, args.queue or [], cron, cfg).run())
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     from ._demo import run_demo
 
@@ -58,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-promote", action="store_true",
                    help="leave promotion of delayed jobs to a scheduler daemon")
     w.set_defaults(func=_worker)
+    s = sub.add_parser("scheduler", help="run the scheduler daemon (delayed jobs, cron, sweeps)")
+    s.add_argument("--url", default=os.environ.get("STREAMQ_URL", "redis://localhost:6379/0"))
+    s.add_argument("--queue", action="append", help="queue name (repeatable)")
+    s.add_argument("--cron", action="append", help="module:attribute of Cron entries (repeatable)")
+    s.add_argument("--poll-interval", type=float, default=30.0, help="seconds")
+    s.add_argument("--visibility-timeout", type=float, default=30.0, help="seconds")
+    s.set_defaults(func=_scheduler)
     d = sub.add_parser("demo", help="a self-contained tour (starts its own Redis without --url)")
     d.add_argument("--url", default=os.environ.get("STREAMQ_URL"))
     d.add_argument("--jobs", type=int, default=2000)

@@ -65,3 +65,50 @@ local function bury(jobkey, dead, events, job_id, reason, err, etype, now,
   emit(events, events_maxlen, job_id, 'failed', now, reason)
   notify(r[2], 'failed')
 end
+
+-- Accept one job (enqueue.lua, fire.lua). The job's 9 arguments start at args[b]: id, type,
+-- envelope, max_attempts (0 = handler decides), result_ttl_s, deadline_ms (0 = none; negative
+-- = that many ms after now), delay_ms, run_at_ms (0 = none), notify channel ('' = none).
+-- Returns status (queued|scheduled|duplicate|full), state, result, error, mine (1 when an
+-- existing duplicate carries this very envelope). The caller counts stats.
+local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now, args, b, full)
+  local id, jtype, env = args[b], args[b + 1], args[b + 2]
+  if redis.call('EXISTS', jobkey) == 1 then
+    local existing = redis.call('HMGET', jobkey, 'state', 'result', 'error', 'env')
+    local mine = 0
+    if existing[4] == env then mine = 1 end
+    return 'duplicate', existing[1] or '', existing[2] or '', existing[3] or '', mine
+  end
+  if full then return 'full', '', '', '', 0 end
+  local delay_ms, run_at = tonumber(args[b + 6]), tonumber(args[b + 7])
+  local due = 0
+  local deadline = tonumber(args[b + 5])
+  if deadline < 0 then deadline = now - deadline end
+  if run_at > 0 then due = run_at elseif delay_ms > 0 then due = now + delay_ms end
+  local fields = {'type', jtype, 'env', env, 'result_ttl', args[b + 4], 'created', now}
+  if args[b + 3] ~= '0' then
+    fields[#fields + 1] = 'max_attempts'; fields[#fields + 1] = args[b + 3]
+  end
+  if deadline > 0 then
+    fields[#fields + 1] = 'deadline'; fields[#fields + 1] = deadline
+  end
+  if args[b + 8] ~= '' then
+    fields[#fields + 1] = 'notify'; fields[#fields + 1] = args[b + 8]
+  end
+  local status
+  if due > now then
+    wake_if_sooner(delayed, wake, due)
+    redis.call('ZADD', delayed, due, id)
+    status = 'scheduled'
+    fields[#fields + 1] = 'due'; fields[#fields + 1] = due
+  else
+    local entry = redis.call('XADD', stream, '*', 'id', id)
+    status = 'queued'
+    fields[#fields + 1] = 'entry'; fields[#fields + 1] = entry
+    fields[#fields + 1] = 'enqueued'; fields[#fields + 1] = now
+  end
+  fields[#fields + 1] = 'state'; fields[#fields + 1] = status
+  redis.call('HSET', jobkey, unpack(fields))
+  emit(events, events_maxlen, id, 'enqueued', now, status)
+  return status, status, '', '', 0
+end

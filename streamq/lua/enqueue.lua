@@ -28,58 +28,18 @@ end
 local enqueued, duplicates, rejected = 0, 0, 0
 for i = 1, n do
   local b = 5 + 9 * (i - 1)
-  local jobkey = KEYS[4 + i]
-  local id, jtype, env = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-  if redis.call('EXISTS', jobkey) == 1 then
-    local existing = redis.call('HMGET', jobkey, 'state', 'result', 'error', 'env')
+  local status, state, result, err, mine = accept(KEYS[4 + i], stream, delayed, events,
+    events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth)
+  if status == 'duplicate' then
     duplicates = duplicates + 1
-    local mine = 0
-    if existing[4] == env then mine = 1 end
-    out[#out + 1] = 'duplicate'
-    out[#out + 1] = existing[1] or ''
-    out[#out + 1] = existing[2] or ''
-    out[#out + 1] = existing[3] or ''
-    out[#out + 1] = mine
-  elseif max_depth > 0 and depth >= max_depth then
+  elseif status == 'full' then
     rejected = rejected + 1
-    out[#out + 1] = 'full'; out[#out + 1] = ''; out[#out + 1] = ''
-    out[#out + 1] = ''; out[#out + 1] = 0
   else
-    local delay_ms, run_at = tonumber(ARGV[b + 6]), tonumber(ARGV[b + 7])
-    local due = 0
-    local deadline = tonumber(ARGV[b + 5])
-    if deadline < 0 then deadline = now - deadline end
-    if run_at > 0 then due = run_at elseif delay_ms > 0 then due = now + delay_ms end
-    local fields = {'type', jtype, 'env', env, 'result_ttl', ARGV[b + 4], 'created', now}
-    if ARGV[b + 3] ~= '0' then
-      fields[#fields + 1] = 'max_attempts'; fields[#fields + 1] = ARGV[b + 3]
-    end
-    if deadline > 0 then
-      fields[#fields + 1] = 'deadline'; fields[#fields + 1] = deadline
-    end
-    if ARGV[b + 8] ~= '' then
-      fields[#fields + 1] = 'notify'; fields[#fields + 1] = ARGV[b + 8]
-    end
-    local status
-    if due > now then
-      wake_if_sooner(delayed, wake, due)
-      redis.call('ZADD', delayed, due, id)
-      status = 'scheduled'
-      fields[#fields + 1] = 'due'; fields[#fields + 1] = due
-    else
-      local entry = redis.call('XADD', stream, '*', 'id', id)
-      status = 'queued'
-      fields[#fields + 1] = 'entry'; fields[#fields + 1] = entry
-      fields[#fields + 1] = 'enqueued'; fields[#fields + 1] = now
-    end
-    fields[#fields + 1] = 'state'; fields[#fields + 1] = status
-    redis.call('HSET', jobkey, unpack(fields))
     enqueued = enqueued + 1
-    emit(events, events_maxlen, id, 'enqueued', now, status)
     if depth >= 0 then depth = depth + 1 end
-    out[#out + 1] = status; out[#out + 1] = status; out[#out + 1] = ''
-    out[#out + 1] = ''; out[#out + 1] = 0
   end
+  out[#out + 1] = status; out[#out + 1] = state; out[#out + 1] = result
+  out[#out + 1] = err; out[#out + 1] = mine
 end
 count(stats, 'enqueued', enqueued)
 count(stats, 'duplicates', duplicates)

@@ -1,0 +1,33 @@
+-- fire.lua: fire one cron tick: enqueue its job unless this tick (or a later one) already
+-- fired. With a deterministic job id per (cron name, tick) as well, several schedulers can
+-- race on the same tick and exactly one job is enqueued.
+-- KEYS[1]   ready stream
+-- KEYS[2]   delayed ZSET
+-- KEYS[3]   stats HASH
+-- KEYS[4]   events STREAM
+-- KEYS[5]   job record HASH of the tick's job
+-- KEYS[6]   cron state HASH (field '<name>:last' = last fired tick ms, '<name>' = ops info)
+-- ARGV[1]   events max length (0 = no events)
+-- ARGV[2]   wake channel ('' = none)
+-- ARGV[3]   cron entry name
+-- ARGV[4]   tick, ms since the epoch
+-- ARGV[5]   ops info (JSON text) stored under '<name>' when the tick fires
+-- ARGV[6..14] the job: id, type, envelope, max_attempts, result_ttl_s, deadline_ms, delay_ms,
+--           run_at_ms, notify channel (as in enqueue.lua)
+-- Returns {status, state}: status 'queued' | 'scheduled' | 'duplicate' | 'stale' (an equal or
+--           later tick already fired; nothing written)
+local stream, delayed, stats, events, jobkey, cron = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+  KEYS[5], KEYS[6]
+local name, tick = ARGV[3], tonumber(ARGV[4])
+local last = tonumber(redis.call('HGET', cron, name .. ':last') or '-1')
+if last >= tick then return {'stale', ''} end
+local now = now_ms()
+local status, state = accept(jobkey, stream, delayed, events, ARGV[1], ARGV[2], now, ARGV, 6,
+  false)
+redis.call('HSET', cron, name .. ':last', tick, name, ARGV[5])
+if status == 'duplicate' then
+  count(stats, 'duplicates', 1)
+else
+  count(stats, 'enqueued', 1)
+end
+return {status, state}

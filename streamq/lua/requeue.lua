@@ -1,0 +1,54 @@
+-- requeue.lua: hand pending entries back to the queue as fresh entries (recovery sweeps when
+-- no worker is alive, operator requeue of a stuck job). The interrupted attempt counts: a job
+-- whose attempts are exhausted is dead-lettered instead. The lease token is cleared, so a
+-- worker still running the job somewhere is fenced out.
+-- KEYS[1]   ready stream
+-- KEYS[2]   dead STREAM
+-- KEYS[3]   stats HASH
+-- KEYS[4]   events STREAM
+-- KEYS[4+i] job record HASH of entry i (i = 1..N)
+-- ARGV[1]   consumer group
+-- ARGV[2]   events max length (0 = no events)
+-- ARGV[3]   dead-letter retention in seconds
+-- ARGV[4]   dead stream max length
+-- ARGV[5]   who requeues (recorded in the event)
+-- ARGV[6..] per entry i: stream entry id, job id (pairs)
+-- Returns per entry: 'requeued' | 'failed' (dead-lettered) | 'skipped' (not pending work of
+--           this job: acked and deleted as a ghost) | 'missing' (no record: dead-lettered)
+local stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, events_maxlen, dead_ttl, dead_maxlen, who = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
+  ARGV[5]
+local now = now_ms()
+local out = {}
+local requeued, failed = 0, 0
+local n = (#ARGV - 5) / 2
+for i = 1, n do
+  local entry, id = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local jobkey = KEYS[4 + i]
+  local r = redis.call('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts')
+  local state = r[1]
+  ack_del(stream, group, entry)
+  if not state then
+    redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
+      'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
+    failed = failed + 1
+    out[i] = 'missing'
+  elseif r[2] ~= entry or (state ~= 'queued' and state ~= 'active') then
+    out[i] = 'skipped'
+  elseif state == 'active' and (tonumber(r[4]) or 0) > 0
+      and (tonumber(r[3]) or 0) >= tonumber(r[4]) then
+    bury(jobkey, dead, events, id, 'attempts exhausted (lease lapsed)', '', 'LeaseExpired',
+      now, dead_ttl, dead_maxlen, events_maxlen)
+    failed = failed + 1
+    out[i] = 'failed'
+  else
+    local new = redis.call('XADD', stream, '*', 'id', id)
+    redis.call('HSET', jobkey, 'state', 'queued', 'entry', new, 'token', '', 'enqueued', now)
+    emit(events, events_maxlen, id, 'requeued', now, who)
+    requeued = requeued + 1
+    out[i] = 'requeued'
+  end
+end
+count(stats, 'requeued', requeued)
+count(stats, 'failed', failed)
+return out
