@@ -19,7 +19,9 @@ from ._errors import (
     Retry,
     ScriptError,
     SerializationError,
+    ServerTooOld,
     StreamqError,
+    UnknownQueue,
     WaitTimeout,
 )
 from ._keys import Keys
@@ -61,7 +63,9 @@ __all__ = [
     "ScriptError",
     "Serde",
     "SerializationError",
+    "ServerTooOld",
     "StreamqError",
+    "UnknownQueue",
     "WaitTimeout",
     "Worker",
     "WorkerConfig",

@@ -83,7 +83,8 @@ class WorkerConfig:
     """Consumers silent this long, with an empty pending list, are pruned from the group."""
     prune_interval_s: float = attrs.field(default=60.0, validator=_positive_seconds)
     """How often a worker looks for dead consumers to prune."""
-    sync_threads: int | None = attrs.field(default=None)
+    sync_threads: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive_int))
     """Thread pool size for sync handlers; None = concurrency."""
     default_max_attempts: int = attrs.field(default=3, validator=_positive_int)
     default_timeout_s: float | None = attrs.field(

@@ -50,6 +50,14 @@ class JobNotFound(StreamqError, LookupError):
     """No record exists for this job id (never enqueued, or its record expired)."""
 
 
+class UnknownQueue(StreamqError, LookupError):
+    """No key of this queue exists (never used, or a typo, or the wrong key prefix)."""
+
+
+class ServerTooOld(StreamqError):
+    """The Redis server is older than 6.2 (XAUTOCLAIM and XPENDING IDLE are needed)."""
+
+
 class ResultNotReady(StreamqError):
     """The job has not finished yet."""
 

@@ -38,6 +38,13 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
+def queues_key(prefix: str = "streamq") -> str:
+    """SET of queue names that workers and schedulers have served (for `streamq stats`).
+
+    It has no hash tag: it is written with a plain SADD, never inside a queue's script."""
+    return f"{prefix}:queues"
+
+
 @attrs.frozen
 class Keys:
     """Key names of one queue."""

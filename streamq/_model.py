@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json as serde_json
 from typing import Any, Literal
 
 import attrs
@@ -135,6 +136,8 @@ class JobInfo:
     """The last error (type, message, traceback summary) of a failed or retried attempt."""
     reason: str
     envelope: Envelope | None
+    errors: list[dict[str, Any]] = attrs.field(factory=list)
+    """Failed attempts, oldest first (at most 10): attempt, error type, time (ms)."""
 
     @property
     def finished(self) -> bool:
@@ -168,7 +171,15 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
             error = err if isinstance(err, dict) else {"message": str(err)}
         except SerializationError:
             error = {"message": s("error")}
+    errors: list[dict[str, Any]] = []
+    if h.get(b"errors"):
+        try:
+            errs = serde_json.loads(h[b"errors"])
+            errors = errs if isinstance(errs, list) else []
+        except ValueError:
+            errors = []
     return JobInfo(
+        errors=errors,
         id=job_id, queue=queue, type=s("type"), state=s("state"),
         attempts=int(s("attempts") or 0), max_attempts=int(s("max_attempts") or 0),
         payload=payload, created_at=_ms_to_dt(h.get(b"created")),

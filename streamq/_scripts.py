@@ -20,7 +20,7 @@ from ._errors import ScriptError
 Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
-          "prune", "fire", "requeue")
+          "prune", "fire", "requeue", "redrive", "purge")
 
 
 class Script:
@@ -33,10 +33,11 @@ class Script:
 
     def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         try:
-            return client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *keys, *args)
+            try:
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:  # a restarted server lost its script cache
+                client.script_load(self.source)
+                return client.evalsha(self.sha, len(keys), *keys, *args)
         except ResponseError as exc:
             raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
 
@@ -44,10 +45,11 @@ class Script:
         self, client: aredis.Redis, keys: Sequence[str], args: Sequence[Arg]
     ) -> Any:
         try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, len(keys), *keys, *args)
+            try:
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                await client.script_load(self.source)
+                return await client.evalsha(self.sha, len(keys), *keys, *args)
         except ResponseError as exc:
             raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
 

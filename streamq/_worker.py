@@ -20,8 +20,8 @@ from redis.exceptions import ResponseError
 
 from ._config import QueueConfig, RetryPolicy, WorkerConfig
 from ._conn import async_client, sync_client
-from ._errors import Fail, Retry, SerializationError
-from ._keys import GROUP, Keys
+from ._errors import Fail, Retry, ScriptError, SerializationError
+from ._keys import GROUP, Keys, queues_key
 from ._lease import Lease, LeaseKeeper
 from ._model import Envelope, Job, envelope_from_plain
 from ._promote import Promoter
@@ -131,6 +131,8 @@ class Worker:
         self._client = async_client(self.url, socket_timeout_s=timeout, **self._client_kwargs)
         self._pool = ThreadPoolExecutor(self.config.sync_threads or self.config.concurrency,
                                         thread_name_prefix="streamq-job")
+        await self._client.sadd(queues_key(self.queue_config.key_prefix),
+                                *self._qs)
         for qs in self._qs.values():
             await self._ensure_group(qs.keys)
             if self.config.promote:
@@ -176,12 +178,14 @@ class Worker:
         for t in self._flushers:
             t.cancel()
         self._flushers.clear()
-        await self._hand_back()
-        self._leases.stop()
-        assert self._pool is not None and self._client is not None
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        await self._client.aclose()
-        self._stopped.set()
+        try:
+            await self._hand_back()
+        finally:
+            self._leases.stop()
+            assert self._pool is not None and self._client is not None
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            await self._client.aclose()
+            self._stopped.set()
         log.info("worker %s stopped: %s", self.consumer, self.stats)
 
     def run(self) -> None:
@@ -341,30 +345,31 @@ class Worker:
             bad = []
             reply = await SCRIPTS["start"].run_async(self._client, keys, args)
             for n, (eid, jid) in enumerate(part):
-                code, token, attempt, data = reply[4 * n:4 * n + 4]
+                code, token, attempt, data, deadline = reply[5 * n:5 * n + 5]
                 if code != b"run":
                     skipped += 1
                     continue
                 self.stats.started += 1
                 if reclaimed:
                     self.stats.reclaimed += 1
-                self._launch(qs, eid, jid, str(token), int(attempt), data)
+                self._launch(qs, eid, jid, str(token), int(attempt), data, int(deadline))
         self._release(skipped)
 
     def _launch(self, qs: _QState, entry: str, job_id: str, token: str, attempt: int,
-                data: bytes) -> None:
+                data: bytes, deadline_ms: int) -> None:
         lease = Lease(qs.keys, job_id, entry, token)
         self._leases.add(lease)
-        task = asyncio.create_task(self._run_job(qs, lease, attempt, data))
+        task = asyncio.create_task(self._run_job(qs, lease, attempt, data, deadline_ms))
         self._tasks.add(task)
         self._jobs[(qs.keys.queue, entry)] = task
         task.add_done_callback(self._tasks.discard)
 
     # ----------------------------------------------------------------- running
 
-    async def _run_job(self, qs: _QState, lease: Lease, attempt: int, data: bytes) -> None:
+    async def _run_job(self, qs: _QState, lease: Lease, attempt: int, data: bytes,
+                       deadline_ms: int) -> None:
         try:
-            item = await self._attempt(qs, lease, attempt, data)
+            item = await self._attempt(qs, lease, attempt, data, deadline_ms)
         except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
             return
         except Exception as exc:  # a bug of ours: retry the job rather than lose the slot
@@ -374,7 +379,8 @@ class Worker:
         qs.buf.append(item)
         qs.flush.set()
 
-    async def _attempt(self, qs: _QState, lease: Lease, attempt: int, data: bytes) -> Finish:
+    async def _attempt(self, qs: _QState, lease: Lease, attempt: int, data: bytes,
+                       deadline_ms: int) -> Finish:
         ident = (lease.job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
         try:
@@ -396,10 +402,11 @@ class Worker:
         job = Job(id=env.id, type=env.type, payload=env.payload, attempt=attempt,
                   max_attempts=max_attempts, queue=qs.keys.queue, version=env.version,
                   idempotency_key=env.idempotency_key or env.id, headers=env.headers,
-                  trace=env.trace, deadline_ms=env.deadline_ms)
+                  trace=env.trace, deadline_ms=deadline_ms)
         timeout = spec.timeout_s or self.config.default_timeout_s
+        limit = asyncio.timeout(timeout)
         try:
-            async with asyncio.timeout(timeout):
+            async with limit:
                 if spec.is_async:
                     result = await spec.fn(job)
                 else:
@@ -413,6 +420,8 @@ class Worker:
             delay = exc.delay_s
             return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, delay)
         except TimeoutError as exc:
+            if timeout is None or not limit.expired():  # the handler's own TimeoutError
+                return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, None)
             exc2 = TimeoutError(f"handler timed out after {timeout:g} s")
             exc2.__cause__ = exc
             return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc2, None)
@@ -467,6 +476,14 @@ class Worker:
                         return  # stopping and Redis is away: the leases lapse, jobs re-run
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
+                    continue
+                except ScriptError:
+                    # never expected (finish.lua guards its reads); drop the batch from this
+                    # worker: the entries stay pending and are taken over after the timeout
+                    log.exception("settling %d jobs failed; they recover by reclaim", len(batch))
+                    del qs.buf[:len(batch)]
+                    for b in batch:
+                        self._settled(qs, b, b"lost")
                     continue
                 backoff = 0.05
                 del qs.buf[:len(batch)]
@@ -582,6 +599,9 @@ class Worker:
                     _moved, more = await qs.promoter.run_once(self._client)
                 except TRANSIENT as exc:
                     log.warning("promotion on %s failed: %s", qs.keys.queue, exc)
+                    continue
+                except ScriptError:
+                    log.exception("promotion on %s failed", qs.keys.queue)
                     continue
                 sleep = 0 if more else min(sleep, qs.promoter.sleep_s(sleep))
             await asyncio.sleep(sleep)

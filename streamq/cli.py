@@ -76,12 +76,21 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=os.environ.get("STREAMQ_URL", "redis://localhost:6379/0"),
+                        help="redis://[user:password@]host:port/db, rediss:// for TLS,"
+                        " unix:///path.sock; default $STREAMQ_URL")
+    common.add_argument("--prefix", default=os.environ.get("STREAMQ_PREFIX", "streamq"),
+                        help="key prefix (default streamq)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--yes", "-y", action="store_true",
+                        help="do not ask before bulk or destructive changes")
+    common.add_argument("--debug", action="store_true", help="show tracebacks")
     p = argparse.ArgumentParser(prog="streamq", description="streamq job engine")
     p.add_argument("--log-level", default=os.environ.get("STREAMQ_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("worker", help="run a worker process")
+    w = sub.add_parser("worker", parents=[common], help="run a worker process")
     w.add_argument("registry", help="module:attribute of a streamq.Registry")
-    w.add_argument("--url", default=os.environ.get("STREAMQ_URL", "redis://localhost:6379/0"))
     w.add_argument("--queue", action="append", required=True, help="queue name (repeatable)")
     w.add_argument("--concurrency", type=int, default=64)
     w.add_argument("--visibility-timeout", type=float, default=30.0, help="seconds")
@@ -89,23 +98,70 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-promote", action="store_true",
                    help="leave promotion of delayed jobs to a scheduler daemon")
     w.set_defaults(func=_worker)
-    s = sub.add_parser("scheduler", help="run the scheduler daemon (delayed jobs, cron, sweeps)")
-    s.add_argument("--url", default=os.environ.get("STREAMQ_URL", "redis://localhost:6379/0"))
+    s = sub.add_parser("scheduler", parents=[common],
+                       help="run the scheduler daemon (delayed jobs, cron, sweeps)")
     s.add_argument("--queue", action="append", help="queue name (repeatable)")
     s.add_argument("--cron", action="append", help="module:attribute of Cron entries (repeatable)")
     s.add_argument("--poll-interval", type=float, default=30.0, help="seconds")
     s.add_argument("--visibility-timeout", type=float, default=30.0, help="seconds")
     s.set_defaults(func=_scheduler)
-    d = sub.add_parser("demo", help="a self-contained tour (starts its own Redis without --url)")
-    d.add_argument("--url", default=os.environ.get("STREAMQ_URL"))
+    d = sub.add_parser("demo", parents=[common],
+                       help="a self-contained tour (starts its own Redis without --url)")
+    d.set_defaults(url=os.environ.get("STREAMQ_URL"))
     d.add_argument("--jobs", type=int, default=2000)
     d.set_defaults(func=_demo)
+    from ._cli_ops import add_parsers
+
+    add_parsers(sub, common)
     return p
+
+
+def _explain(exc: BaseException, url: str) -> str:
+    """One line a person can act on."""
+    from redis import exceptions as rx
+
+    from ._cli_ops import redact
+    from ._errors import StreamqError
+
+    where = redact(url)
+    text = str(exc)
+    if isinstance(exc, rx.AuthenticationError) or "WRONGPASS" in text or "NOAUTH" in text:
+        return (f"authentication failed at {where}: wrong password or ACL user; put them in"
+                " the URL: redis://user:password@host:port/db")
+    if "NOPERM" in text:
+        return f"the ACL user at {where} may not run this command or touch these keys: {text}"
+    if isinstance(exc, rx.ConnectionError | rx.TimeoutError):
+        return (f"cannot reach Redis at {where} ({text}); is the server running and is"
+                " --url (or STREAMQ_URL) right?")
+    if isinstance(exc, StreamqError | ValueError):
+        return text
+    if isinstance(exc, rx.ResponseError):
+        return f"Redis answered with an error: {text}"
+    return f"{type(exc).__name__}: {text}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper() if args.command != "demo" else "ERROR",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rc: int = args.func(args)
-    return rc
+    logging.basicConfig(level=args.log_level.upper() if args.command in ("worker", "scheduler")
+                        else "ERROR", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if hasattr(args, "func"):
+            rc: int = args.func(args)
+            return rc
+        from ._cli_ops import COMMANDS, Ctx
+
+        ctx = Ctx(args)
+        try:
+            COMMANDS[args.command](ctx)
+        finally:
+            ctx.admin.close()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit:
+        raise
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"streamq: {_explain(exc, str(args.url or ''))}", file=sys.stderr)
+        return 1

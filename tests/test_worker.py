@@ -560,3 +560,57 @@ def test_registry_and_config_validation() -> None:
     for bad in bads:
         with pytest.raises(InvalidArgument):
             WorkerConfig(**bad)
+
+
+async def test_a_handlers_own_timeout_error_is_an_ordinary_failure(url: str, q: Queue) -> None:
+    reg = Registry()
+
+    @reg.handler("upstream", max_attempts=2, retry=RetryPolicy(base_s=0.01, cap_s=0.01))
+    async def upstream(job: Job) -> None:
+        raise TimeoutError("upstream API timed out")  # not the worker's timeout
+
+    q.enqueue("upstream", job_id="u")
+    async with running(url, q.name, reg):
+        await eventually(lambda: state(q, "u") == "failed", what="dead-letter")
+    info = q.get("u")
+    assert info is not None and info.attempts == 2 and info.reason == "attempts exhausted"
+    assert info.error is not None and info.error["message"] == "upstream API timed out"
+    assert [e["type"] for e in info.errors] == ["TimeoutError", "TimeoutError"]
+
+
+async def test_a_corrupted_record_is_dead_lettered_and_its_batch_runs(
+    url: str, q: Queue, r: redis.Redis
+) -> None:
+    reg = Registry()
+
+    @reg.handler("t")
+    async def t(job: Job) -> str:
+        return "ok"
+
+    q.enqueue_many([{"type": "t", "job_id": f"g{i}"} for i in range(3)])
+    r.xadd(q.keys.stream, {"id": "broken"})
+    r.rpush(q.keys.job("broken"), "not", "a", "hash")  # a record key of the wrong type
+    async with running(url, q.name, reg):
+        await eventually(lambda: finished(q, "g0", "g1", "g2"), what="the good jobs")
+        await eventually(lambda: r.xlen(q.keys.dead) == 1, what="the corrupted one dead")
+    dead: Any = r.xrange(q.keys.dead)
+    assert dead[0][1][b"reason"] == b"job record corrupted"
+    assert r.xpending(q.keys.stream, GROUP)["pending"] == 0  # type: ignore[index]
+
+
+async def test_handlers_see_the_deadline_however_it_was_given(url: str, q: Queue,
+                                                              r: redis.Redis) -> None:
+    reg = Registry()
+    seen: dict[str, int] = {}
+
+    @reg.handler("t")
+    async def t(job: Job) -> None:
+        seen[job.id] = job.deadline_ms
+
+    q.enqueue("t", job_id="rel", deadline=60)
+    q.enqueue("t", job_id="none")
+    async with running(url, q.name, reg):
+        await eventually(lambda: finished(q, "rel", "none"), what="both")
+    now: Any = r.time()
+    now_ms = now[0] * 1000 + now[1] // 1000
+    assert now_ms < seen["rel"] <= now_ms + 60_000 and seen["none"] == 0

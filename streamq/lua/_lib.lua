@@ -18,7 +18,7 @@ local function emit(events, maxlen, job_id, ev, now, detail)
 end
 
 local function count(stats, field, n)
-  if n > 0 then redis.call('HINCRBY', stats, field, n) end
+  if n ~= 0 then redis.call('HINCRBY', stats, field, n) end
 end
 
 local function ack_del(stream, group, entry)
@@ -41,6 +41,20 @@ local function wake_if_sooner(delayed, channel, due)
   if first[2] == nil or tonumber(first[2]) >= due then
     redis.call('PUBLISH', channel, due)
   end
+end
+
+-- Keep a short history of failed attempts in the record ('errors': JSON list, newest last,
+-- at most 10), so an operator sees every attempt's error type without reading the events.
+local function remember_error(jobkey, attempt, etype, now)
+  local raw = redis.call('HGET', jobkey, 'errors')
+  local list = {}
+  if raw then
+    local ok, decoded = pcall(cjson.decode, raw)
+    if ok and type(decoded) == 'table' then list = decoded end
+  end
+  list[#list + 1] = {attempt = tonumber(attempt) or 0, type = etype, t = now}
+  while #list > 10 do table.remove(list, 1) end
+  redis.call('HSET', jobkey, 'errors', cjson.encode(list))
 end
 
 -- Dead-letter a job: terminal 'failed' state, dead index entry, retention TTL, waiters told.

@@ -16,6 +16,7 @@ local state = r[1]
 if not state then return {'not_found', ''} end
 if state == 'scheduled' or state == 'retrying' then
   redis.call('ZREM', delayed, id)
+  if state == 'retrying' then redis.call('HINCRBY', stats, 'retrying_now', -1) end
 elseif state == 'queued' then
   ack_del(stream, group, r[2])
 else

@@ -30,10 +30,10 @@ for i = 1, n do
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
-  local r = redis.call('HMGET', jobkey, 'state', 'token', 'attempts', 'max_attempts',
+  local r = redis.pcall('HMGET', jobkey, 'state', 'token', 'attempts', 'max_attempts',
     'result_ttl', 'notify')
   local state, cur = r[1], r[2]
-  if cur ~= token or not state then
+  if r.err or cur ~= token or not state then  -- (a corrupted record is settled by a reclaim)
     lost = lost + 1
     emit(events, events_maxlen, id, 'lease_lost', now, token)
     out[i] = 'lost'
@@ -56,12 +56,14 @@ for i = 1, n do
       wake_if_sooner(delayed, wake, due)
       redis.call('ZADD', delayed, due, id)
       redis.call('HSET', jobkey, 'state', 'retrying', 'due', due, 'error', data, 'entry', '')
+      remember_error(jobkey, r[3], etype, now)
       retried = retried + 1
       emit(events, events_maxlen, id, 'retrying', now, etype)
       out[i] = 'retrying'
     else
       local reason = extra
       if outcome == 'retry' then reason = 'attempts exhausted' end
+      remember_error(jobkey, r[3], etype, now)
       bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
         events_maxlen)
       failed = failed + 1
@@ -71,6 +73,7 @@ for i = 1, n do
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)
+count(stats, 'retrying_now', retried)
 count(stats, 'failed', failed)
 count(stats, 'lease_lost', lost)
 return out

@@ -15,14 +15,16 @@
 local delayed, stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local events_maxlen, dead_ttl, dead_maxlen = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
-local moved, missing = 0, 0
+local moved, missing, retries = 0, 0, 0
 for i = 4, #ARGV do
   local id = ARGV[i]
   local jobkey = KEYS[i + 2]
   local score = redis.call('ZSCORE', delayed, id)
   if score and tonumber(score) <= now then
     redis.call('ZREM', delayed, id)
-    local state = redis.call('HGET', jobkey, 'state')
+    local state = redis.pcall('HGET', jobkey, 'state')
+    if type(state) == 'table' and state.err then state = nil end  -- corrupted: as missing
+    if state == 'retrying' then retries = retries + 1 end
     if state == 'scheduled' or state == 'retrying' then
       local entry = redis.call('XADD', stream, '*', 'id', id)
       redis.call('HSET', jobkey, 'state', 'queued', 'entry', entry, 'enqueued', now)
@@ -36,6 +38,7 @@ for i = 4, #ARGV do
   end
 end
 count(stats, 'failed', missing)
+count(stats, 'retrying_now', -retries)
 local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 local next_due = -1
 if first[2] then next_due = tonumber(first[2]) end

@@ -18,8 +18,8 @@
 -- ARGV[7 + 2*(i-1) ..] per entry i: stream entry id, job id
 -- ARGV[7 + 2*N]        M, the number of malformed entries (no usable job id)
 -- ARGV[8 + 2*N + 2*(j-1) ..] per malformed entry j: stream entry id, description
--- Returns a flat array, 4 per job entry: code ('run' | 'skip' | 'dead'), token, attempt,
---           envelope ('' unless run) or the reason (for skip and dead).
+-- Returns a flat array, 5 per job entry: code ('run' | 'skip' | 'dead'), token, attempt,
+--           envelope ('' unless run) or the reason (for skip and dead), deadline ms (0 = none).
 local stream, dead, stats, events, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, consumer = ARGV[1], ARGV[2]
 local events_maxlen, dead_ttl, dead_maxlen = ARGV[3], ARGV[4], ARGV[5]
@@ -29,17 +29,24 @@ local out = {}
 local started, reclaimed, failed = 0, 0, 0
 local token = 0
 if n > 0 then token = redis.call('INCRBY', seq, n) - n end  -- tokens token+1 .. token+n
-local function push(a, b, c, d)
+local function push(a, b, c, d, e)
   out[#out + 1] = a; out[#out + 1] = b; out[#out + 1] = c; out[#out + 1] = d
+  out[#out + 1] = e or 0
 end
 for i = 1, n do
   local entry, id = ARGV[7 + 2 * (i - 1)], ARGV[8 + 2 * (i - 1)]
   local jobkey = KEYS[5 + i]
   token = token + 1
-  local r = redis.call('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts',
+  local r = redis.pcall('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts',
     'deadline', 'env')
   local state = r[1]
-  if not state then
+  if r.err then  -- the key holds something else than a job record
+    ack_del(stream, group, entry)
+    redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
+      'reason', 'job record corrupted', 'etype', 'CorruptRecord', 'type', '', 't', now)
+    failed = failed + 1
+    push('dead', 0, 0, 'job record corrupted')
+  elseif not state then
     ack_del(stream, group, entry)
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
       'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
@@ -75,7 +82,7 @@ for i = 1, n do
       end
       started = started + 1
       emit(events, events_maxlen, id, 'started', now, attempts)
-      push('run', token, attempts, r[6])
+      push('run', token, attempts, r[6], deadline)
     end
   end
 end

@@ -1,0 +1,293 @@
+"""Ops commands of the ``streamq`` CLI: stats, pending, job, dead, requeue, cancel, pause,
+resume, consumers, purge, enqueue. Every command takes --json, --url and --prefix."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import attrs
+
+from ._config import QueueConfig
+from ._errors import InvalidArgument
+from ._queue import Queue
+from .admin import Admin, DeadFilter
+
+
+def _plain(obj: Any) -> Any:
+    if attrs.has(type(obj)):
+        return {k: _plain(v) for k, v in attrs.asdict(obj, recurse=False).items()}
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dt.datetime):
+        return obj.isoformat()
+    if isinstance(obj, bytes):
+        return obj.decode(errors="replace")
+    return obj
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _duration(text: str) -> float:
+    """'90', '90s', '5m', '2h', '1d' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in units:
+            return float(t[:-1]) * units[t[-1]]
+        return float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 5m, 2h)") from None
+
+
+def redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+class Ctx:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.config = QueueConfig(key_prefix=args.prefix)
+        self.admin = Admin.from_url(args.url, self.config, socket_timeout_s=15.0)
+        self.admin.check_server()
+
+    def out(self, data: Any, human: Callable[[], str]) -> None:
+        if self.args.json:
+            print(json.dumps(_plain(data), indent=2, default=str))
+        else:
+            print(human())
+
+    def confirm(self, what: str) -> None:
+        if self.args.yes:
+            return
+        if not sys.stdin.isatty():
+            raise InvalidArgument(f"refusing to {what} without --yes (not a terminal)")
+        answer = input(f"{what}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            raise SystemExit("aborted")
+
+
+def cmd_stats(ctx: Ctx) -> None:
+    queues = ctx.args.queues or ctx.admin.queues()
+    if not queues:
+        raise InvalidArgument("no queues known yet: name them (streamq stats QUEUE ...)")
+    count = 0
+    while True:
+        stats = [ctx.admin.stats(q) for q in queues]
+
+        def human(stats: list[Any] = stats) -> str:
+            rows = [{"queue": s.queue, "ready": s.ready, "pending": s.pending,
+                     "scheduled": s.scheduled, "retrying": s.retrying, "dead": s.dead,
+                     "completed": s.counters.get("completed", 0),
+                     "failed": s.counters.get("failed", 0),
+                     "oldest_ready": "-" if s.oldest_ready_age_s is None
+                     else f"{s.oldest_ready_age_s:.1f}s",
+                     "consumers": s.consumers, "workers": s.workers_alive,
+                     "paused": "yes" if s.paused else ""} for s in stats]
+            return _table(rows, list(rows[0]))
+
+        if ctx.args.watch and not ctx.args.json:
+            sys.stdout.write("\x1b[H\x1b[2J")
+            print(f"streamq stats  {dt.datetime.now():%H:%M:%S}  (every {ctx.args.watch:g}s,"
+                  " Ctrl-C to stop)")
+        ctx.out(stats, human)
+        count += 1
+        if not ctx.args.watch or (ctx.args.count and count >= ctx.args.count):
+            return
+        time.sleep(ctx.args.watch)
+
+
+def cmd_pending(ctx: Ctx) -> None:
+    page = ctx.admin.pending(ctx.args.queue, min_idle_s=ctx.args.idle or 0,
+                             consumer=ctx.args.consumer, count=ctx.args.limit,
+                             cursor=ctx.args.cursor)
+    ctx.out(page, lambda: _table([{**_plain(p), "idle_s": f"{p.idle_s:.1f}"}
+                                  for p in page.items],
+                                 ["job_id", "type", "state", "consumer", "idle_s", "deliveries",
+                                  "attempt", "entry_id"])
+            + (f"\nmore: --cursor {page.cursor}" if page.cursor else ""))
+
+
+def cmd_job(ctx: Ctx) -> None:
+    info = ctx.admin.job(ctx.args.queue, ctx.args.job_id)
+
+    def human() -> str:
+        lines = [f"{k:12} {v}" for k, v in _plain(info).items()
+                 if k not in ("envelope", "errors", "error") and v not in (None, "", [])]
+        for e in info.errors:
+            lines.append(f"{'attempt ' + str(e.get('attempt')):12} failed with {e.get('type')}")
+        if info.error:
+            lines.append(f"{'last error':12} {info.error.get('type')}: {info.error.get('message')}")
+            lines += ["             " + ln for ln in
+                      str(info.error.get("traceback", "")).strip().splitlines()[-6:]]
+        return "\n".join(lines)
+
+    ctx.out(info, human)
+
+
+def _filter(args: argparse.Namespace) -> DeadFilter:
+    return DeadFilter(type=args.type, error_type=args.error,
+                      older_than_s=args.older_than, newer_than_s=args.newer_than)
+
+
+def cmd_dead(ctx: Ctx) -> None:
+    a = ctx.args
+    if a.action == "list":
+        page = ctx.admin.dead(a.queue, _filter(a), limit=a.limit, cursor=a.cursor)
+        ctx.out(page, lambda: _table(
+            [{**_plain(e), "at": dt.datetime.fromtimestamp(e.at_ms / 1000).isoformat(
+                timespec="seconds")} for e in page.items],
+            ["job_id", "type", "error_type", "reason", "at", "dead_id"])
+            + (f"\nmore: --cursor {page.cursor}" if page.cursor else ""))
+    elif a.action == "show":
+        if not a.job_id:
+            raise InvalidArgument("dead show needs a job id")
+        cmd_job(ctx)
+    elif a.action == "redrive":
+        if a.job_id:
+            page = ctx.admin.dead(a.queue, _filter(a), limit=1000)
+            chosen = [e for e in page.items if e.job_id == a.job_id]
+            if not chosen:
+                raise InvalidArgument(f"job {a.job_id!r} is not in the dead letters of {a.queue!r}")
+            result = ctx.admin.redrive(a.queue, chosen)
+        else:
+            ctx.confirm(f"re-drive every dead job of {a.queue!r} matching the filters")
+            result = ctx.admin.redrive_matching(a.queue, _filter(a))
+        ctx.out(result, lambda: ", ".join(f"{k}: {v}" for k, v in result.items()) or "nothing")
+    elif a.action == "purge":
+        ctx.confirm(f"delete every dead job of {a.queue!r}")
+        n = ctx.admin.purge(a.queue, "failed")
+        ctx.out({"purged": n}, lambda: f"purged {n} dead jobs")
+
+
+def cmd_requeue(ctx: Ctx) -> None:
+    res = ctx.admin.requeue(ctx.args.queue, ctx.args.job_id)
+    ctx.out({"job_id": ctx.args.job_id, "result": res}, lambda: res)
+
+
+def cmd_cancel(ctx: Ctx) -> None:
+    q = Queue(ctx.admin.client, ctx.args.queue, ctx.config)
+    res = q.cancel(ctx.args.job_id)
+    ctx.out(res, lambda: "cancelled" if res.cancelled else f"not cancelled: {res.reason}")
+    if not res.cancelled:
+        raise SystemExit(1)
+
+
+def cmd_pause(ctx: Ctx) -> None:
+    ctx.admin.stats(ctx.args.queue)  # unknown queue -> error, not a stray key
+    if ctx.args.command == "pause":
+        ctx.admin.pause(ctx.args.queue)
+    else:
+        ctx.admin.resume(ctx.args.queue)
+    state = "paused" if ctx.args.command == "pause" else "resumed"
+    ctx.out({"queue": ctx.args.queue, "state": state}, lambda: f"{ctx.args.queue}: {state}")
+
+
+def cmd_consumers(ctx: Ctx) -> None:
+    if ctx.args.prune:
+        ctx.confirm(f"prune dead consumers of {ctx.args.queue!r}")
+        pruned = ctx.admin.prune(ctx.args.queue, ctx.args.dead_after)
+        ctx.out({"pruned": pruned}, lambda: f"pruned: {', '.join(pruned) or 'none'}")
+        return
+    rows = ctx.admin.consumers(ctx.args.queue)
+    ctx.out(rows, lambda: _table([{**_plain(c), "idle_s": f"{c.idle_s:.1f}",
+                                   "heartbeat_age_s": "-" if c.heartbeat_age_s is None
+                                   else f"{c.heartbeat_age_s:.1f}"} for c in rows],
+                                 ["name", "pending", "idle_s", "heartbeat_age_s", "alive"]))
+
+
+def cmd_purge(ctx: Ctx) -> None:
+    ctx.confirm(f"delete every {ctx.args.state} job of {ctx.args.queue!r}")
+    n = ctx.admin.purge(ctx.args.queue, ctx.args.state)
+    ctx.out({"purged": n, "state": ctx.args.state}, lambda: f"purged {n} {ctx.args.state} jobs")
+
+
+def cmd_enqueue(ctx: Ctx) -> None:
+    try:
+        payload = json.loads(ctx.args.payload)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"payload is not valid JSON: {exc}") from None
+    q = Queue(ctx.admin.client, ctx.args.queue, ctx.config)
+    options: dict[str, Any] = {}
+    if ctx.args.delay is not None:
+        options["delay"] = ctx.args.delay
+    if ctx.args.id:
+        options["job_id"] = ctx.args.id
+    res = q.enqueue(ctx.args.type, payload, **options)
+    ctx.out(res, lambda: f"{res.job_id}: {res.status}")
+
+
+COMMANDS: dict[str, Callable[[Ctx], None]] = {
+    "stats": cmd_stats, "pending": cmd_pending, "job": cmd_job, "dead": cmd_dead,
+    "requeue": cmd_requeue, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause,
+    "consumers": cmd_consumers, "purge": cmd_purge, "enqueue": cmd_enqueue,
+}
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("stats", parents=[common], help="queue depths, counters, consumers")
+    p.add_argument("queues", nargs="*", default=None)
+    p.add_argument("--watch", type=_duration, nargs="?", const=2.0, default=None,
+                   help="refresh in place every N seconds (default 2)")
+    p.add_argument("--count", type=int, default=0, help="with --watch: stop after N refreshes")
+    p = sub.add_parser("pending", parents=[common], help="delivered, unsettled entries")
+    p.add_argument("queue")
+    p.add_argument("--idle", type=_duration, help="only entries idle at least this long")
+    p.add_argument("--consumer")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--cursor")
+    p = sub.add_parser("job", parents=[common], help="a job's whole record and error history")
+    p.add_argument("queue")
+    p.add_argument("job_id")
+    p = sub.add_parser("dead", parents=[common], help="dead letters: list, show, redrive, purge")
+    p.add_argument("action", choices=["list", "show", "redrive", "purge"])
+    p.add_argument("queue")
+    p.add_argument("job_id", nargs="?")
+    p.add_argument("--type", help="only this job type")
+    p.add_argument("--error", help="only this error class (e.g. TimeoutError)")
+    p.add_argument("--older-than", type=_duration)
+    p.add_argument("--newer-than", type=_duration)
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--cursor")
+    for name, text in [("requeue", "hand a stuck pending job back now"),
+                       ("cancel", "cancel a scheduled, queued or retrying job")]:
+        p = sub.add_parser(name, parents=[common], help=text)
+        p.add_argument("queue")
+        p.add_argument("job_id")
+    for name, text in [("pause", "workers stop fetching (in-flight jobs finish)"),
+                       ("resume", "workers fetch again")]:
+        p = sub.add_parser(name, parents=[common], help=text)
+        p.add_argument("queue")
+    p = sub.add_parser("consumers", parents=[common], help="consumers of the group")
+    p.add_argument("queue")
+    p.add_argument("--prune", action="store_true", help="delete dead consumers with no pending")
+    p.add_argument("--dead-after", type=_duration, default=600.0)
+    p = sub.add_parser("purge", parents=[common], help="delete every job in a state")
+    p.add_argument("queue")
+    p.add_argument("--state", required=True, choices=["queued", "scheduled", "retrying", "failed"])
+    p = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
+    p.add_argument("queue")
+    p.add_argument("type")
+    p.add_argument("payload", help="JSON")
+    p.add_argument("--delay", type=_duration)
+    p.add_argument("--id")

@@ -1,0 +1,398 @@
+"""Admin operations, written once as sans-IO generators.
+
+Each operation yields a *step* (a list of commands and script calls, sent as one pipeline)
+and receives the replies (an exception object in place of a failed command). The sync and
+async drivers in ``admin.py`` run them; no operation touches a connection itself.
+Every listing works in pages of at most ``PAGE`` entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from typing import Any, TypeVar
+
+import attrs
+
+from ._config import QueueConfig
+from ._errors import InvalidArgument, JobNotFound, UnknownQueue
+from ._keys import GROUP, Keys, check_job_id
+from ._model import JobInfo, decode_record
+from ._scripts import Arg
+
+T = TypeVar("T")
+PAGE = 1000
+
+
+@attrs.frozen
+class Cmd:
+    args: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, *args: Any) -> Cmd:
+        return cls(args)
+
+
+@attrs.frozen
+class Call:
+    script: str
+    keys: list[str]
+    args: list[Arg]
+
+
+Step = list[Cmd | Call]
+Op = Generator[Step, list[Any], T]
+
+
+def ok(reply: Any) -> Any:
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _dict(reply: Any) -> dict[str, Any]:
+    """A flat [k, v, k, v] reply, or a dict from a redis-py callback, with str keys."""
+    if isinstance(reply, dict):
+        return {_s(k): v for k, v in reply.items()}
+    it = iter(reply)
+    return {_s(k): v for k, v in zip(it, it, strict=True)}
+
+
+def _server_ms(t: Any) -> int:
+    sec, usec = t
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def _entry_ms(entry_id: str) -> int:
+    return int(entry_id.split("-", 1)[0])
+
+
+# ------------------------------------------------------------------ stats
+
+
+@attrs.frozen
+class QueueStats:
+    queue: str
+    ready: int
+    """Entries not yet delivered to any worker."""
+    pending: int
+    """Entries delivered and not settled (in the PEL): running, or held by a dead worker."""
+    scheduled: int
+    retrying: int
+    dead: int
+    consumers: int
+    workers_alive: int
+    paused: bool
+    oldest_ready_age_s: float | None
+    counters: dict[str, int]
+    """Lifetime counters: enqueued, started, completed, retried, failed, reclaimed, ..."""
+
+
+def stats(keys: Keys, worker_alive_ms: int = 30_000) -> Op[QueueStats]:
+    r = yield [Cmd.of("TIME"), Cmd.of("XLEN", keys.stream), Cmd.of("XINFO", "GROUPS", keys.stream),
+               Cmd.of("ZCARD", keys.delayed), Cmd.of("XLEN", keys.dead),
+               Cmd.of("HGETALL", keys.stats), Cmd.of("EXISTS", keys.paused),
+               Cmd.of("EXISTS", keys.stream, keys.delayed, keys.dead, keys.stats)]
+    if not ok(r[7]):
+        raise UnknownQueue(f"queue {keys.queue!r} does not exist (no keys under {keys.base})")
+    now = _server_ms(ok(r[0]))
+    xlen, delayed, dead = ok(r[1]), ok(r[3]), ok(r[4])
+    counters = {_s(k): int(v) for k, v in _dict(ok(r[5])).items()}
+    pending = consumers = 0
+    last_delivered = "0-0"
+    groups = r[2] if not isinstance(r[2], Exception) else []
+    for g in groups:
+        gd = _dict(g)
+        if _s(gd.get("name", "")) == GROUP:
+            pending, consumers = int(gd["pending"]), int(gd["consumers"])
+            last_delivered = _s(gd["last-delivered-id"])
+    r2 = yield [Cmd.of("XRANGE", keys.stream, f"({last_delivered}", "+", "COUNT", 1),
+                Cmd.of("ZCOUNT", keys.workers, now - worker_alive_ms, "+inf")]
+    first = ok(r2[0])
+    age = (now - _entry_ms(_s(first[0][0]))) / 1000 if first else None
+    retrying = max(0, counters.get("retrying_now", 0))
+    return QueueStats(
+        queue=keys.queue, ready=max(0, xlen - pending), pending=pending,
+        scheduled=max(0, delayed - retrying), retrying=min(retrying, delayed), dead=dead,
+        consumers=consumers, workers_alive=int(ok(r2[1])), paused=bool(ok(r[6])),
+        oldest_ready_age_s=age, counters=counters)
+
+
+# ------------------------------------------------------------------ pending
+
+
+@attrs.frozen
+class PendingEntry:
+    entry_id: str
+    job_id: str
+    type: str
+    state: str
+    consumer: str
+    idle_s: float
+    deliveries: int
+    attempt: int
+
+
+@attrs.frozen
+class Page:
+    items: list[Any]
+    cursor: str | None
+    """Pass back to get the next page; None when the listing is complete."""
+
+
+def pending(keys: Keys, *, min_idle_s: float = 0, consumer: str | None = None,
+            count: int = 100, cursor: str | None = None) -> Op[Page]:
+    count = max(1, min(count, PAGE))
+    args: list[Any] = ["XPENDING", keys.stream, GROUP]
+    if min_idle_s > 0:
+        args += ["IDLE", int(min_idle_s * 1000)]
+    args += [f"({cursor}" if cursor else "-", "+", count]
+    if consumer:
+        args.append(consumer)
+    (raw,) = yield [Cmd(tuple(args))]
+    if isinstance(raw, Exception):
+        if "NOGROUP" in str(raw):
+            return Page([], None)
+        raise raw
+    rows = [(_s(e[0]), _s(e[1]), int(e[2]), int(e[3])) for e in raw]
+    fetched = yield [Cmd.of("XRANGE", keys.stream, eid, eid) for eid, *_ in rows]
+    ids = []
+    for rep in fetched:
+        entries = ok(rep)
+        fields = _dict(entries[0][1]) if entries and entries[0][1] else {}
+        ids.append(_s(fields.get("id", b"")))
+    recs = yield [Cmd.of("HMGET", keys.job(j), "type", "state", "attempts") if j else
+                  Cmd.of("ECHO", "") for j in ids]
+    items = []
+    for (eid, cons, idle, deliveries), jid, rec in zip(rows, ids, recs, strict=True):
+        t, st, att = (ok(rec) if jid else [None, None, None])
+        items.append(PendingEntry(eid, jid, _s(t or ""), _s(st or ""), cons, idle / 1000,
+                                  deliveries, int(att or 0)))
+    return Page(items, rows[-1][0] if len(rows) == count else None)
+
+
+# ------------------------------------------------------------------ jobs
+
+
+def job(keys: Keys, cfg: QueueConfig, job_id: str) -> Op[JobInfo]:
+    check_job_id(job_id)
+    (h,) = yield [Cmd.of("HGETALL", keys.job(job_id))]
+    h = ok(h)
+    if not h:
+        raise JobNotFound(f"job {job_id!r} not found in queue {keys.queue!r}")
+    return decode_record(keys.queue, job_id, {bytes(k): v for k, v in _dict_b(h).items()},
+                         cfg.serde)
+
+
+def _dict_b(reply: Any) -> dict[bytes, Any]:
+    if isinstance(reply, dict):
+        return {k if isinstance(k, bytes) else str(k).encode(): v for k, v in reply.items()}
+    it = iter(reply)
+    return dict(zip(it, it, strict=True))
+
+
+def requeue(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
+    """Hand a pending (stuck) job back to the queue now, as a new attempt."""
+    check_job_id(job_id)
+    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "state", "entry")]
+    state, entry = ok(rec)
+    if state is None:
+        raise JobNotFound(f"job {job_id!r} not found in queue {keys.queue!r}")
+    if _s(state) not in ("active", "queued") or not entry:
+        return f"not requeued: job is {_s(state)}"
+    (res,) = yield [Call("requeue", [keys.stream, keys.dead, keys.stats, keys.events,
+                                     keys.job(job_id)],
+                         [GROUP, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen, who,
+                          _s(entry), job_id])]
+    return _s(ok(res)[0])
+
+
+# ------------------------------------------------------------------ dead letters
+
+
+@attrs.frozen
+class DeadEntry:
+    dead_id: str
+    job_id: str
+    type: str
+    reason: str
+    error_type: str
+    at_ms: int
+
+
+@attrs.frozen
+class DeadFilter:
+    type: str | None = None
+    error_type: str | None = None
+    older_than_s: float | None = None
+    newer_than_s: float | None = None
+
+    def match(self, e: DeadEntry, now_ms: int) -> bool:
+        age_s = (now_ms - e.at_ms) / 1000
+        return ((self.type is None or e.type == self.type)
+                and (self.error_type is None or e.error_type == self.error_type)
+                and (self.older_than_s is None or age_s >= self.older_than_s)
+                and (self.newer_than_s is None or age_s <= self.newer_than_s))
+
+
+def _dead_entry(raw: Any) -> DeadEntry:
+    eid = _s(raw[0])
+    f = _dict(raw[1] or [])
+    return DeadEntry(eid, _s(f.get("job", b"")), _s(f.get("type", b"")),
+                     _s(f.get("reason", b"")), _s(f.get("etype", b"")), _entry_ms(eid))
+
+
+def dead_list(keys: Keys, flt: DeadFilter, *, limit: int = 100, cursor: str | None = None,
+              oldest_first: bool = False, scan_pages: int = 10) -> Op[Page]:
+    """Matching dead entries, newest first by default; scans at most scan_pages * PAGE."""
+    limit = max(1, min(limit, PAGE))
+    (t,) = yield [Cmd.of("TIME")]
+    now = _server_ms(ok(t))
+    items: list[DeadEntry] = []
+    for _ in range(scan_pages):
+        if oldest_first:
+            cmd = Cmd.of("XRANGE", keys.dead, f"({cursor}" if cursor else "-", "+", "COUNT", PAGE)
+        else:
+            cmd = Cmd.of("XREVRANGE", keys.dead, f"({cursor}" if cursor else "+", "-",
+                         "COUNT", PAGE)
+        (raw,) = yield [cmd]
+        page = ok(raw)
+        for entry in page:
+            cursor = _s(entry[0])
+            e = _dead_entry(entry)
+            if flt.match(e, now):
+                items.append(e)
+                if len(items) == limit:
+                    return Page(items, cursor)
+        if len(page) < PAGE:
+            return Page(items, None)
+    return Page(items, cursor)
+
+
+def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
+            ) -> Op[dict[str, int]]:
+    outcome: dict[str, int] = {}
+    for i in range(0, len(entries), PAGE):
+        part = entries[i:i + PAGE]
+        args: list[Arg] = [cfg.events_maxlen, who]
+        for e in part:
+            args += [e.dead_id, e.job_id]
+        (res,) = yield [Call("redrive", [keys.stream, keys.dead, keys.stats, keys.events,
+                                         *(keys.job(e.job_id or "-") for e in part)], args)]
+        for x in ok(res):
+            outcome[_s(x)] = outcome.get(_s(x), 0) + 1
+    return outcome
+
+
+# ------------------------------------------------------------------ purge
+
+PURGEABLE = ("queued", "scheduled", "retrying", "failed")
+
+
+def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
+          ) -> Op[int]:
+    """Delete up to max_jobs jobs in ``state`` (queued, scheduled, retrying or failed)."""
+    if state not in PURGEABLE:
+        raise InvalidArgument(
+            f"cannot purge by state {state!r}: purgeable states are {', '.join(PURGEABLE)};"
+            " active jobs are held by workers, completed and cancelled records expire by TTL")
+    purged = 0
+    cursor = "-"
+    skipped = 0  # delayed-set members of another state stay in place: page past them
+    while purged < max_jobs:
+        batch: list[tuple[str, str]] = []
+        if state == "queued":
+            (raw,) = yield [Cmd.of("XRANGE", keys.stream, cursor, "+", "COUNT", PAGE)]
+            page = ok(raw)
+            for e in page:
+                batch.append((_s(_dict(e[1] or []).get("id", b"")), ""))
+            more = len(page) == PAGE
+            cursor = f"({_s(page[-1][0])}" if page else cursor
+        elif state == "failed":
+            (raw,) = yield [Cmd.of("XRANGE", keys.dead, cursor, "+", "COUNT", PAGE)]
+            page = ok(raw)
+            for e in page:
+                de = _dead_entry(e)
+                batch.append((de.job_id, de.dead_id))
+            more = len(page) == PAGE
+            cursor = f"({_s(page[-1][0])}" if page else cursor
+        else:
+            (raw,) = yield [Cmd.of("ZRANGE", keys.delayed, skipped, skipped + PAGE - 1)]
+            page = ok(raw)
+            batch = [(_s(j), "") for j in page]
+            more = len(page) == PAGE
+        batch = [(j, d) for j, d in batch if j or d][: max_jobs - purged]
+        if batch:
+            args: list[Arg] = [GROUP, cfg.events_maxlen, state]
+            for j, d in batch:
+                args += [j or "-", d]
+            (res,) = yield [Call("purge", [keys.stream, keys.delayed, keys.dead, keys.stats,
+                                           keys.events, *(keys.job(j or "-") for j, _ in batch)],
+                                 args)]
+            done = sum(1 for x in ok(res) if x == b"purged")
+            purged += done
+            skipped += len(batch) - done
+        if not more or not batch:
+            break
+    return purged
+
+
+# ------------------------------------------------------------------ consumers
+
+
+@attrs.frozen
+class ConsumerInfo:
+    name: str
+    pending: int
+    idle_s: float
+    heartbeat_age_s: float | None
+    alive: bool
+
+
+def consumers(keys: Keys, alive_within_ms: int = 30_000) -> Op[list[ConsumerInfo]]:
+    r = yield [Cmd.of("TIME"), Cmd.of("XINFO", "CONSUMERS", keys.stream, GROUP)]
+    now = _server_ms(ok(r[0]))
+    if isinstance(r[1], Exception):
+        if "NOGROUP" in str(r[1]) or "no such key" in str(r[1]).lower():
+            return []
+        raise r[1]
+    rows = [_dict(c) for c in r[1]][:PAGE]
+    beats = yield [Cmd.of("ZSCORE", keys.workers, _s(c["name"])) for c in rows]
+    out = []
+    for c, beat in zip(rows, beats, strict=True):
+        b = ok(beat)
+        age = (now - float(b)) / 1000 if b is not None else None
+        out.append(ConsumerInfo(_s(c["name"]), int(c["pending"]), int(c["idle"]) / 1000, age,
+                                age is not None and age * 1000 < alive_within_ms))
+    return out
+
+
+def prune(keys: Keys, dead_after_s: float) -> Op[list[str]]:
+    """Delete consumers whose heartbeat is older than dead_after_s and whose PEL is empty."""
+    found = yield from consumers(keys)
+    stale = [c for c in found if c.pending == 0 and
+             (c.heartbeat_age_s is None or c.heartbeat_age_s >= dead_after_s)
+             and c.idle_s >= dead_after_s]
+    if not stale:
+        return []
+    res = yield [Call("prune", [keys.stream, keys.workers],
+                      [GROUP, c.name, int(dead_after_s * 1000)]) for c in stale]
+    return [c.name for c, x in zip(stale, res, strict=True) if ok(x) == 1]
+
+
+def set_paused(keys: Keys, paused: bool) -> Op[bool]:
+    (r,) = yield [Cmd.of("SET", keys.paused, 1) if paused else Cmd.of("DEL", keys.paused)]
+    ok(r)
+    return paused
+
+
+def server_version() -> Op[tuple[int, ...]]:
+    (info,) = yield [Cmd.of("INFO", "server")]
+    text = _s(ok(info)) if not isinstance(info, dict) else ""
+    version = (info.get("redis_version") if isinstance(info, dict) else
+               next((ln.split(":", 1)[1] for ln in text.splitlines()
+                     if ln.startswith("redis_version:")), "0"))
+    return tuple(int(x) for x in str(version).strip().split(".")[:3] if x.isdigit())

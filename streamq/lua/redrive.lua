@@ -1,0 +1,48 @@
+-- redrive.lua: send dead-lettered jobs back to the queue with fresh attempts.
+-- Each dead entry is consumed atomically (checked, then deleted), so two operators re-driving
+-- the same selection at once re-drive every job exactly once; re-running is harmless.
+-- KEYS[1]   ready stream
+-- KEYS[2]   dead STREAM
+-- KEYS[3]   stats HASH
+-- KEYS[4]   events STREAM
+-- KEYS[4+i] job record HASH of dead entry i (i = 1..N)
+-- ARGV[1]   events max length (0 = no events)
+-- ARGV[2]   who re-drives (recorded in the event)
+-- ARGV[3..] per dead entry i: dead entry id, job id (pairs)
+-- Returns per entry: 'redriven' | 'gone' (entry no longer in the dead stream) | 'missing'
+--           (record expired: entry removed) | 'not_failed' (job is in another state: entry
+--           removed) | 'not_a_job' (a malformed-entry record: kept for inspection)
+local stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local events_maxlen, who = ARGV[1], ARGV[2]
+local now = now_ms()
+local out = {}
+local redriven = 0
+local n = (#ARGV - 2) / 2
+for i = 1, n do
+  local dead_id, id = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
+  local jobkey = KEYS[4 + i]
+  if #redis.call('XRANGE', dead, dead_id, dead_id) == 0 then
+    out[i] = 'gone'
+  elseif id == '' then
+    out[i] = 'not_a_job'
+  else
+    redis.call('XDEL', dead, dead_id)
+    local state = redis.call('HGET', jobkey, 'state')
+    if not state then
+      out[i] = 'missing'
+    elseif state ~= 'failed' then
+      out[i] = 'not_failed'
+    else
+      local entry = redis.call('XADD', stream, '*', 'id', id)
+      redis.call('PERSIST', jobkey)
+      redis.call('HDEL', jobkey, 'reason', 'finished', 'owner', 'result')
+      redis.call('HSET', jobkey, 'state', 'queued', 'attempts', 0, 'entry', entry,
+        'token', '', 'enqueued', now)
+      emit(events, events_maxlen, id, 'redriven', now, who)
+      redriven = redriven + 1
+      out[i] = 'redriven'
+    end
+  end
+end
+count(stats, 'redriven', redriven)
+return out
