@@ -1,77 +1,149 @@
-"""``streamq demo``: a self-contained tour. Starts a private redis-server when no URL is given."""
+"""``streamq demo``: a self-contained tour in under a minute.
+
+Starts a private redis-server when no URL is given, enqueues a mix of jobs (instant, delayed,
+failing-then-succeeding, always-failing, slow), runs three worker processes and a scheduler,
+SIGKILLs one worker in the middle of its jobs to show recovery, shows live progress, and ends
+with a summary checked against what it enqueued.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
-from ._config import RetryPolicy, WorkerConfig
+from ._config import RetryPolicy
 from ._errors import Fail, Retry
 from ._model import Job
 from ._queue import AsyncQueue
 from ._registry import Registry
 from ._server import RedisServer
-from ._worker import Worker
+from .admin import AsyncAdmin
+
+registry = Registry()
 
 
-def _registry() -> Registry:
-    reg = Registry()
+@registry.handler("demo.instant")
+async def instant(job: Job) -> int:
+    return int(job.payload["n"]) * 2
 
-    @reg.handler("demo.instant")
-    async def instant(job: Job) -> int:
-        return int(job.payload["n"]) * 2
 
-    @reg.handler("demo.flaky", max_attempts=4, retry=RetryPolicy(base_s=0.05, cap_s=0.2))
-    async def flaky(job: Job) -> str:
-        if job.attempt < 2:
-            raise Retry("transient failure, trying again")
-        return f"ok on attempt {job.attempt}"
+@registry.handler("demo.flaky", max_attempts=4, retry=RetryPolicy(base_s=0.2, cap_s=0.5))
+async def flaky(job: Job) -> str:
+    if job.attempt < 2:
+        raise Retry("transient failure, trying again")
+    return f"ok on attempt {job.attempt}"
 
-    @reg.handler("demo.broken")
-    async def broken(job: Job) -> None:
-        raise Fail("this job can never succeed")
 
-    @reg.handler("demo.slow")
-    def slow(job: Job) -> str:
-        time.sleep(0.2)  # sync handlers run in a thread pool
-        return "slow done"
+@registry.handler("demo.broken")
+async def broken(job: Job) -> None:
+    raise Fail("this job can never succeed")
 
-    return reg
+
+@registry.handler("demo.slow")
+def slow(job: Job) -> str:
+    time.sleep(1.5)  # sync handlers run in a thread pool
+    return "slow done"
+
+
+VISIBILITY_S = 3.0
+
+
+def _spawn(url: str, *args: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "streamq", "--log-level", "ERROR", *args,
+                             "--url", url], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    filled = int(width * done / max(total, 1))
+    return "#" * filled + "." * (width - filled)
 
 
 async def _run(url: str, n: int) -> int:
-    qname = f"demo-{random.randrange(1 << 30):x}"
+    qname = f"demo-{random.randrange(1 << 24):06x}"
     q = AsyncQueue.from_url(url, qname)
-    jobs: list[dict[str, Any]] = [{"type": "demo.instant", "payload": {"n": i}} for i in range(n)]
-    jobs += [{"type": "demo.instant", "payload": {"n": i}, "delay": 0.5} for i in range(n // 10)]
-    jobs += [{"type": "demo.flaky"} for _ in range(n // 20)]
-    jobs += [{"type": "demo.broken"} for _ in range(n // 50)]
-    jobs += [{"type": "demo.slow"} for _ in range(n // 50)]
+    admin = AsyncAdmin.from_url(url)
+    counts = {"instant": n, "delayed": n // 10, "flaky": n // 20, "broken": n // 50,
+              "slow": 12}
+    jobs: list[dict[str, Any]] = [{"type": "demo.instant", "payload": {"n": i}}
+                                  for i in range(counts["instant"])]
+    jobs += [{"type": "demo.instant", "payload": {"n": i}, "delay": 2 + i % 5}
+             for i in range(counts["delayed"])]
+    jobs += [{"type": "demo.slow"} for _ in range(counts["slow"])]
+    jobs += [{"type": "demo.flaky"} for _ in range(counts["flaky"])]
+    jobs += [{"type": "demo.broken"} for _ in range(counts["broken"])]
+    total = len(jobs)
+    expect_dead = counts["broken"]
+    print(f"queue {qname}: enqueueing {total} jobs "
+          + ", ".join(f"{v} {k}" for k, v in counts.items()))
     t0 = time.perf_counter()
-    results = await q.enqueue_many(jobs)
-    print(f"enqueued {len(results)} jobs to queue {qname} in {time.perf_counter() - t0:.3f}s")
-    cfg = WorkerConfig(concurrency=64, promote_interval_s=0.05)
-    worker = Worker(url, [qname], _registry(), cfg)
-    t0 = time.perf_counter()
-    async with worker:
+    await q.enqueue_many(jobs)
+    print(f"  enqueued in {time.perf_counter() - t0:.2f}s")
+    workers = [_spawn(url, "worker", "streamq._demo:registry", "--queue", qname,
+                      "--concurrency", "8", "--visibility-timeout", str(VISIBILITY_S),
+                      "--no-promote")
+               for _ in range(3)]
+    scheduler = _spawn(url, "scheduler", "--queue", qname, "--visibility-timeout",
+                       str(VISIBILITY_S))
+    print(f"started 3 worker processes (pids {', '.join(str(w.pid) for w in workers)})"
+          " and a scheduler")
+    killed = False
+    start = time.perf_counter()
+    try:
         while True:
             await asyncio.sleep(0.25)
-            s = worker.stats
-            done = s.completed + s.failed
-            print(f"\r  completed {s.completed:6d}  retried {s.retried:4d}  dead {s.failed:4d}",
-                  end="", flush=True)
-            if done >= len(jobs) or time.perf_counter() - t0 > 50:
+            s = await admin.stats(qname)
+            c = s.counters
+            done = c.get("completed", 0) + c.get("failed", 0)
+            line = (f"\r  [{_bar(done, total)}] {done}/{total}  completed {c.get('completed', 0)}"
+                    f"  dead {c.get('failed', 0)}  retried {c.get('retried', 0)}"
+                    f"  reclaimed {c.get('reclaimed', 0)}  scheduled {s.scheduled}"
+                    f"  in flight {s.pending}  ")
+            print(line, end="", flush=True)
+            if not killed and c.get("started", 0) > total // 2:
+                victims = [p for p in (await admin.pending(qname, count=100)).items
+                           if p.type == "demo.slow"]
+                if victims:
+                    owner = victims[0].consumer
+                    pid = int(owner.split(":")[1])
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+                    print(f"\n  SIGKILLed worker {pid} while it ran a slow job; its jobs come"
+                          f" back after the {VISIBILITY_S:g}s visibility timeout")
+            if done >= total or time.perf_counter() - start > 50:
                 break
+            failed = [p for p in [*workers, scheduler] if p.poll() not in (None, -9)]
+            if failed:
+                err = (failed[0].stderr.read() if failed[0].stderr else b"").decode()
+                print(f"\n  a demo process exited early:\n{err}")
+                break
+    finally:
+        for p in [*workers, scheduler]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in [*workers, scheduler]:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
     print()
-    s = worker.stats
-    expected_dead = n // 50
-    print(f"summary: {s.completed} completed, {s.failed} dead-lettered, {s.retried} retries,"
-          f" in {time.perf_counter() - t0:.2f}s")
+    s = await admin.stats(qname)
+    c = s.counters
     await q.close()
-    ok = s.completed == len(jobs) - expected_dead and s.failed == expected_dead
-    print("summary matches what was enqueued" if ok else "MISMATCH against what was enqueued")
+    await admin.close()
+    print(f"summary after {time.perf_counter() - start:.1f}s: {c.get('completed', 0)} completed,"
+          f" {c.get('failed', 0)} dead-lettered, {c.get('retried', 0)} retries,"
+          f" {c.get('reclaimed', 0)} reclaimed from the killed worker")
+    ok = c.get("completed", 0) == total - expect_dead and c.get("failed", 0) == expect_dead
+    print(f"expected {total - expect_dead} completed and {expect_dead} dead: "
+          + ("the numbers match, nothing was lost" if ok else "MISMATCH"))
     return 0 if ok else 1
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import wait_until
 
 from streamq import Queue
@@ -45,3 +46,15 @@ def test_worker_command_rejects_what_is_not_a_registry(url: str) -> None:
         proc = streamq("worker", spec, "--url", url, "--queue", "x")
         out, _ = proc.communicate(timeout=20)
         assert proc.returncode != 0 and message in out, out
+
+
+@pytest.mark.slow
+def test_demo_runs_on_its_own_embedded_redis() -> None:
+    """The README's first command: no URL, a private redis-server, numbers that add up."""
+    env = {k: v for k, v in os.environ.items() if k != "STREAMQ_URL"}
+    proc = subprocess.run([sys.executable, "-m", "streamq", "demo", "--jobs", "300"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "started a private redis-server" in proc.stdout
+    assert "the numbers match, nothing was lost" in proc.stdout
+    assert "SIGKILLed worker" in proc.stdout
