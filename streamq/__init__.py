@@ -29,9 +29,11 @@ from ._model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
 from ._queue import AsyncQueue, Queue
 from ._registry import HandlerSpec, Registry
 from ._serde import JsonSerde, MsgpackSerde, Serde
+from ._telemetry import JobContextFilter, JsonFormatter
+from ._version import VERSION
 from ._worker import Worker, WorkerStats
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "STATES",
@@ -47,7 +49,9 @@ __all__ = [
     "Job",
     "JobFailed",
     "JobInfo",
+    "JobContextFilter",
     "JobNotFound",
+    "JsonFormatter",
     "JsonSerde",
     "Keys",
     "MsgpackSerde",

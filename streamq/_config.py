@@ -93,6 +93,11 @@ class WorkerConfig:
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     promote: bool = True
     """Promote due delayed/retry jobs from this worker (on unless a scheduler daemon does it)."""
+    trace_parent: bool = True
+    """Parent each attempt's span on the producer's span (True) or only link to it (False)."""
+    gauges_interval_s: float = attrs.field(default=10.0, validator=_positive_seconds)
+    """Queue gauges (ready, pending, ...) are re-read at most this often, and only while a
+    metrics reader is collecting them."""
 
     @property
     def reclaim_every_s(self) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from . import _telemetry as tel
 from ._config import QueueConfig
 from ._errors import InvalidArgument, JobFailed, PayloadTooLarge, QueueFull, ResultNotReady
 from ._keys import GROUP, Keys, check_job_id
@@ -133,7 +134,8 @@ def prepare(
                                           delay_ms, run_at_ms, notify))
 
 
-def prepare_many(keys: Keys, cfg: QueueConfig, jobs: Iterable[Mapping[str, Any]]) -> list[Prepared]:
+def prepare_many(keys: Keys, cfg: QueueConfig, jobs: Iterable[Mapping[str, Any]],
+                 trace: Mapping[str, str] | None = None) -> list[Prepared]:
     out: list[Prepared] = []
     for i, spec in enumerate(jobs):
         if not isinstance(spec, Mapping) or "type" not in spec:
@@ -143,7 +145,7 @@ def prepare_many(keys: Keys, cfg: QueueConfig, jobs: Iterable[Mapping[str, Any]]
             raise InvalidArgument(f"job #{i}: unknown keys {sorted(unknown)}")
         kw = {k: v for k, v in spec.items() if k not in ("type", "payload")}
         try:
-            out.append(prepare(keys, cfg, spec["type"], spec.get("payload"), **kw))
+            out.append(prepare(keys, cfg, spec["type"], spec.get("payload"), trace=trace, **kw))
         except InvalidArgument as exc:
             raise type(exc)(f"job #{i}: {exc}") from exc
     return out
@@ -186,8 +188,20 @@ def parse_enqueue(
     return out
 
 
+def count(queue: str, results: list[EnqueueResult]) -> list[EnqueueResult]:
+    """Feed the enqueue metrics."""
+    accepted = sum(1 for r in results if r.status in ("queued", "scheduled"))
+    dup = sum(1 for r in results if r.status == "duplicate")
+    attrs = tel.attrs_for(queue)
+    if accepted:
+        tel.ENQUEUED.add(accepted, attrs)
+    if dup:
+        tel.DUPLICATES.add(dup, attrs)
+    return results
+
+
 def single(queue: str, results: list[EnqueueResult]) -> EnqueueResult:
-    r = results[0]
+    r = count(queue, results)[0]
     if r.status == "rejected":
         raise QueueFull(queue, r.job_id)
     return r

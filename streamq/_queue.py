@@ -11,6 +11,7 @@ import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
 from . import _producer as prod
+from . import _telemetry as tel
 from ._config import QueueConfig
 from ._conn import async_client, sync_client
 from ._errors import JobNotFound, ResultNotReady, WaitTimeout
@@ -64,8 +65,9 @@ class Queue(_Base):
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
         """Enqueue one job now or later. Options: see ``docs/getting-started.md``."""
-        return prod.single(self.name, self._enqueue([prod.prepare(self.keys, self.config, job_type,
-                                                             payload, **options)]))
+        with tel.publish(self.name, 1, options.get("job_id")) as carrier:
+            return prod.single(self.name, self._enqueue([prod.prepare(
+                self.keys, self.config, job_type, payload, trace=carrier, **options)]))
 
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         """Enqueue many jobs in pipelined batches; each dict takes enqueue's argument names.
@@ -73,7 +75,12 @@ class Queue(_Base):
         A job the queue has no room for comes back with status 'rejected' (no exception),
         so one full queue never hides which jobs were accepted.
         """
-        prepared = prod.prepare_many(self.keys, self.config, jobs)
+        jobs = list(jobs)
+        with tel.publish(self.name, len(jobs), None) as carrier:
+            return prod.count(self.name, self._enqueue_many(
+                prod.prepare_many(self.keys, self.config, jobs, carrier)))
+
+    def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         batches = prod.chunks(prepared)
         if len(batches) <= 1:
             return self._enqueue(prepared)
@@ -194,11 +201,18 @@ class AsyncQueue(_Base):
         return out
 
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
-        return prod.single(self.name, await self._enqueue(
-            [prod.prepare(self.keys, self.config, job_type, payload, **options)]))
+        with tel.publish(self.name, 1, options.get("job_id")) as carrier:
+            return prod.single(self.name, await self._enqueue(
+                [prod.prepare(self.keys, self.config, job_type, payload, trace=carrier,
+                              **options)]))
 
     async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
-        prepared = prod.prepare_many(self.keys, self.config, jobs)
+        jobs = list(jobs)
+        with tel.publish(self.name, len(jobs), None) as carrier:
+            return prod.count(self.name, await self._enqueue_many(
+                prod.prepare_many(self.keys, self.config, jobs, carrier)))
+
+    async def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         batches = prod.chunks(prepared)
         if len(batches) <= 1:
             return await self._enqueue(prepared)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import json
 import logging
 import os
 import signal
 import socket
+import time
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,8 @@ import attrs
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
+from . import _ops
+from . import _telemetry as tel
 from ._config import QueueConfig, RetryPolicy, WorkerConfig
 from ._conn import async_client, sync_client
 from ._errors import Fail, Retry, ScriptError, SerializationError
@@ -32,6 +36,8 @@ from ._scripts import SCRIPTS
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 _instance = itertools.count()
+_last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
+    "streamq_last_exc", default=None)
 Finish = tuple[str, str, str, str, bytes, Any, str]
 """(job id, entry, token, outcome, data, delay ms or reason, error type) for finish.lua."""
 
@@ -53,6 +59,9 @@ class _QState:
     own_cursor: str | None = "0"
     """Where to read this consumer's own pending entries from; None once they are all seen."""
     promoter: Promoter | None = None
+    labels: dict[str, str] = attrs.field(factory=dict)
+    """Metric attributes of this queue."""
+    gauges: dict[str, float] = attrs.field(factory=dict)
 
 
 @attrs.define
@@ -84,7 +93,9 @@ class Worker:
             raise ValueError("a worker needs at least one queue")
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{next(_instance)}"
         self._client_kwargs = client_kwargs
-        self._qs = {q: _QState(Keys(q, self.queue_config.key_prefix)) for q in queues}
+        self._qs = {q: _QState(Keys(q, self.queue_config.key_prefix), labels=tel.attrs_for(q))
+                    for q in queues}
+        self._gauges_read = False
         self.stats = WorkerStats()
         self._free = self.config.concurrency
         self._capacity = asyncio.Event()
@@ -150,6 +161,7 @@ class Worker:
         for qs in self._qs.values():
             self._loops.append(asyncio.create_task(self._fetch_loop(qs)))
             self._flushers.append(asyncio.create_task(self._flush_loop(qs)))
+        tel.register_gauges(self, self._gauge_values)
         self._loops.append(asyncio.create_task(self._control_loop()))
         if self.config.promote:
             self._loops.append(asyncio.create_task(self._promote_loop()))
@@ -178,6 +190,7 @@ class Worker:
         for t in self._flushers:
             t.cancel()
         self._flushers.clear()
+        tel.unregister_gauges(self)
         try:
             await self._hand_back()
         finally:
@@ -344,22 +357,28 @@ class Worker:
                 args += [eid, desc]
             bad = []
             reply = await SCRIPTS["start"].run_async(self._client, keys, args)
+            launched = 0
             for n, (eid, jid) in enumerate(part):
-                code, token, attempt, data, deadline = reply[5 * n:5 * n + 5]
+                code, token, attempt, data, deadline, wait_ms, age_ms = reply[7 * n:7 * n + 7]
                 if code != b"run":
                     skipped += 1
                     continue
-                self.stats.started += 1
+                launched += 1
+                self._launch(qs, eid, jid, str(token), int(attempt), data,
+                             (int(deadline), int(wait_ms), int(age_ms)))
+            if launched:
+                self.stats.started += launched
+                tel.STARTED.add(launched, qs.labels)
                 if reclaimed:
-                    self.stats.reclaimed += 1
-                self._launch(qs, eid, jid, str(token), int(attempt), data, int(deadline))
+                    self.stats.reclaimed += launched
+                    tel.RECLAIMED.add(launched, qs.labels)
         self._release(skipped)
 
     def _launch(self, qs: _QState, entry: str, job_id: str, token: str, attempt: int,
-                data: bytes, deadline_ms: int) -> None:
+                data: bytes, times: tuple[int, int, int]) -> None:
         lease = Lease(qs.keys, job_id, entry, token)
         self._leases.add(lease)
-        task = asyncio.create_task(self._run_job(qs, lease, attempt, data, deadline_ms))
+        task = asyncio.create_task(self._run_job(qs, lease, attempt, data, times))
         self._tasks.add(task)
         self._jobs[(qs.keys.queue, entry)] = task
         task.add_done_callback(self._tasks.discard)
@@ -367,9 +386,9 @@ class Worker:
     # ----------------------------------------------------------------- running
 
     async def _run_job(self, qs: _QState, lease: Lease, attempt: int, data: bytes,
-                       deadline_ms: int) -> None:
+                       times: tuple[int, int, int]) -> None:
         try:
-            item = await self._attempt(qs, lease, attempt, data, deadline_ms)
+            item = await self._attempt(qs, lease, attempt, data, times)
         except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
             return
         except Exception as exc:  # a bug of ours: retry the job rather than lose the slot
@@ -380,7 +399,8 @@ class Worker:
         qs.flush.set()
 
     async def _attempt(self, qs: _QState, lease: Lease, attempt: int, data: bytes,
-                       deadline_ms: int) -> Finish:
+                       times: tuple[int, int, int]) -> Finish:
+        deadline_ms, wait_ms, age_ms = times
         ident = (lease.job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
         try:
@@ -403,36 +423,65 @@ class Worker:
                   max_attempts=max_attempts, queue=qs.keys.queue, version=env.version,
                   idempotency_key=env.idempotency_key or env.id, headers=env.headers,
                   trace=env.trace, deadline_ms=deadline_ms)
+        span = tel.Attempt(qs.keys.queue, job.id, job.type, attempt, env.trace,
+                           self.config.trace_parent)
+        token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
+                             "attempt": attempt, "trace_id": span.trace_id})
+        started = time.perf_counter()
+        exc_seen: BaseException | None = None
+        item: Finish | None = None
+        try:
+            item = await self._call(spec, job, ident, env, attempt, max_attempts)
+        except BaseException as exc:
+            exc_seen = exc
+            raise
+        finally:
+            tel.JOB.reset(token)
+            ran_s = time.perf_counter() - started
+            if item is not None:
+                tel.QUEUE_WAIT.record(wait_ms / 1000, qs.labels)
+                tel.DURATION.record(ran_s, qs.labels)
+                tel.END_TO_END.record(age_ms / 1000 + ran_s, qs.labels)
+                span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "")
+            else:
+                span.end("interrupted", exc_seen, "worker stopping")
+        return item
+
+    async def _call(self, spec: HandlerSpec, job: Job, ident: tuple[str, str, str],
+                    env: Envelope, attempt: int, max_attempts: int) -> Finish:
+        serde = self.queue_config.serde
         timeout = spec.timeout_s or self.config.default_timeout_s
         limit = asyncio.timeout(timeout)
+        _last_exc.set(None)
         try:
             async with limit:
                 if spec.is_async:
                     result = await spec.fn(job)
                 else:
                     loop = asyncio.get_running_loop()
-                    result = await loop.run_in_executor(self._pool, spec.fn, job)
+                    ctx = contextvars.copy_context()  # logs and spans see the job in threads too
+                    result = await loop.run_in_executor(self._pool, ctx.run, spec.fn, job)
         except asyncio.CancelledError:
             raise
-        except Fail as exc:
-            return (*ident, "dead", serde.dumps(error_info(exc)), exc.reason[:500], "Fail")
-        except Retry as exc:
-            delay = exc.delay_s
-            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, delay)
-        except TimeoutError as exc:
-            if timeout is None or not limit.expired():  # the handler's own TimeoutError
-                return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, None)
-            exc2 = TimeoutError(f"handler timed out after {timeout:g} s")
-            exc2.__cause__ = exc
-            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc2, None)
         except BaseException as exc:  # noqa: BLE001 - any handler failure is the job's, not ours
+            _last_exc.set(exc)
+            if isinstance(exc, Fail):
+                return (*ident, "dead", serde.dumps(error_info(exc)), exc.reason[:500], "Fail")
+            if isinstance(exc, Retry):
+                return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc,
+                                           exc.delay_s)
+            if isinstance(exc, TimeoutError) and timeout is not None and limit.expired():
+                ours = TimeoutError(f"handler timed out after {timeout:g} s")
+                ours.__cause__ = exc
+                return self._retry_or_bury(ident, env, spec, attempt, max_attempts, ours, None)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 log.warning("handler of job %s raised %s; treated as a job failure",
-                            lease.job_id, type(exc).__name__)
+                            job.id, type(exc).__name__)
             return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, None)
         try:
             payload = serde.dumps(result)
         except SerializationError as exc:
+            _last_exc.set(exc)
             return (*ident, "dead", serde.dumps(error_info(exc)), "result not serialisable",
                     "SerializationError")
         return (*ident, "ok", payload, 0, "")
@@ -495,17 +544,23 @@ class Worker:
         self._leases.remove(qs.keys.queue, entry)
         self._jobs.pop((qs.keys.queue, entry), None)
         self._release(1)
+        extra = {"job_id": job_id, "queue": qs.keys.queue}
         if state == b"completed":
             self.stats.completed += 1
+            tel.COMPLETED.add(1, qs.labels)
         elif state == b"retrying":
             self.stats.retried += 1
+            tel.RETRIED.add(1, qs.labels)
         elif state == b"failed":
             self.stats.failed += 1
+            tel.FAILED.add(1, qs.labels)
             log.warning("job %s dead-lettered: %s", job_id, item[5] if item[3] == "dead" else
-                        "attempts exhausted")
+                        "attempts exhausted", extra=extra)
         else:
             self.stats.lost += 1
-            log.warning("job %s: lease lost before settling; result discarded", job_id)
+            tel.LEASE_LOST.add(1, qs.labels)
+            log.warning("job %s: lease lost before settling; result discarded", job_id,
+                        extra=extra)
 
     async def _hand_back(self) -> None:
         """Release jobs this worker started but did not finish, and entries it never started."""
@@ -545,6 +600,7 @@ class Worker:
         beat_every = self.config.heartbeat_interval_s
         last_beat = -1e9
         last_prune = -1e9
+        last_gauges = -1e9
         loop = asyncio.get_running_loop()
         info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                            "concurrency": self.config.concurrency, "queues": list(self._qs)})
@@ -558,6 +614,10 @@ class Worker:
                         await SCRIPTS["heartbeat"].run_async(
                             self._client, [qs.keys.workers, qs.keys.worker_info(self.consumer)],
                             [self.consumer, info, int(beat_every * 3) + 1])
+                if self._gauges_read and now - last_gauges >= self.config.gauges_interval_s:
+                    last_gauges = now
+                    self._gauges_read = False
+                    await self._refresh_gauges()
                 if now - last_prune >= self.config.prune_interval_s:
                     last_prune = now
                     for qs in self._qs.values():
@@ -565,6 +625,20 @@ class Worker:
             except TRANSIENT as exc:
                 log.warning("control loop: %s", exc)
             await asyncio.sleep(min(1.0, beat_every))
+
+    def _gauge_values(self) -> list[tuple[str, dict[str, float]]]:
+        self._gauges_read = True  # a metrics reader is collecting: keep the cache fresh
+        return [(q, qs.gauges) for q, qs in self._qs.items()]
+
+    async def _refresh_gauges(self) -> None:
+        from .admin import adrive
+
+        assert self._client is not None
+        for qs in self._qs.values():
+            st = await adrive(self._client, _ops.stats(qs.keys))
+            qs.gauges = {"ready": st.ready, "pending": st.pending,
+                         "delayed": st.scheduled + st.retrying, "dead": st.dead,
+                         "oldest_ready_age": st.oldest_ready_age_s or 0.0}
 
     async def _refresh_paused(self) -> None:
         assert self._client is not None

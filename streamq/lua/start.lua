@@ -18,8 +18,9 @@
 -- ARGV[7 + 2*(i-1) ..] per entry i: stream entry id, job id
 -- ARGV[7 + 2*N]        M, the number of malformed entries (no usable job id)
 -- ARGV[8 + 2*N + 2*(j-1) ..] per malformed entry j: stream entry id, description
--- Returns a flat array, 5 per job entry: code ('run' | 'skip' | 'dead'), token, attempt,
---           envelope ('' unless run) or the reason (for skip and dead), deadline ms (0 = none).
+-- Returns a flat array, 7 per job entry: code ('run' | 'skip' | 'dead'), token, attempt,
+--           envelope ('' unless run) or the reason (for skip and dead), deadline ms (0 = none),
+--           ms since the job (re)entered the stream, ms since it was created.
 local stream, dead, stats, events, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, consumer = ARGV[1], ARGV[2]
 local events_maxlen, dead_ttl, dead_maxlen = ARGV[3], ARGV[4], ARGV[5]
@@ -29,16 +30,16 @@ local out = {}
 local started, reclaimed, failed = 0, 0, 0
 local token = 0
 if n > 0 then token = redis.call('INCRBY', seq, n) - n end  -- tokens token+1 .. token+n
-local function push(a, b, c, d, e)
+local function push(a, b, c, d, e, f, g)
   out[#out + 1] = a; out[#out + 1] = b; out[#out + 1] = c; out[#out + 1] = d
-  out[#out + 1] = e or 0
+  out[#out + 1] = e or 0; out[#out + 1] = f or 0; out[#out + 1] = g or 0
 end
 for i = 1, n do
   local entry, id = ARGV[7 + 2 * (i - 1)], ARGV[8 + 2 * (i - 1)]
   local jobkey = KEYS[5 + i]
   token = token + 1
   local r = redis.pcall('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts',
-    'deadline', 'env')
+    'deadline', 'env', 'enqueued', 'created')
   local state = r[1]
   if r.err then  -- the key holds something else than a job record
     ack_del(stream, group, entry)
@@ -82,7 +83,8 @@ for i = 1, n do
       end
       started = started + 1
       emit(events, events_maxlen, id, 'started', now, attempts)
-      push('run', token, attempts, r[6], deadline)
+      push('run', token, attempts, r[6], deadline, now - (tonumber(r[7]) or now),
+        now - (tonumber(r[8]) or now))
     end
   end
 end

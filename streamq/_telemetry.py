@@ -1,0 +1,199 @@
+"""OpenTelemetry (API only) and structured logging for streamq.
+
+With no SDK installed everything here is a no-op, and no span objects are even created (a
+no-op span costs more than a whole job's settle), so the overhead stays a few percent.
+Metric names follow ``streamq.*``; span names and attributes follow the OpenTelemetry
+messaging semantic conventions (``publish <queue>``, ``process <queue>``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from ._version import VERSION
+
+SYSTEM = "streamq"
+_tracer = trace.get_tracer("streamq", VERSION)
+_meter = metrics.get_meter("streamq", VERSION)
+
+
+def _counter(name: str, description: str) -> Any:
+    return _meter.create_counter(f"streamq.jobs.{name}", unit="{job}", description=description)
+
+
+ENQUEUED = _counter("enqueued", "jobs accepted by enqueue")
+DUPLICATES = _counter("duplicates", "enqueues answered with an existing job (dedup)")
+STARTED = _counter("started", "attempts started")
+COMPLETED = _counter("completed", "jobs completed")
+RETRIED = _counter("retried", "attempts that failed and were scheduled for a retry")
+FAILED = _counter("failed", "jobs dead-lettered")
+RECLAIMED = _counter("reclaimed", "entries taken over from a worker whose lease lapsed")
+LEASE_LOST = _counter("lease_lost", "results discarded because the lease had been taken over")
+QUEUE_WAIT = _meter.create_histogram("streamq.job.queue_wait", unit="s",
+                                     description="time from (re)entering the stream to start")
+DURATION = _meter.create_histogram("streamq.job.duration", unit="s",
+                                   description="handler run time of one attempt")
+END_TO_END = _meter.create_histogram("streamq.job.end_to_end", unit="s",
+                                     description="time from enqueue to the end of the attempt")
+
+
+def tracing() -> bool:
+    """True when an SDK tracer provider is installed (spans would be recorded)."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def attrs_for(queue: str) -> dict[str, str]:
+    return {"messaging.system": SYSTEM, "messaging.destination.name": queue}
+
+
+@contextlib.contextmanager
+def publish(queue: str, n: int, job_id: str | None) -> Iterator[dict[str, str]]:
+    """A producer span (one per enqueue call, whatever the batch size) and the carrier that
+    every job of the call carries: W3C traceparent/tracestate and baggage, through the
+    globally configured propagator."""
+    carrier: dict[str, str] = {}
+    if not tracing():
+        propagate.inject(carrier)  # the caller's context (and baggage) still travels
+        yield carrier
+        return
+    attributes: dict[str, Any] = {**attrs_for(queue), "messaging.operation.type": "send",
+                                  "messaging.operation.name": "publish"}
+    if n == 1 and job_id:
+        attributes["messaging.message.id"] = job_id
+    else:
+        attributes["messaging.batch.message_count"] = n
+    with _tracer.start_as_current_span(f"publish {queue}", kind=SpanKind.PRODUCER,
+                                       attributes=attributes):
+        propagate.inject(carrier)
+        yield carrier
+
+
+class Attempt:
+    """The consumer span of one attempt (or nothing, when tracing is off)."""
+
+    __slots__ = ("_scope", "span", "trace_id")
+
+    def __init__(self, queue: str, job_id: str, job_type: str, attempt: int,
+                 carrier: dict[str, str], parent: bool) -> None:
+        self.span: Any = None
+        self._scope: Any = None
+        self.trace_id = _carrier_trace_id(carrier)
+        if not tracing():
+            return
+        ctx = propagate.extract(carrier)
+        producer = trace.get_current_span(ctx).get_span_context()
+        links = [Link(producer)] if producer.is_valid else []
+        self.span = _tracer.start_span(
+            f"process {queue}", context=ctx if parent else None, kind=SpanKind.CONSUMER,
+            links=links, attributes={**attrs_for(queue), "messaging.operation.type": "process",
+                                     "messaging.operation.name": "process",
+                                     "messaging.message.id": job_id,
+                                     "streamq.job.type": job_type, "streamq.job.attempt": attempt})
+        self.trace_id = format(self.span.get_span_context().trace_id, "032x")
+        self._scope = trace.use_span(self.span, end_on_exit=False)
+        self._scope.__enter__()
+
+    def end(self, outcome: str, exc: BaseException | None = None, detail: str = "") -> None:
+        if self.span is None:
+            return
+        self._scope.__exit__(None, None, None)
+        self.span.set_attribute("streamq.job.outcome", outcome)
+        if exc is not None:
+            self.span.record_exception(exc)
+        if outcome == "retry":
+            self.span.add_event("streamq.job.retry", {"streamq.retry.delay_s": detail})
+        elif outcome == "dead":
+            self.span.add_event("streamq.job.dead_lettered", {"streamq.reason": detail})
+        if outcome != "ok":
+            self.span.set_status(Status(StatusCode.ERROR, detail or outcome))
+        self.span.end()
+
+
+def _carrier_trace_id(carrier: dict[str, str]) -> str:
+    tp = carrier.get("traceparent", "")
+    parts = tp.split("-")
+    return parts[1] if len(parts) == 4 else ""
+
+
+# ------------------------------------------------------------------ queue gauges
+
+_gauge_sources: dict[int, Callable[[], Iterable[tuple[str, dict[str, float]]]]] = {}
+
+
+def register_gauges(owner: object, source: Callable[[], Iterable[tuple[str, dict[str, float]]]]
+                    ) -> None:
+    """Let ``source`` answer the per-queue gauges (cached values; it must not do I/O)."""
+    _gauge_sources[id(owner)] = source
+
+
+def unregister_gauges(owner: object) -> None:
+    _gauge_sources.pop(id(owner), None)
+
+
+def _observe(field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(_options: CallbackOptions) -> Iterable[Observation]:
+        for source in list(_gauge_sources.values()):
+            for queue, values in source():
+                if field in values:
+                    yield Observation(values[field], attrs_for(queue))
+    return callback
+
+
+for _field, _unit, _desc in [
+    ("ready", "{job}", "entries not yet delivered"),
+    ("pending", "{job}", "entries delivered and not settled"),
+    ("delayed", "{job}", "scheduled and retrying jobs"),
+    ("dead", "{job}", "dead-lettered jobs"),
+    ("oldest_ready_age", "s", "age of the oldest undelivered entry"),
+]:
+    _meter.create_observable_gauge(f"streamq.queue.{_field}", [_observe(_field)], unit=_unit,
+                                   description=_desc)
+
+
+# ------------------------------------------------------------------ structured logs
+
+JOB: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("streamq_job",
+                                                                            default=None)
+_JOB_FIELDS = ("job_id", "job_type", "queue", "attempt", "trace_id")
+
+
+class JobContextFilter(logging.Filter):
+    """Adds job_id, job_type, queue, attempt and trace_id to every record logged while a job
+    runs (the handler's own logging included). Install it on a handler:
+    ``handler.addFilter(JobContextFilter())``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = JOB.get()
+        for name in _JOB_FIELDS:
+            if not hasattr(record, name):
+                setattr(record, name, ctx.get(name) if ctx else None)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, job fields, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname, "logger": record.name, "message": record.getMessage(),
+        }
+        ctx = JOB.get()
+        for name in _JOB_FIELDS:
+            value = getattr(record, name, None) or (ctx.get(name) if ctx else None)
+            if value not in (None, ""):
+                out[name] = value
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
