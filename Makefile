@@ -24,7 +24,7 @@ test: $(STAMP)
 	STREAMQ_REDIS_SERVER="$(VALKEY)" $(PY) -m pytest -q -p no:cacheprovider -m "not slow"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not spark"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -22,7 +22,7 @@ from streamq import Queue
 from streamq._server import RedisServer
 
 
-def _pct(values: list[float], p: float) -> float:
+def _pct(values: list[int], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(p / 100 * len(s)))]
 

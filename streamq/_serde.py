@@ -36,6 +36,9 @@ class JsonSerde:
             False)
         self._dec = json.JSONDecoder()
 
+    def __reduce__(self) -> tuple[type[JsonSerde], tuple[()]]:
+        return (JsonSerde, ())  # rebuilt on unpickling (Spark ships it to executors)
+
     def dumps(self, obj: Any) -> bytes:
         try:
             if self._c is not None:
@@ -60,6 +63,9 @@ class MsgpackSerde:
         import msgpack  # optional extra
 
         self._msgpack = msgpack
+
+    def __reduce__(self) -> tuple[type[MsgpackSerde], tuple[()]]:
+        return (MsgpackSerde, ())
 
     def dumps(self, obj: Any) -> bytes:
         try:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._config import WorkerConfig
+from ._config import QueueConfig, WorkerConfig
 from ._registry import Registry
 
 
@@ -36,7 +37,8 @@ def _worker(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     cfg = WorkerConfig(concurrency=args.concurrency, visibility_timeout_s=args.visibility_timeout,
                        grace_period_s=args.grace_period, promote=not args.no_promote)
-    Worker(args.url, args.queue, registry, cfg).run()
+    qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen)
+    Worker(args.url, args.queue, registry, cfg, qcfg).run()
     return 0
 
 
@@ -65,7 +67,35 @@ def _scheduler(args: argparse.Namespace) -> int:
         raise SystemExit("streamq scheduler: give at least one --queue or --cron")
     cfg = SchedulerConfig(poll_interval_s=args.poll_interval,
                           visibility_timeout_s=args.visibility_timeout)
-    asyncio.run(Scheduler(args.url, args.queue or [], cron, cfg).run())
+    qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen)
+    asyncio.run(Scheduler(args.url, args.queue or [], cron, cfg, qcfg).run())
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        from pyspark.sql import SparkSession
+
+        from .spark import export_events
+    except ImportError:
+        raise SystemExit("streamq export needs the spark extra: pip install 'streamq[spark]'"
+                         " (and Java 17)") from None
+    spark = (SparkSession.builder.master(args.master).appName("streamq-export")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        result = export_events(spark, url=args.url, queue=args.queue, to=args.to,
+                               key_prefix=args.prefix)
+    finally:
+        spark.stop()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"exported {result['exported']} events to {args.to}/events"
+              f" (checkpoint {result['last_event_id']})")
+        if result["gap"]:
+            print("warning: some events were trimmed before they could be exported; raise"
+                  " --events-maxlen (QueueConfig.events_maxlen) or export more often")
     return 0
 
 
@@ -86,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--yes", "-y", action="store_true",
                         help="do not ask before bulk or destructive changes")
     common.add_argument("--debug", action="store_true", help="show tracebacks")
+    common.add_argument("--events-maxlen", type=int, default=QueueConfig().events_maxlen,
+                        help="approximate cap of the lifecycle events stream (0 = no events);"
+                        " keep it the same for producers, workers and schedulers")
     p = argparse.ArgumentParser(prog="streamq", description="streamq job engine")
     p.add_argument("--log-level", default=os.environ.get("STREAMQ_LOG_LEVEL", "INFO"))
     sub = p.add_subparsers(dest="command", required=True)
@@ -105,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--poll-interval", type=float, default=30.0, help="seconds")
     s.add_argument("--visibility-timeout", type=float, default=30.0, help="seconds")
     s.set_defaults(func=_scheduler)
+    e = sub.add_parser("export", parents=[common],
+                       help="append new lifecycle events to Parquet (needs the spark extra)")
+    e.add_argument("queue")
+    e.add_argument("--to", required=True, help="output directory (keeps a checkpoint there)")
+    e.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    e.set_defaults(func=_export)
     d = sub.add_parser("demo", parents=[common],
                        help="a self-contained tour (starts its own Redis without --url)")
     d.set_defaults(url=os.environ.get("STREAMQ_URL"))

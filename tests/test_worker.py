@@ -595,7 +595,7 @@ async def test_a_corrupted_record_is_dead_lettered_and_its_batch_runs(
         await eventually(lambda: r.xlen(q.keys.dead) == 1, what="the corrupted one dead")
     dead: Any = r.xrange(q.keys.dead)
     assert dead[0][1][b"reason"] == b"job record corrupted"
-    assert r.xpending(q.keys.stream, GROUP)["pending"] == 0  # type: ignore[index]
+    assert r.xpending(q.keys.stream, GROUP)["pending"] == 0
 
 
 async def test_handlers_see_the_deadline_however_it_was_given(url: str, q: Queue,

@@ -1,0 +1,152 @@
+"""The Spark pipeline on a real local Spark (local[2]) and a real redis-server: bulk enqueue
+with duplicates and bad rows, workers drain it, Parquet export read back, filtered re-drive."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed")  # CI installs it
+
+from helpers import wait_until
+from pyspark.sql import SparkSession
+
+from streamq import QueueConfig
+from streamq.admin import Admin
+from streamq.spark import (
+    enqueue_dataframe,
+    export_events,
+    read_dead,
+    read_jobs,
+    redrive_dataframe,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+TESTS = Path(__file__).parent
+N = 50_000
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    session = (SparkSession.builder.master("local[2]").appName("streamq-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def rows() -> list[tuple[Any, ...]]:
+    good = [(f"img-{i}", f"/uploads/{i}.jpg", i % 1000, None) for i in range(N)]
+    dups = [(f"img-{i}", "dup", 1, None) for i in range(0, 5000, 10)]  # 500 duplicates
+    nulls = [(None, "x", 1, None) for _ in range(100)]
+    bad_ids = [(f"bad id {i}", "x", 1, None) for i in range(50)]
+    huge = [(f"huge-{i}", "x" * 5000, 1, None) for i in range(20)]
+    bad_delays = [(f"late-{i}", "x", 1, -5.0) for i in range(30)]
+    return good + dups + nulls + bad_ids + huge + bad_delays
+
+
+def test_bulk_enqueue_drain_export_and_redrive(spark: SparkSession, url: str, qname: str,
+                                               tmp_path: Path) -> None:
+    cfg = QueueConfig(max_payload_bytes=2000, events_maxlen=1_000_000)  # keep all history
+    df = spark.createDataFrame(rows(), "id string, path string, size int, delay double"
+                               ).repartition(4)
+    counts = enqueue_dataframe(df, url=url, queue=qname, job_type="image.process", id_col="id",
+                               payload_cols=["path", "size"], delay_col="delay",
+                               queue_config=cfg)
+    assert counts.enqueued == N and counts.duplicates == 500
+    assert counts.rejected == {"null_id": 100, "invalid_id": 50, "payload_too_large": 20,
+                               "invalid_delay": 30}
+    again = enqueue_dataframe(df, url=url, queue=qname, job_type="image.process", id_col="id",
+                              payload_cols=["path", "size"], delay_col="delay",
+                              queue_config=cfg)
+    assert again.enqueued == 0 and again.duplicates == N + 500  # re-running creates nothing
+
+    workers = [subprocess.Popen([sys.executable, "-m", "streamq", "--log-level", "ERROR",
+                                 "worker", "spark_jobs:registry", "--url", url, "--queue", qname,
+                                 "--concurrency", "100", "--events-maxlen", "1000000"],
+                                cwd=TESTS) for _ in range(2)]
+    admin = Admin.from_url(url)
+    dead_expected = sum(1 for i in range(N) if str(i).endswith("7"))
+    try:
+        wait_until(lambda: admin.stats(qname).counters.get("completed", 0)
+                   + admin.stats(qname).counters.get("failed", 0) >= N, timeout_s=120,
+                   what="the workers to drain the backlog")
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        for w in workers:
+            w.wait(30)
+    stats = admin.stats(qname)
+    assert stats.counters["completed"] == N - dead_expected and stats.dead == dead_expected
+
+    out = tmp_path / "export"
+    first = export_events(spark, url=url, queue=qname, to=str(out))
+    assert first["gap"] is False
+    events = spark.read.parquet(str(out / "events"))
+    by_kind = {r["event"]: r["count"] for r in events.groupBy("event").count().collect()}
+    assert by_kind["enqueued"] == N and by_kind["completed"] == N - dead_expected
+    assert by_kind["failed"] == dead_expected and first["exported"] == events.count()
+    assert export_events(spark, url=url, queue=qname, to=str(out))["exported"] == 0
+
+    dead = read_dead(spark, url=url, queue=qname)
+    assert dead.count() == dead_expected
+    chosen = dead.filter(dead.job_id.endswith("17")).localCheckpoint()  # a fixed selection
+    n_chosen = chosen.count()
+    assert redrive_dataframe(chosen, url=url, queue=qname) == {"redriven": n_chosen}
+    assert redrive_dataframe(chosen, url=url, queue=qname) == {"gone": n_chosen}
+    lazy = dead.filter(dead.job_id.endswith("17"))  # re-running the pipeline: nothing left
+    assert redrive_dataframe(lazy, url=url, queue=qname) == {}
+    assert admin.stats(qname).ready == n_chosen and admin.stats(qname).dead == (
+        dead_expected - n_chosen)
+
+    third = export_events(spark, url=url, queue=qname, to=str(out))
+    assert third["exported"] == n_chosen  # only what is new: the re-drive events
+    jobs = read_jobs(spark, url=url, queue=qname)
+    states = {r["state"]: r["count"] for r in jobs.groupBy("state").count().collect()}
+    assert states == {"queued": n_chosen, "failed": dead_expected - n_chosen}
+    sample = jobs.filter(jobs.state == "failed").first()
+    assert sample is not None and sample["error_type"] == "Fail"
+    assert '"size"' in sample["payload_json"]
+
+
+def test_export_warns_when_history_was_trimmed(spark: SparkSession, url: str, qname: str,
+                                               tmp_path: Path) -> None:
+    from streamq import Queue
+
+    q = Queue.from_url(url, qname, QueueConfig(events_maxlen=10))
+    q.enqueue_many([{"type": "t"} for _ in range(500)])
+    result = export_events(spark, url=url, queue=qname, to=str(tmp_path / "x"))
+    assert result["gap"] is True and 0 < result["exported"] < 500
+
+
+def test_export_command_appends_incrementally(spark: SparkSession, url: str, qname: str,
+                                              tmp_path: Path) -> None:
+    import json
+
+    from streamq import Queue
+
+    q = Queue.from_url(url, qname)
+    q.enqueue_many([{"type": "t"} for _ in range(20)])
+    cmd = [sys.executable, "-m", "streamq", "export", qname, "--to", str(tmp_path), "--url", url,
+           "--json", "--master", "local[1]"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    first = json.loads(subprocess.run(cmd, capture_output=True, text=True, env=env, check=True,
+                                      timeout=180).stdout.strip().splitlines()[-1])
+    q.enqueue_many([{"type": "t"} for _ in range(5)])
+    second = json.loads(subprocess.run(cmd, capture_output=True, text=True, env=env, check=True,
+                                       timeout=180).stdout.strip().splitlines()[-1])
+    assert (first["exported"], second["exported"]) == (20, 5)
+    assert spark.read.parquet(str(tmp_path / "events")).count() == 25
