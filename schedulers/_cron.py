@@ -5,10 +5,13 @@ day of week (0-7 or SUN-SAT; 0 and 7 are Sunday). Each field takes ``*``, number
 ``a-b``, steps ``*/n`` or ``a-b/n``, and lists ``a,b,c``. Macros: @yearly (@annually),
 @monthly, @weekly, @daily (@midnight), @hourly.
 
-As in Vixie cron, when both day of month and day of week are restricted, a day matches
-if either matches. Daylight saving time: wall-clock times that do not exist (the spring-forward
-gap) are skipped; wall-clock times that happen twice (the fall-back hour) fire once, at the
-first occurrence.
+As in Vixie cron, when both day of month and day of week are restricted (neither starts
+with ``*``), a day matches if either matches; otherwise both must match (``*/2`` counts as
+unrestricted: ``0 0 */2 * MON`` fires on Mondays that fall on odd days).
+
+Daylight saving time: wall-clock times that do not exist (the spring-forward gap) are
+skipped; wall-clock times that happen twice (the fall-back hour) fire once, at the first
+occurrence.
 """
 
 from __future__ import annotations
@@ -103,8 +106,8 @@ class CronExpr:
             "days": _field(parts[2], 1, 31, "day of month"),
             "months": _field(parts[3], 1, 12, "month", _MONTHS),
             "weekdays": frozenset(d % 7 for d in dow),
-            "dom_any": parts[2] == "*",
-            "dow_any": parts[4] == "*",
+            "dom_any": parts[2].startswith("*"),
+            "dow_any": parts[4].startswith("*"),
             "zone": zone,
         }
         for name, value in values.items():
@@ -114,12 +117,8 @@ class CronExpr:
     def _day_matches(self, d: dt.date) -> bool:
         dom = d.day in self.days
         dow = (d.isoweekday() % 7) in self.weekdays
-        if self.dom_any and self.dow_any:
-            return True
-        if self.dom_any:
-            return dow
-        if self.dow_any:
-            return dom
+        if self.dom_any or self.dow_any:  # Vixie: a field starting with '*' is unrestricted,
+            return dom and dow            # and the two are ANDed
         return dom or dow
 
     def next_after(self, t: dt.datetime) -> dt.datetime:

@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 import attrs
 
-from streamq import InvalidArgument
-from streamq._keys import check_job_id, check_queue_name
+from streamq import InvalidArgument, QueueConfig
+from streamq import _producer as prod
+from streamq._keys import Keys, check_job_id, check_queue_name
 
 from ._cron import CronExpr, prev_at_or_before
 
@@ -63,6 +64,20 @@ class Cron:
             object.__setattr__(self, "cron", CronExpr(self.expr or "", self.tz))
         if self.catch_up not in ("once", "skip"):
             raise InvalidArgument(f"cron entry {self.name!r}: catch_up is 'once' or 'skip'")
+        if "job_id" in self.job_options:
+            raise InvalidArgument(f"cron entry {self.name!r}: job ids are made per tick;"
+                                  " job_options may not set job_id")
+        try:  # build one job now, so a bad entry fails here and not at its first tick
+            self.prepare(Keys(self.queue), QueueConfig(), 10**13)
+        except (InvalidArgument, TypeError) as exc:
+            raise InvalidArgument(f"cron entry {self.name!r}: {exc}") from None
+
+    def prepare(self, keys: Keys, config: QueueConfig, tick_ms: int) -> prod.Prepared:
+        """The job this entry enqueues for one tick."""
+        options = dict(self.job_options)
+        headers = {"cron": self.name, "tick": str(tick_ms), **options.pop("headers", {})}
+        return prod.prepare(keys, config, self.job_type, self.payload,
+                            job_id=self.job_id(tick_ms), headers=headers, **options)
 
     def next_after(self, t_ms: int) -> int:
         """The first tick strictly after t_ms (ms since the epoch)."""

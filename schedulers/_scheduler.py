@@ -21,10 +21,9 @@ import attrs
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
-from streamq import InvalidArgument, QueueConfig
-from streamq import _producer as prod
+from streamq import InvalidArgument, QueueConfig, ScriptError
 from streamq._conn import async_client
-from streamq._keys import GROUP, Keys
+from streamq._keys import GROUP, Keys, queues_key
 from streamq._promote import Promoter
 from streamq._retry import TRANSIENT
 from streamq._scripts import SCRIPTS
@@ -99,6 +98,7 @@ class Scheduler:
         if self._running:
             return
         self._client = async_client(self.url, **self._client_kwargs)
+        await self._client.sadd(queues_key(self.queue_config.key_prefix), *self.queues)
         for p in self._promoters.values():
             await p.sync_clock(self._client)
         self._running = True
@@ -152,6 +152,10 @@ class Scheduler:
                         log.warning("promotion on %s failed: %s", q, exc)
                         sleep = min(sleep, 1.0)
                         continue
+                    except (ScriptError, ResponseError):
+                        log.exception("promotion on %s failed", q)
+                        sleep = min(sleep, 1.0)
+                        continue
                     sleep = min(sleep, promoter.sleep_s(sleep))
                 try:
                     await pubsub.get_message(timeout=sleep)  # a wake-up ends the sleep early
@@ -180,6 +184,9 @@ class Scheduler:
                     next_tick = await self._cron_step(entry, now)
                 except TRANSIENT as exc:
                     log.warning("cron %s: %s", entry.name, exc)
+                    next_tick = now + 1000
+                except Exception:  # e.g. OOM or READONLY during a failover: try again soon
+                    log.exception("cron %s failed", entry.name)
                     next_tick = now + 1000
                 soonest = min(soonest, next_tick)
             await asyncio.sleep(max(0.0, (soonest - self._server_now_ms()) / 1000))
@@ -210,10 +217,7 @@ class Scheduler:
     async def _fire(self, entry: Cron, tick: int) -> None:
         assert self._client is not None
         keys = self.queues[entry.queue]
-        options = dict(entry.job_options)
-        headers = {"cron": entry.name, "tick": str(tick), **options.pop("headers", {})}
-        p = prod.prepare(keys, self.queue_config, entry.job_type, entry.payload,
-                         job_id=entry.job_id(tick), headers=headers, **options)
+        p = entry.prepare(keys, self.queue_config, tick)
         info = json.dumps({**entry.describe(), "last_tick_ms": tick, "last_job": p.job_id,
                            "next_tick_ms": entry.next_after(tick)})
         reply = await SCRIPTS["fire"].run_async(
@@ -252,7 +256,7 @@ class Scheduler:
                     await self.sweep(q)
                 except TRANSIENT as exc:
                     log.warning("sweep of %s failed: %s", q, exc)
-                except ResponseError as exc:
+                except (ScriptError, ResponseError) as exc:
                     if "NOGROUP" not in str(exc):
                         log.exception("sweep of %s failed", q)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -57,11 +58,13 @@ def _duration(text: str) -> float:
 
 
 def redact(url: str) -> str:
+    """The URL without its password (user info or a ?password= query parameter)."""
     parts = urlsplit(url)
+    netloc = parts.netloc
     if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+        netloc = netloc.replace(f":{parts.password}@", ":***@")
+    query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class Ctx:
@@ -132,7 +135,11 @@ def cmd_job(ctx: Ctx) -> None:
     info = ctx.admin.job(ctx.args.queue, ctx.args.job_id)
 
     def human() -> str:
-        lines = [f"{k:12} {v}" for k, v in _plain(info).items()
+        plain = _plain(info)
+        plain["payload"] = json.dumps(info.payload, default=str)
+        if not info.max_attempts:
+            plain["max_attempts"] = "handler's default"
+        lines = [f"{k:12} {v}" for k, v in plain.items()
                  if k not in ("envelope", "errors", "error") and v not in (None, "", [])]
         for e in info.errors:
             lines.append(f"{'attempt ' + str(e.get('attempt')):12} failed with {e.get('type')}")

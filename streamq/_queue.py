@@ -8,7 +8,6 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import NoScriptError
 
 from . import _producer as prod
 from . import _telemetry as tel
@@ -82,23 +81,10 @@ class Queue(_Base):
 
     def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         batches = prod.chunks(prepared)
-        if len(batches) <= 1:
-            return self._enqueue(prepared)
         calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
-        script = SCRIPTS["enqueue"]
-
-        def send() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            return pipe.execute()
 
         def once(retried: bool) -> list[EnqueueResult]:
-            try:
-                replies = send()
-            except NoScriptError:  # a restarted server: load, then send the batch again
-                self.client.script_load(script.source)
-                replies = send()
+            replies = SCRIPTS["enqueue"].run_many(self.client, calls)
             out: list[EnqueueResult] = []
             for b, reply in zip(batches, replies, strict=True):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
@@ -214,23 +200,10 @@ class AsyncQueue(_Base):
 
     async def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         batches = prod.chunks(prepared)
-        if len(batches) <= 1:
-            return await self._enqueue(prepared)
         calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
-        script = SCRIPTS["enqueue"]
-
-        async def send() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            return await pipe.execute()
 
         async def once(retried: bool) -> list[EnqueueResult]:
-            try:
-                replies = await send()
-            except NoScriptError:  # a restarted server: load, then send the batch again
-                await self.client.script_load(script.source)
-                replies = await send()
+            replies = await SCRIPTS["enqueue"].run_many_async(self.client, calls)
             out: list[EnqueueResult] = []
             for b, reply in zip(batches, replies, strict=True):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))

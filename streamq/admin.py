@@ -173,9 +173,10 @@ class Admin:
         while sum(total.values()) < max_jobs:
             page = self.dead(queue, flt, limit=min(1000, max_jobs - sum(total.values())),
                              cursor=cursor, oldest_first=True)
-            for k, v in self.redrive(queue, page.items).items():
-                total[k] = total.get(k, 0) + v
-            if page.cursor is None or not page.items:
+            if page.items:
+                for k, v in self.redrive(queue, page.items).items():
+                    total[k] = total.get(k, 0) + v
+            if page.cursor is None:
                 break
             cursor = page.cursor
         return total
@@ -244,6 +245,25 @@ class AsyncAdmin:
     async def redrive(self, queue: str, entries: Sequence[DeadEntry]) -> dict[str, int]:
         return await adrive(self.client, _ops.redrive(self._k(queue), self.config, entries,
                                                       _who()))
+
+    async def queues(self) -> list[str]:
+        names: Any = await self.client.smembers(queues_key(self.config.key_prefix))
+        return sorted(n.decode() for n in names)
+
+    async def redrive_matching(self, queue: str, flt: DeadFilter | None = None,
+                               max_jobs: int = 100_000) -> dict[str, int]:
+        total: dict[str, int] = {}
+        cursor: str | None = None
+        while sum(total.values()) < max_jobs:
+            page = await self.dead(queue, flt, limit=min(1000, max_jobs - sum(total.values())),
+                                   cursor=cursor, oldest_first=True)
+            if page.items:
+                for k, v in (await self.redrive(queue, page.items)).items():
+                    total[k] = total.get(k, 0) + v
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        return total
 
     async def purge(self, queue: str, state: str, max_jobs: int = 100_000) -> int:
         return await adrive(self.client, _ops.purge(self._k(queue), self.config, state,

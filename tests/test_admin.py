@@ -186,3 +186,25 @@ def test_cli_errors_are_one_line_with_a_nonzero_exit(url: str, qname: str) -> No
     assert "Traceback" in debug.stderr
     wrong = cli(url.replace("redis://", "redis://:wrongpass@"), "stats", qname)
     assert "authentication failed" in wrong.stderr and "wrongpass" not in wrong.stderr
+
+
+def test_redrive_matching_pages_past_non_matching_entries(url: str, qname: str,
+                                                          r: redis.Redis) -> None:
+    q = Queue.from_url(url, qname)
+    k = q.keys
+    pipe = r.pipeline(transaction=False)
+    for i in range(12_000):  # more than one dead() scan of other types
+        pipe.xadd(k.dead, {"job": f"o{i}", "reason": "x", "etype": "E", "type": "other", "t": 0})
+    pipe.execute()
+    q.enqueue("email.send", job_id="wanted")
+    r.hset(k.job("wanted"), "state", "failed")
+    r.xadd(k.dead, {"job": "wanted", "reason": "x", "etype": "E", "type": "email.send", "t": 0})
+    assert Admin.from_url(url).redrive_matching(qname, DeadFilter(type="email.send")) == {
+        "redriven": 1}
+
+
+def test_redact_hides_passwords() -> None:
+    from streamq._cli_ops import redact
+
+    assert redact("redis://user:s3cret@h:1/0") == "redis://user:***@h:1/0"
+    assert "s3cret" not in redact("unix:///tmp/r.sock?db=0&password=s3cret")

@@ -30,6 +30,7 @@ def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: 
         ("0 12 * * MON-FRI", at(2026, 11, 21, 13), at(2026, 11, 23, 12)),  # Sat -> Mon
         ("0 0 * * 7", at(2026, 11, 16), at(2026, 11, 22)),  # 7 is Sunday
         ("0 0 13 * 5", at(2026, 11, 1), at(2026, 11, 6)),  # Friday OR the 13th (Vixie)
+        ("0 0 */2 * MON", at(2026, 11, 1), at(2026, 11, 9)),  # '*/2' is unrestricted: AND
         ("0 0 1 JAN,jul *", at(2026, 2, 1), at(2026, 7, 1)),
         ("5-10/5 * * * *", at(2026, 1, 1, 0, 6), at(2026, 1, 1, 0, 10)),
         ("@hourly", at(2026, 1, 1, 10, 0), at(2026, 1, 1, 11, 0)),
@@ -89,12 +90,7 @@ def _brute(expr: CronExpr, after: dt.datetime) -> dt.datetime:
     t = after.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
     for _ in range(60 * 24 * 400):
         dom, dow = t.day in expr.days, (t.isoweekday() % 7) in expr.weekdays
-        if expr.dom_any and expr.dow_any:
-            day = True
-        elif expr.dom_any or expr.dow_any:
-            day = dow if expr.dom_any else dom
-        else:
-            day = dom or dow
+        day = (dom and dow) if (expr.dom_any or expr.dow_any) else (dom or dow)
         if (t.minute in expr.minutes and t.hour in expr.hours and t.month in expr.months
                 and day):
             return t

@@ -20,7 +20,8 @@ import streamq
 from streamq._server import RedisServer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-PAGES = ("index.md", "getting-started.md", "delivery-semantics.md", "errors.md", "key-layout.md")
+PAGES = ("index.md", "getting-started.md", "delivery-semantics.md", "errors.md", "key-layout.md",
+         "scheduling.md", "operations.md")
 NOT_RUN = "# not run"
 PENDING_PAGES = frozenset({"performance.md"})
 """Pages that may be linked before they are written."""

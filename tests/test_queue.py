@@ -255,3 +255,13 @@ async def test_async_queue_same_api(url: str, qname: str) -> None:
             await aq.enqueue_and_wait("t", timeout=0.1)
         with pytest.raises(JobNotFound):
             await aq.result("nope")
+
+
+def test_bulk_enqueue_survives_a_flushed_script_cache(q: Queue, r: redis.Redis) -> None:
+    """A restarted Redis has no scripts: the pipelined path loads and resends (NOSCRIPT)."""
+    r.script_flush()
+    results = q.enqueue_many([{"type": "t", "job_id": f"n{i}"} for i in range(2500)])
+    assert [x.status for x in results] == ["queued"] * 2500
+    r.script_flush()
+    assert q.enqueue("t", job_id="single").status == "queued"
+    assert r.xlen(q.keys.stream) == 2501

@@ -198,3 +198,31 @@ def test_scheduler_command_rejects_bad_schedules(url: str) -> None:
         proc = subprocess.run([sys.executable, "-m", "streamq", "scheduler", "--url", url, *args],
                               cwd=TESTS, capture_output=True, text=True, timeout=30)
         assert proc.returncode != 0 and message in proc.stderr + proc.stdout
+
+
+def test_a_bad_cron_entry_fails_when_built_not_at_its_first_tick() -> None:
+    bad: list[dict[str, Any]] = [{"max_attempts": 0}, {"job_id": "fixed"}, {"bogus": 1}]
+    for options in bad:
+        with pytest.raises(InvalidArgument, match="cron entry"):
+            Cron("tick", every=1, job_type="t", job_options=options)
+    with pytest.raises(InvalidArgument):
+        Cron("x" * 195, every=1, job_type="t")  # its per-tick job id would be too long
+    with pytest.raises(InvalidArgument):
+        Cron("tick", every=1, job_type="bad type!")
+
+
+async def test_scheduler_loops_survive_a_server_error(url: str, qname: str,
+                                                      r: redis.Redis) -> None:
+    """OOM (or READONLY in a failover) fails scripts for a while; cron resumes after."""
+    entry = Cron("every-second", every=1, job_type="tick", queue=qname)
+    q = Queue.from_url(url, qname)
+    async with Scheduler(url, [qname], [entry], fast_sched()):
+        await eventually(lambda: r.xlen(q.keys.stream) >= 1, what="a first tick")
+        r.config_set("maxmemory", 1)
+        r.config_set("maxmemory-policy", "noeviction")
+        try:
+            await asyncio.sleep(1.5)
+        finally:
+            r.config_set("maxmemory", 0)
+        before = r.xlen(q.keys.stream)
+        await eventually(lambda: r.xlen(q.keys.stream) > before, what="ticks after the error")
