@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint check bench clean
+.PHONY: demo test test-fast lint check bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,5 +35,18 @@ check: lint test
 bench: $(STAMP)
 	$(PY) -m benchmarks
 
+bench-smoke: $(STAMP)
+	$(PY) -m benchmarks --smoke
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Chaos soak: workers, schedulers and Redis killed, frozen and cut off at random while jobs
+# flow, then every job checked against an execution ledger (docs/reliability.md).
+# make soak MINUTES=60 SEED=7; the JSON report goes to .streamq/chaos-report.json.
+MINUTES ?= 15
+SEED ?=
+.PHONY: soak
+soak: $(STAMP)
+	$(PY) -m tests.chaos --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) \
+		--out .streamq/chaos-report.json

@@ -55,6 +55,11 @@ class LeaseKeeper:
         with self._lock:
             self._leases.pop((queue, entry), None)
 
+    def remove_many(self, queue: str, entries: list[str]) -> None:
+        with self._lock:
+            for entry in entries:
+                self._leases.pop((queue, entry), None)
+
     def holds(self, queue: str, entry: str) -> bool:
         with self._lock:
             return (queue, entry) in self._leases

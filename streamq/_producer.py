@@ -8,9 +8,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-import attrs
+from typing import Any, NamedTuple
 
 from . import _telemetry as tel
 from ._config import QueueConfig
@@ -20,10 +18,9 @@ from ._model import (
     TERMINAL,
     CancelResult,
     EnqueueResult,
-    Envelope,
     JobInfo,
     decode_record,
-    envelope_to_plain,
+    plain_envelope,
 )
 from ._scripts import Arg
 
@@ -58,8 +55,7 @@ def _epoch_ms(name: str, v: Any) -> int:
     return int(v.timestamp() * 1000)
 
 
-@attrs.frozen
-class Prepared:
+class Prepared(NamedTuple):  # a plain tuple: one per job on the enqueue hot path
     job_id: str
     key: str
     args: tuple[Arg, ...]
@@ -118,13 +114,10 @@ def prepare(
     hdrs = dict(headers or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in hdrs.items()):
         raise InvalidArgument("headers must map str to str")
-    env = Envelope(
-        id=jid, type=job_type, payload=payload, version=version, max_attempts=attempts,
-        created_ms=int(time.time() * 1000), not_before_ms=run_at_ms,
-        deadline_ms=deadline_arg if deadline_arg > 0 else 0, idempotency_key=idempotency_key,
-        trace=dict(trace or {}), result_ttl_s=ttl_s, headers=hdrs,
-    )
-    data = cfg.serde.dumps(envelope_to_plain(env))
+    data = cfg.serde.dumps(plain_envelope(
+        jid, job_type, payload, version, attempts, int(time.time() * 1000), run_at_ms,
+        deadline_arg if deadline_arg > 0 else 0, idempotency_key, dict(trace or {}), ttl_s, hdrs,
+    ))
     if len(data) > cfg.max_payload_bytes:
         raise PayloadTooLarge(
             f"job {jid!r}: envelope is {len(data)} bytes, over the queue's max_payload_bytes"

@@ -250,7 +250,9 @@ class Worker:
                 await asyncio.sleep(0.2)
                 continue
             await self._capacity.wait()
-            n = self._reserve(self.config.fetch_batch)
+            # at most half the slots per fetch: one batch starts while another settles
+            n = self._reserve(min(self.config.fetch_batch,
+                                  max(1, self.config.concurrency // 2)))
             if n == 0:
                 await asyncio.sleep(0)
                 continue
@@ -454,13 +456,16 @@ class Worker:
         limit = asyncio.timeout(timeout)
         _last_exc.set(None)
         try:
-            async with limit:
-                if spec.is_async:
-                    result = await spec.fn(job)
-                else:
-                    loop = asyncio.get_running_loop()
-                    ctx = contextvars.copy_context()  # logs and spans see the job in threads too
-                    result = await loop.run_in_executor(self._pool, ctx.run, spec.fn, job)
+            if timeout is None and spec.is_async:  # nothing to limit: no Timeout context
+                result = await spec.fn(job)
+            else:
+                async with limit:
+                    if spec.is_async:
+                        result = await spec.fn(job)
+                    else:
+                        loop = asyncio.get_running_loop()
+                        ctx = contextvars.copy_context()  # logs and spans see the job in threads
+                        result = await loop.run_in_executor(self._pool, ctx.run, spec.fn, job)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - any handler failure is the job's, not ours
@@ -531,19 +536,21 @@ class Worker:
                     # worker: the entries stay pending and are taken over after the timeout
                     log.exception("settling %d jobs failed; they recover by reclaim", len(batch))
                     del qs.buf[:len(batch)]
+                    self._leases.remove_many(qs.keys.queue, [b[1] for b in batch])
                     for b in batch:
                         self._settled(qs, b, b"lost")
+                    self._release(len(batch))
                     continue
                 backoff = 0.05
                 del qs.buf[:len(batch)]
+                self._leases.remove_many(qs.keys.queue, [b[1] for b in batch])
                 for b, state in zip(batch, reply, strict=True):
                     self._settled(qs, b, state)
+                self._release(len(batch))
 
     def _settled(self, qs: _QState, item: Finish, state: bytes) -> None:
         job_id, entry = item[0], item[1]
-        self._leases.remove(qs.keys.queue, entry)
         self._jobs.pop((qs.keys.queue, entry), None)
-        self._release(1)
         extra = {"job_id": job_id, "queue": qs.keys.queue}
         if state == b"completed":
             self.stats.completed += 1

@@ -25,6 +25,7 @@ local n = tonumber(ARGV[6])
 local now = now_ms()
 local out = {}
 local completed, retried, failed, lost = 0, 0, 0, 0
+local settled = {}  -- acknowledged and deleted with one XACK and one XDEL after the loop
 for i = 1, n do
   local b = 7 + 7 * (i - 1)
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
@@ -40,7 +41,7 @@ for i = 1, n do
   elseif state ~= 'active' then
     out[i] = state  -- already applied by an earlier run of this same call
   else
-    ack_del(stream, group, entry)
+    if entry ~= '' then settled[#settled + 1] = entry end
     local max_attempts = tonumber(r[4]) or 0
     if outcome == 'ok' then
       redis.call('HSET', jobkey, 'state', 'completed', 'result', data, 'finished', now,
@@ -70,6 +71,10 @@ for i = 1, n do
       out[i] = 'failed'
     end
   end
+end
+if #settled > 0 then
+  redis.call('XACK', stream, group, unpack(settled))
+  redis.call('XDEL', stream, unpack(settled))
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)
