@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import socket
@@ -22,6 +21,7 @@ import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
 from streamq import InvalidArgument, QueueConfig, ScriptError
+from streamq._config import _positive_seconds
 from streamq._conn import async_client
 from streamq._keys import GROUP, Keys, queues_key
 from streamq._promote import Promoter
@@ -35,21 +35,16 @@ _SWEEP_BATCH = 100
 _SWEEP_ROUNDS = 10  # batches per queue per sweep (loops are capped)
 
 
-def _positive(_i: object, a: attrs.Attribute[float], v: float) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise InvalidArgument(f"{a.name} must be a positive, finite number of seconds")
-
-
 @attrs.frozen
 class SchedulerConfig:
-    poll_interval_s: float = attrs.field(default=30.0, validator=_positive)
+    poll_interval_s: float = attrs.field(default=30.0, validator=_positive_seconds)
     """Longest sleep when nothing is due; a wake-up message ends it sooner."""
-    sweep_interval_s: float = attrs.field(default=10.0, validator=_positive)
-    visibility_timeout_s: float = attrs.field(default=30.0, validator=_positive)
+    sweep_interval_s: float = attrs.field(default=10.0, validator=_positive_seconds)
+    visibility_timeout_s: float = attrs.field(default=30.0, validator=_positive_seconds)
     """Pending entries idle this long are handed back by a sweep (queues with no live worker)."""
-    workers_gone_after_s: float = attrs.field(default=30.0, validator=_positive)
+    workers_gone_after_s: float = attrs.field(default=30.0, validator=_positive_seconds)
     """A queue whose workers have not sent a heartbeat for this long has no live worker."""
-    on_time_s: float = attrs.field(default=60.0, validator=_positive)
+    on_time_s: float = attrs.field(default=60.0, validator=_positive_seconds)
     """With catch_up='skip', a tick this late still fires (it is late, not missed)."""
 
 

@@ -16,16 +16,21 @@ from ._config import QueueConfig, WorkerConfig
 from ._registry import Registry
 
 
-def load_registry(spec: str) -> Registry:
-    """Import ``module:attribute`` and check it is a Registry (code comes from code, not data)."""
+def _import_attr(spec: str, what: str) -> Any:
+    """Import ``module:attribute`` named on the command line (code comes from code, never from
+    data in Redis)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"streamq: registry must be given as module:attribute, got {spec!r}")
+        raise SystemExit(f"streamq: {what} must be given as module:attribute, got {spec!r}")
     sys.path.insert(0, os.getcwd())
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"streamq: cannot load registry {spec!r}: {exc}") from exc
+        raise SystemExit(f"streamq: cannot load {what} {spec!r}: {exc}") from exc
+
+
+def load_registry(spec: str) -> Registry:
+    obj = _import_attr(spec, "registry")
     if not isinstance(obj, Registry):
         raise SystemExit(f"streamq: {spec!r} is a {type(obj).__name__}, not a streamq.Registry")
     return obj
@@ -45,14 +50,7 @@ def _worker(args: argparse.Namespace) -> int:
 def _load_cron(spec: str) -> list[Any]:
     from schedulers import Cron
 
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise SystemExit(f"streamq: --cron must be given as module:attribute, got {spec!r}")
-    sys.path.insert(0, os.getcwd())
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"streamq: cannot load cron schedule {spec!r}: {exc}") from exc
+    obj = _import_attr(spec, "cron schedule")
     entries = list(obj) if isinstance(obj, (list, tuple)) else [obj]
     if not all(isinstance(e, Cron) for e in entries):
         raise SystemExit(f"streamq: {spec!r} must be a schedulers.Cron or a list of them")
