@@ -38,8 +38,15 @@ class Script:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
+    @staticmethod
+    def _plain(client: Any) -> bool:
+        """A client we can pack for: one connection pool, no pinned connection (a
+        RedisCluster client routes by slot itself)."""
+        return (_pack is not None and getattr(client, "connection_pool", None) is not None
+                and getattr(client, "connection", None) is None)
+
     def _evalsha(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
-        if _pack is None or client.connection is not None:
+        if not self._plain(client):
             return client.evalsha(self.sha, len(keys), *keys, *args)
         pool: Any = client.connection_pool
         conn = pool.get_connection()
@@ -55,7 +62,7 @@ class Script:
 
     async def _aevalsha(self, client: aredis.Redis, keys: Sequence[str],
                         args: Sequence[Arg]) -> Any:
-        if _pack is None or client.connection is not None:
+        if not self._plain(client):
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         pool: Any = client.connection_pool
         conn = await pool.get_connection()
@@ -77,7 +84,7 @@ class Script:
                  calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
         """Several calls of this script in one round trip (pipelined); replies in order.
         On NOSCRIPT (a restarted server) the script is loaded and the calls sent again."""
-        if _pack is None:
+        if not self._plain(client):
             return [self(client, k, a) for k, a in calls]
         pool: Any = client.connection_pool
         for attempt in range(2):
@@ -99,7 +106,7 @@ class Script:
 
     async def run_many_async(self, client: aredis.Redis,
                              calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
-        if _pack is None:
+        if not self._plain(client):
             return [await self.run_async(client, k, a) for k, a in calls]
         pool: Any = client.connection_pool
         for attempt in range(2):

@@ -150,3 +150,26 @@ def test_export_command_appends_incrementally(spark: SparkSession, url: str, qna
                                        timeout=180).stdout.strip().splitlines()[-1])
     assert (first["exported"], second["exported"]) == (20, 5)
     assert spark.read.parquet(str(tmp_path / "events")).count() == 25
+
+
+def test_enqueue_against_redis_cluster(spark: SparkSession, qname: str, tmp_path: Path) -> None:
+    """Every key a partition touches carries the queue's hash tag: a Cluster client works."""
+    import redis
+
+    from streamq._server import RedisServer
+
+    server = RedisServer(directory=str(tmp_path), extra=(
+        "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")).start()
+    try:
+        admin: Any = redis.Redis(port=server.port)
+        admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        wait_until(lambda: b"cluster_state:ok" in admin.execute_command("CLUSTER", "INFO"),
+                   what="the one-node cluster")
+        url = server.url
+        df = spark.createDataFrame([(f"c-{i}", i) for i in range(2000)], "id string, n int")
+        counts = enqueue_dataframe(df, url=url, queue=qname, job_type="t", id_col="id",
+                                   payload_cols=["n"], cluster=True)
+        assert counts.enqueued == 2000 and counts.rejected == {}
+        assert admin.xlen(f"streamq:{{{qname}}}:stream") == 2000
+    finally:
+        server.close()

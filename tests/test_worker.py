@@ -614,3 +614,20 @@ async def test_handlers_see_the_deadline_however_it_was_given(url: str, q: Queue
     now: Any = r.time()
     now_ms = now[0] * 1000 + now[1] // 1000
     assert now_ms < seen["rel"] <= now_ms + 60_000 and seen["none"] == 0
+
+
+async def test_msgpack_serde_round_trips_binary_payloads(url: str, qname: str) -> None:
+    from streamq import MsgpackSerde, QueueConfig
+
+    cfg = QueueConfig(serde=MsgpackSerde())
+    q = Queue.from_url(url, qname, cfg)
+    reg = Registry()
+
+    @reg.handler("echo")
+    async def echo(job: Job) -> Any:
+        return {"got": job.payload, "size": len(job.payload["blob"])}
+
+    q.enqueue("echo", {"blob": b"\x00\xffbinary"}, job_id="m")
+    async with Worker(url, [qname], reg, fast(), cfg):
+        await eventually(lambda: state(q, "m") == "completed", what="the msgpack job")
+    assert q.result("m") == {"got": {"blob": b"\x00\xffbinary"}, "size": 8}
