@@ -53,7 +53,7 @@ class Keys:
     prefix: str = "streamq"
 
     def __attrs_post_init__(self) -> None:
-        if not _PREFIX_RE.fullmatch(self.prefix):
+        if not isinstance(self.prefix, str) or not _PREFIX_RE.fullmatch(self.prefix):
             raise InvalidQueueName(f"invalid key prefix {self.prefix!r}")
 
     @property

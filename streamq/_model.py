@@ -40,12 +40,19 @@ class Envelope:
     headers: dict[str, str] = attrs.field(factory=dict)
 
 
+def _as_is(payload: Any) -> Any:
+    """Payloads are plain data handed to the serde as they are: cattrs must not walk (and
+    copy) them, which overflows the stack on deep nesting and mangles tuple keys."""
+    return payload
+
+
 _conv = cattrs.Converter()
 _conv.register_unstructure_hook(
     Envelope,
     make_dict_unstructure_fn(Envelope, _conv, _cattrs_omit_if_default=True,
                              id=override(rename="i"), type=override(rename="t"),
-                             payload=override(rename="p", omit_if_default=False)),
+                             payload=override(rename="p", omit_if_default=False,
+                                              unstruct_hook=_as_is)),
 )
 _conv.register_structure_hook(
     Envelope,
@@ -62,7 +69,7 @@ def plain_envelope(
     """``envelope_to_plain(Envelope(...))`` without building the Envelope (the enqueue hot
     path): the same keys in the same order, defaults left out. A property test keeps the two
     identical; the attrs class stays the schema and the decoder."""
-    plain: dict[str, Any] = {"i": id, "t": type, "p": _conv.unstructure(payload)}
+    plain: dict[str, Any] = {"i": id, "t": type, "p": payload}
     if version != 1:
         plain["version"] = version
     if max_attempts:
@@ -140,7 +147,17 @@ class CancelResult:
 def _ms_to_dt(v: bytes | None) -> dt.datetime | None:
     if not v:
         return None
-    return dt.datetime.fromtimestamp(int(v) / 1000, tz=dt.UTC)
+    try:
+        return dt.datetime.fromtimestamp(int(v) / 1000, tz=dt.UTC)
+    except (ValueError, OverflowError, OSError):  # a damaged field: unknown, not an error
+        return None
+
+
+def _int(v: bytes | None) -> int:
+    try:
+        return int(v or 0)
+    except ValueError:  # a damaged field ('inf', '1e+30', text): unknown
+        return 0
 
 
 @attrs.frozen
@@ -177,7 +194,7 @@ class JobInfo:
 def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) -> JobInfo:
     def s(k: str) -> str:
         v = h.get(k.encode())
-        return v.decode() if v is not None else ""
+        return v.decode(errors="replace") if v is not None else ""
 
     env: Envelope | None = None
     payload: Any = None
@@ -186,7 +203,7 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
         try:
             env = envelope_from_plain(serde.loads(raw_env))
             payload = env.payload
-        except SerializationError:
+        except (SerializationError, RecursionError):
             env = None
     result: Any = None
     if h.get(b"result") is not None and s("state") == "completed":
@@ -206,12 +223,12 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
         try:
             errs = serde_json.loads(h[b"errors"])
             errors = errs if isinstance(errs, list) else []
-        except ValueError:
+        except (ValueError, RecursionError):
             errors = []
     return JobInfo(
         errors=errors,
         id=job_id, queue=queue, type=s("type"), state=s("state"),
-        attempts=int(s("attempts") or 0), max_attempts=int(s("max_attempts") or 0),
+        attempts=_int(h.get(b"attempts")), max_attempts=_int(h.get(b"max_attempts")),
         payload=payload, created_at=_ms_to_dt(h.get(b"created")),
         enqueued_at=_ms_to_dt(h.get(b"enqueued")), due_at=_ms_to_dt(h.get(b"due")),
         started_at=_ms_to_dt(h.get(b"started")), finished_at=_ms_to_dt(h.get(b"finished")),

@@ -32,6 +32,11 @@ ENQUEUE_KEYS = ("type", "payload", "job_id", "delay", "run_at", "deadline", "max
                 "result_ttl", "idempotency_key", "headers", "version")
 
 
+MAX_SECONDS = 100 * 365 * 24 * 3600
+"""Longest delay, relative deadline or result TTL (100 years): beyond it a due time no longer
+fits a datetime or an exact Lua number, and Redis's EXPIRE refuses the TTL."""
+
+
 def new_job_id() -> str:
     return os.urandom(16).hex()
 
@@ -44,6 +49,9 @@ def _seconds(name: str, v: Any, *, allow_zero: bool) -> float:
     if v < 0 or (v == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise InvalidArgument(f"{name} must be {bound} seconds, got {v!r}")
+    if v > MAX_SECONDS:
+        raise InvalidArgument(f"{name} must be at most {MAX_SECONDS} seconds (100 years),"
+                              f" got {v!r}")
     return float(v)
 
 
@@ -52,7 +60,8 @@ def _epoch_ms(name: str, v: Any) -> int:
         raise InvalidArgument(f"{name} must be a datetime, got {type(v).__name__}")
     if v.tzinfo is None:
         raise InvalidArgument(f"{name} must be timezone-aware (naive datetimes are ambiguous)")
-    return int(v.timestamp() * 1000)
+    # before 1970 is 'long ago', not a negative number (which enqueue.lua reads as relative)
+    return max(1, int(v.timestamp() * 1000))
 
 
 class Prepared(NamedTuple):  # a plain tuple: one per job on the enqueue hot path
@@ -83,6 +92,8 @@ def prepare(
     if not isinstance(job_type, str) or not _TYPE_RE.fullmatch(job_type):
         raise InvalidArgument(f"invalid job type {job_type!r}: 1-200 of A-Z a-z 0-9 . _ : / -")
     jid = new_job_id() if job_id is None else check_job_id(job_id)
+    if notify and notify != keys.done_channel(jid):  # only enqueue_and_wait's own channel
+        raise InvalidArgument("notify is set by enqueue_and_wait; it cannot be given")
     delay_ms = 0
     run_at_ms = 0
     if delay is not None and run_at is not None:
@@ -111,6 +122,8 @@ def prepare(
         raise InvalidArgument(f"version must be a positive integer, got {version!r}")
     if idempotency_key is not None and not isinstance(idempotency_key, str):
         raise InvalidArgument("idempotency_key must be a string")
+    if headers is not None and not isinstance(headers, Mapping):
+        raise InvalidArgument(f"headers must map str to str, got {type(headers).__name__}")
     hdrs = dict(headers or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in hdrs.items()):
         raise InvalidArgument("headers must map str to str")

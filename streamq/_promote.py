@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ from ._config import QueueConfig
 from ._keys import Keys
 from ._scripts import SCRIPTS
 
+log = logging.getLogger("streamq.worker")
 BATCH = 1000
 """Candidates per promote.lua call (loops are capped)."""
 _SLACK_MS = 50
@@ -44,11 +46,23 @@ class Promoter:
             self.next_due_ms = int(first[0][1]) if first else -1
             return 0, False
         k = self.keys
+        names: list[str] = []
+        junk: list[bytes] = []
+        for i in ids:
+            try:
+                names.append(i.decode())
+            except UnicodeDecodeError:
+                junk.append(i)
+        if junk:  # no job id can be written like that: not ours, drop it (or it blocks the set)
+            await client.zrem(k.delayed, *junk)
+            log.warning("dropped %d undecodable members of %s", len(junk), k.delayed)
+            if not names:
+                return 0, True
         keys = [k.delayed, k.stream, k.dead, k.stats, k.events]
-        keys.extend(k.job(i.decode()) for i in ids)
+        keys.extend(k.job(i) for i in names)
         cfg = self.config
         moved, now, next_due = await SCRIPTS["promote"].run_async(
-            client, keys, [cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen, *ids])
+            client, keys, [cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen, *names])
         self.offset_ms = now - time.time() * 1000
         self.next_due_ms = int(next_due)
         return int(moved), len(ids) == BATCH

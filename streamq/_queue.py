@@ -95,7 +95,12 @@ class Queue(_Base):
     def get(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (never enqueued, or expired)."""
         check_job_id(job_id)
-        h: Any = call(lambda _retried: self.client.hgetall(self.keys.job(job_id)))
+        try:
+            h: Any = call(lambda _retried: self.client.hgetall(self.keys.job(job_id)))
+        except redis.exceptions.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            return None  # the key holds something else than a job record
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     def _info(self, job_id: str) -> JobInfo:
@@ -217,7 +222,12 @@ class AsyncQueue(_Base):
         async def once(_retried: bool) -> Any:
             return await self.client.hgetall(self.keys.job(job_id))
 
-        h = await acall(once)
+        try:
+            h = await acall(once)
+        except redis.exceptions.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            return None  # the key holds something else than a job record
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     async def _info(self, job_id: str) -> JobInfo:

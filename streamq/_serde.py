@@ -9,6 +9,33 @@ from typing import Any, Protocol, runtime_checkable
 from ._errors import SerializationError
 
 
+def _check_keys(obj: Any, allowed: type | tuple[type, ...] = str) -> None:
+    """Refuse mapping keys the format would silently change or refuse to read back: JSON turns
+    1, 1.5, True and None into strings ({1: "a", "1": "b"} would lose a value); a msgpack
+    reader with strict_map_key takes only str and bytes. Iterative (no depth limit); visits
+    containers only, each once (cycles end here and fail in the encoder)."""
+    if not isinstance(obj, dict | list | tuple):
+        return
+    stack = [obj]
+    seen: set[int] = set()
+    push = stack.append
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if type(k) is not str and not isinstance(k, allowed):
+                    raise SerializationError(f"mapping keys must be strings, got {k!r}")
+                if isinstance(v, dict | list | tuple):
+                    push(v)
+        else:
+            for v in o:
+                if isinstance(v, dict | list | tuple):
+                    push(v)
+
+
 @runtime_checkable
 class Serde(Protocol):
     """Turns plain data (dicts, lists, str, int, float, bool, None) into bytes and back."""
@@ -40,17 +67,18 @@ class JsonSerde:
         return (JsonSerde, ())  # rebuilt on unpickling (Spark ships it to executors)
 
     def dumps(self, obj: Any) -> bytes:
+        _check_keys(obj)
         try:
             if self._c is not None:
                 return "".join(self._c(obj, 0)).encode()
             return self._encode(obj).encode()
-        except (TypeError, ValueError, RecursionError) as exc:
+        except Exception as exc:  # TypeError, ValueError, RecursionError, or a mapping's own
             raise SerializationError(f"not JSON-serialisable: {exc}") from exc
 
     def loads(self, data: bytes) -> Any:
         try:
             return self._dec.decode(data.decode())
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise SerializationError(f"not valid JSON: {exc}") from exc
 
 
@@ -68,9 +96,10 @@ class MsgpackSerde:
         return (MsgpackSerde, ())
 
     def dumps(self, obj: Any) -> bytes:
+        _check_keys(obj, (str, bytes))  # what loads() accepts (strict_map_key)
         try:
             data: bytes = self._msgpack.packb(obj, use_bin_type=True)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except Exception as exc:  # TypeError, ValueError, OverflowError, or a mapping's own
             raise SerializationError(f"not msgpack-serialisable: {exc}") from exc
         return data
 

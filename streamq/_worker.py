@@ -18,13 +18,13 @@ from typing import Any
 
 import attrs
 import redis.asyncio as aredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from . import _ops
 from . import _telemetry as tel
 from ._config import QueueConfig, RetryPolicy, WorkerConfig
 from ._conn import async_client, sync_client
-from ._errors import Fail, Retry, ScriptError, SerializationError
+from ._errors import Fail, PayloadTooLarge, Retry, ScriptError, SerializationError
 from ._keys import GROUP, Keys, queues_key
 from ._lease import Lease, LeaseKeeper
 from ._model import Envelope, Job, envelope_from_plain
@@ -40,6 +40,43 @@ _last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar
     "streamq_last_exc", default=None)
 Finish = tuple[str, str, str, str, bytes, Any, str]
 """(job id, entry, token, outcome, data, delay ms or reason, error type) for finish.lua."""
+
+
+class _Expired(Exception):
+    """An async handler outlived its timeout (it is abandoned, the job is not)."""
+
+
+_ABANDONED: set[asyncio.Task[Any]] = set()
+"""Handlers that ignored the cancellation at their timeout: kept referenced until they end."""
+
+
+def _capture(fn: Any, job: Job) -> tuple[bool, Any]:
+    """Run a sync handler (in a pool thread), handing any exception back as a value: a
+    GeneratorExit or CancelledError thrown into the awaiting coroutine would escape it."""
+    try:
+        return False, fn(job)
+    except BaseException as exc:  # noqa: BLE001 - the job's failure, judged on the loop
+        return True, exc
+
+
+async def _guarded(coro: Any) -> tuple[bool, Any]:
+    """Await an async handler in a task of its own, handing its exceptions back as values
+    (SystemExit must not reach the Task machinery, which re-raises it into the loop)."""
+    try:
+        return False, await coro
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # cancelled by _bounded (timeout or worker stop)
+        return True, exc
+    except BaseException as exc:  # noqa: BLE001
+        return True, exc
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    _ABANDONED.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 def error_info(exc: BaseException) -> dict[str, str]:
@@ -142,8 +179,11 @@ class Worker:
         self._client = async_client(self.url, socket_timeout_s=timeout, **self._client_kwargs)
         self._pool = ThreadPoolExecutor(self.config.sync_threads or self.config.concurrency,
                                         thread_name_prefix="streamq-job")
-        await self._client.sadd(queues_key(self.queue_config.key_prefix),
-                                *self._qs)
+        try:
+            await self._client.sadd(queues_key(self.queue_config.key_prefix), *self._qs)
+        except NoPermissionError:  # an ACL user confined to its own queues' keys
+            log.info("queue names not registered in %s (no ACL permission): `streamq stats`"
+                     " needs them named", queues_key(self.queue_config.key_prefix))
         for qs in self._qs.values():
             await self._ensure_group(qs.keys)
             if self.config.promote:
@@ -393,10 +433,15 @@ class Worker:
             item = await self._attempt(qs, lease, attempt, data, times)
         except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
             return
-        except Exception as exc:  # a bug of ours: retry the job rather than lose the slot
-            log.exception("job %s: internal error", lease.job_id)
-            item = (lease.job_id, lease.entry, lease.token, "retry",
-                    self.queue_config.serde.dumps(error_info(exc)), 1000, type(exc).__name__)
+        except Exception as exc:  # a bug of ours: retry the job rather than lose the slot,
+            log.exception("job %s: internal error", lease.job_id)  # but not forever
+            data = self.queue_config.serde.dumps(error_info(exc))
+            if attempt >= self.config.default_max_attempts:
+                item = (lease.job_id, lease.entry, lease.token, "dead", data, "internal error",
+                        type(exc).__name__)
+            else:
+                item = (lease.job_id, lease.entry, lease.token, "retry", data, 1000,
+                        type(exc).__name__)
         qs.buf.append(item)
         qs.flush.set()
 
@@ -407,9 +452,13 @@ class Worker:
         serde = self.queue_config.serde
         try:
             env = envelope_from_plain(serde.loads(data))
-        except SerializationError as exc:
+        except (SerializationError, RecursionError) as exc:
             return (*ident, "dead", serde.dumps(error_info(exc)), "malformed envelope",
                     "MalformedEnvelope")
+        if env.id != lease.job_id:  # never hand a handler another job's id (idempotency key)
+            err = {"type": "MalformedEnvelope", "message": f"the envelope names job {env.id!r}",
+                   "traceback": ""}
+            return (*ident, "dead", serde.dumps(err), "malformed envelope", "MalformedEnvelope")
         spec = self.registry.get(env.type, env.version)
         if spec is None:
             err = {"type": "UnknownJobType", "message": f"no handler for {env.type!r}"
@@ -456,28 +505,31 @@ class Worker:
         limit = asyncio.timeout(timeout)
         _last_exc.set(None)
         try:
-            if timeout is None and spec.is_async:  # nothing to limit: no Timeout context
-                result = await spec.fn(job)
+            if spec.is_async:  # without a limit: no Timeout context, no extra task
+                coro = spec.fn(job)
+                result = await (coro if timeout is None else self._bounded(coro, timeout))
             else:
                 async with limit:
-                    if spec.is_async:
-                        result = await spec.fn(job)
-                    else:
-                        loop = asyncio.get_running_loop()
-                        ctx = contextvars.copy_context()  # logs and spans see the job in threads
-                        result = await loop.run_in_executor(self._pool, ctx.run, spec.fn, job)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - any handler failure is the job's, not ours
+                    loop = asyncio.get_running_loop()
+                    ctx = contextvars.copy_context()  # logs and spans see the job in threads
+                    raised, result = await loop.run_in_executor(self._pool, ctx.run, _capture,
+                                                                spec.fn, job)
+                if raised:
+                    raise result
+        except BaseException as exc:  # any handler failure is the job's, not ours
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling()):
+                raise  # the worker is stopping: hand the job back (a handler's own is a failure)
             _last_exc.set(exc)
             if isinstance(exc, Fail):
                 return (*ident, "dead", serde.dumps(error_info(exc)), exc.reason[:500], "Fail")
             if isinstance(exc, Retry):
                 return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc,
                                            exc.delay_s)
-            if isinstance(exc, TimeoutError) and timeout is not None and limit.expired():
+            if timeout is not None and (isinstance(exc, _Expired) or (
+                    isinstance(exc, TimeoutError) and limit.expired())):
                 ours = TimeoutError(f"handler timed out after {timeout:g} s")
-                ours.__cause__ = exc
+                ours.__cause__ = None if isinstance(exc, _Expired) else exc
                 return self._retry_or_bury(ident, env, spec, attempt, max_attempts, ours, None)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 log.warning("handler of job %s raised %s; treated as a job failure",
@@ -485,11 +537,42 @@ class Worker:
             return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, None)
         try:
             payload = serde.dumps(result)
-        except SerializationError as exc:
-            _last_exc.set(exc)
-            return (*ident, "dead", serde.dumps(error_info(exc)), "result not serialisable",
+        except Exception as exc:  # noqa: BLE001 - a custom serde may raise anything
+            err = exc if isinstance(exc, SerializationError) else SerializationError(
+                f"result not serialisable: {exc!r}")
+            _last_exc.set(err)
+            return (*ident, "dead", serde.dumps(error_info(err)), "result not serialisable",
                     "SerializationError")
+        limit_bytes = self.queue_config.max_payload_bytes
+        if len(payload) > limit_bytes:
+            big = PayloadTooLarge(f"result is {len(payload)} bytes, over the queue's"
+                                  f" max_payload_bytes of {limit_bytes}")
+            _last_exc.set(big)
+            return (*ident, "dead", serde.dumps(error_info(big)), "result too large",
+                    "PayloadTooLarge")
         return (*ident, "ok", payload, 0, "")
+
+    @staticmethod
+    async def _bounded(coro: Any, timeout: float) -> Any:
+        """Await an async handler at most ``timeout`` seconds. One that ignores the
+        cancellation is abandoned (left to end on its own) and the job times out anyway."""
+        inner = asyncio.ensure_future(_guarded(coro))
+        try:
+            done, _ = await asyncio.wait({inner}, timeout=timeout)
+        except asyncio.CancelledError:
+            inner.cancel()
+            _ABANDONED.add(inner)
+            inner.add_done_callback(_retrieve)
+            raise
+        if not done:
+            inner.cancel()
+            _ABANDONED.add(inner)
+            inner.add_done_callback(_retrieve)
+            raise _Expired()
+        raised, value = inner.result()
+        if raised:
+            raise value
+        return value
 
     def _retry_or_bury(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
                        attempt: int, max_attempts: int, exc: BaseException,
@@ -681,7 +764,7 @@ class Worker:
                 except TRANSIENT as exc:
                     log.warning("promotion on %s failed: %s", qs.keys.queue, exc)
                     continue
-                except ScriptError:
+                except Exception:  # keep promoting whatever one round met
                     log.exception("promotion on %s failed", qs.keys.queue)
                     continue
                 sleep = 0 if more else min(sleep, qs.promoter.sleep_s(sleep))

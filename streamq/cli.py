@@ -165,7 +165,8 @@ def _explain(exc: BaseException, url: str) -> str:
     if isinstance(exc, rx.AuthenticationError) or "WRONGPASS" in text or "NOAUTH" in text:
         return (f"authentication failed at {where}: wrong password or ACL user; put them in"
                 " the URL: redis://user:password@host:port/db")
-    if isinstance(exc, rx.NoPermissionError) or "NOPERM" in text:
+    if (isinstance(exc, rx.NoPermissionError) or "NOPERM" in text
+            or isinstance(exc.__cause__, rx.NoPermissionError)):  # inside a ScriptError
         return f"the ACL user at {where} may not run this command or touch these keys: {text}"
     if isinstance(exc, rx.ConnectionError | rx.TimeoutError):
         return (f"cannot reach Redis at {where} ({text}); is the server running and is"

@@ -30,6 +30,8 @@ local out = {}
 local started, reclaimed, failed = 0, 0, 0
 local token = 0
 if n > 0 then token = redis.call('INCRBY', seq, n) - n end  -- tokens token+1 .. token+n
+local KNOWN = {scheduled = true, queued = true, active = true, retrying = true,
+               completed = true, failed = true, cancelled = true}
 local function push(a, b, c, d, e, f, g)
   out[#out + 1] = a; out[#out + 1] = b; out[#out + 1] = c; out[#out + 1] = d
   out[#out + 1] = e or 0; out[#out + 1] = f or 0; out[#out + 1] = g or 0
@@ -47,12 +49,20 @@ for i = 1, n do
       'reason', 'job record corrupted', 'etype', 'CorruptRecord', 'type', '', 't', now)
     failed = failed + 1
     push('dead', 0, 0, 'job record corrupted')
-  elseif not state then
+  elseif not state and redis.call('EXISTS', jobkey) == 0 then
     ack_del(stream, group, entry)
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
       'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
     failed = failed + 1
     push('dead', 0, 0, 'job record missing')
+  elseif not state or not KNOWN[state]
+      or ((state == 'queued' or state == 'active') and (not r[2] or r[2] == '')) then
+    -- a record without a usable state or stream entry is damaged, not a ghost: bury it
+    ack_del(stream, group, entry)
+    bury(jobkey, dead, events, id, 'job record corrupted', '', 'CorruptRecord', now,
+      dead_ttl, dead_maxlen, events_maxlen)
+    failed = failed + 1
+    push('dead', 0, 0, 'job record corrupted')
   elseif r[2] ~= entry or (state ~= 'queued' and state ~= 'active') then
     -- a ghost of an older delivery, or a job already finished or cancelled
     ack_del(stream, group, entry)
@@ -83,7 +93,7 @@ for i = 1, n do
       end
       started = started + 1
       emit(events, events_maxlen, id, 'started', now, attempts)
-      push('run', token, attempts, r[6], deadline, now - (tonumber(r[7]) or now),
+      push('run', token, attempts, r[6] or '', deadline, now - (tonumber(r[7]) or now),
         now - (tonumber(r[8]) or now))
     end
   end
