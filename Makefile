@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test test-fast lint check bench bench-smoke clean
+.PHONY: demo test test-fast lint check bench bench-smoke bench-peers bench-peers-smoke clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -37,6 +37,16 @@ bench: $(STAMP)
 
 bench-smoke: $(STAMP)
 	$(PY) -m benchmarks --smoke
+
+# streamq against streaq, arq, saq, rq, taskiq, dramatiq, celery, huey and BullMQ; each peer
+# is installed into .bench-venvs/<peer> (PyPI) or benchmarks/peers/bullmq/node_modules (npm)
+# on first use. Not part of CI. docs/performance.md#peers; PEERS_ARGS="--reps 1 --n 10000".
+PEERS_ARGS ?=
+bench-peers: $(STAMP)
+	$(PY) -m benchmarks.peers $(PEERS_ARGS)
+
+bench-peers-smoke: $(STAMP)
+	$(PY) -m benchmarks.peers --smoke
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

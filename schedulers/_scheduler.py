@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 import redis.asyncio as aredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from streamq import InvalidArgument, QueueConfig, ScriptError
 from streamq._config import _positive_seconds
@@ -93,7 +93,10 @@ class Scheduler:
         if self._running:
             return
         self._client = async_client(self.url, **self._client_kwargs)
-        await self._client.sadd(queues_key(self.queue_config.key_prefix), *self.queues)
+        try:
+            await self._client.sadd(queues_key(self.queue_config.key_prefix), *self.queues)
+        except NoPermissionError:  # an ACL user confined to its own queues' keys
+            log.info("queue names not registered (no ACL permission)")
         for p in self._promoters.values():
             await p.sync_clock(self._client)
         self._running = True

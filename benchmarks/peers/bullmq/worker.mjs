@@ -1,0 +1,37 @@
+// BullMQ worker for the peer benchmark: node worker.mjs (env BENCH_URL, BENCH_CONC,
+// BENCH_SLEEP_MS, BENCH_VT, BENCH_COUNT_START). Counts completions like common.py does:
+// INCRBY bench:done every 10 ms, with the first start / last completion times.
+import { Worker } from "bullmq";
+import IORedis from "ioredis";
+
+const url = process.env.BENCH_URL;
+const sleepMs = Number(process.env.BENCH_SLEEP_MS || 0);
+const vt = process.env.BENCH_VT ? Number(process.env.BENCH_VT) * 1000 : null;
+const countStart = !!process.env.BENCH_COUNT_START;
+const r = new IORedis(url, { maxRetriesPerRequest: null });
+let count = 0, flushed = 0, first = null, last = 0;
+setInterval(async () => {
+  const d = count - flushed;
+  if (d <= 0) return;
+  flushed = count;
+  await r.multi().incrby("bench:done", d)
+    .zadd("bench:first", "NX", first / 1000, String(process.pid))
+    .zadd("bench:last", "GT", last / 1000, String(process.pid)).exec();
+}, 10);
+
+const opts = {
+  connection: new IORedis(url, { maxRetriesPerRequest: null }),
+  concurrency: Number(process.env.BENCH_CONC || 100),
+};
+if (vt) { opts.lockDuration = vt; opts.stalledInterval = vt; }
+const worker = new Worker("bench", async (job) => {
+  if (job.name === "stamp") return Date.now() / 1000;
+  if (first === null) first = Date.now();
+  if (countStart) await r.incr("bench:started");
+  if (sleepMs) await new Promise((res) => setTimeout(res, sleepMs));
+  count += 1;
+  last = Date.now();
+  return null;
+}, opts);
+worker.on("error", (e) => console.error(e));
+for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, async () => { await worker.close(); process.exit(0); });

@@ -1,0 +1,410 @@
+# mypy: ignore-errors
+# (imported inside every peer's own venv)
+"""The adapter protocol, shared by every peer adapter (stdlib + redis-py only: it runs inside
+each peer's own virtualenv).
+
+``python adapters/<peer>.py WORKLOAD --url URL [--n N] [--workers K] [--concurrency C]
+[--vt SECONDS]`` prints one JSON line: the figures, or ``{"error": "..."}``.
+
+Workloads: ``drain`` (N no-op jobs pre-enqueued, then K worker processes; also the Redis memory
+of the queued and of the finished jobs), ``enqueue`` (N one at a time, then N through the bulk
+API if there is one), ``latency`` (N sequential enqueue → result-available round trips, after a
+warm-up), ``io`` (N jobs sleeping 10 ms, one worker process at concurrency C), ``recovery``
+(a worker holding 100 long jobs is SIGKILLed; seconds until another worker completed all 100;
+``--vt`` configures the peer's visibility timeout / lock / heartbeat where it has one).
+
+Completion is counted the same way for every peer: each task calls :func:`tally_start` and
+:func:`tally_done`; a per-process thread adds the count to ``bench:done`` every 10 ms (one
+INCRBY for many jobs, so the count costs the peer almost nothing) with the wall-clock time of
+the process's first job start and last completion. Peers whose tasks run in a forked child
+(rq's default Worker) flush synchronously per job (``BENCH_SYNC_FLUSH=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# ------------------------------------------------------------------ task side (worker procs)
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"pid": None, "count": 0, "flushed": 0, "first": None, "last": 0.0}
+_client: redis.Redis | None = None
+
+
+def _redis() -> redis.Redis:
+    global _client
+    if _client is None or _state["pid"] != os.getpid():
+        _client = redis.Redis.from_url(os.environ["BENCH_URL"])
+    return _client
+
+
+def sleep_s() -> float:
+    return float(os.environ.get("BENCH_SLEEP_MS", "0")) / 1000.0
+
+
+def tally_start() -> None:
+    """Call at the start of every task."""
+    if os.environ.get("BENCH_COUNT_START"):
+        _redis().incr("bench:started")
+    if _state["first"] is None or _state["pid"] != os.getpid():
+        _reset_if_forked()
+        if _state["first"] is None:
+            _state["first"] = time.time()
+
+
+def _reset_if_forked() -> None:
+    if _state["pid"] == os.getpid():
+        return
+    with _lock:  # several task threads may get here at once
+        if _state["pid"] != os.getpid():
+            global _client
+            _client = None
+            _state.update(pid=os.getpid(), count=0, flushed=0, first=None, last=0.0)
+            if not os.environ.get("BENCH_SYNC_FLUSH"):
+                threading.Thread(target=_flusher, daemon=True).start()
+
+
+def tally_done() -> None:
+    """Call when a task finished."""
+    _reset_if_forked()
+    with _lock:
+        _state["count"] += 1
+        _state["last"] = time.time()
+    if os.environ.get("BENCH_SYNC_FLUSH"):
+        _flush()
+
+
+def _flush() -> None:
+    with _lock:
+        delta = _state["count"] - _state["flushed"]
+        first, last = _state["first"], _state["last"]
+        _state["flushed"] = _state["count"]
+    if delta <= 0:
+        return
+    pipe = _redis().pipeline(transaction=False)
+    pipe.incrby("bench:done", delta)
+    if first is not None:
+        pipe.zadd("bench:first", {str(os.getpid()): first}, nx=True)
+    pipe.zadd("bench:last", {str(os.getpid()): last}, gt=True)
+    pipe.execute()
+
+
+def _flusher() -> None:
+    while True:
+        time.sleep(0.01)
+        try:
+            _flush()
+        except Exception:  # noqa: BLE001 - keep counting through a hiccup
+            traceback.print_exc()
+
+
+# ------------------------------------------------------------------ adapter side
+
+
+class Peer:
+    """What an adapter provides. Unsupported pieces raise NotImplementedError."""
+
+    name = "?"
+    kind = "plain"
+    """drain, io, latency or recovery: set before worker_cmd() is called."""
+    bulk_api: str | None = None
+    """Name of the bulk enqueue call, None when the peer has none."""
+    per_process_concurrency = True
+    """False: one worker process runs one job at a time (rq)."""
+
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        self.url = url
+        self.args = args
+
+    # producers
+    def setup(self) -> None: ...
+    def close(self) -> None: ...
+    def enqueue_one(self, i: int) -> None: raise NotImplementedError
+    def enqueue_bulk(self, n: int) -> None: raise NotImplementedError
+    def roundtrip(self) -> float:
+        """Enqueue a 'stamp' job and wait until its result is available; the result."""
+        raise NotImplementedError
+
+    # worker processes
+    def worker_cmd(self, concurrency: int, vt: float | None) -> list[str]:
+        raise NotImplementedError
+
+    def worker_env(self, vt: float | None) -> dict[str, str]:
+        return {}
+
+    def enqueue_recovery(self, n: int) -> None:
+        """The recovery jobs (default: the bulk or single enqueue)."""
+        self.enqueue_jobs(n)
+
+    def enqueue_jobs(self, n: int) -> None:
+        try:
+            self.enqueue_bulk(n)
+        except NotImplementedError:
+            for i in range(n):
+                self.enqueue_one(i)
+
+
+def _start_worker(peer: Peer, concurrency: int, vt: float | None,
+                  extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env.update(peer.worker_env(vt))
+    env.update(extra_env)
+    env["BENCH_URL"] = peer.url
+    env["BENCH_CONC"] = str(concurrency)
+    env["BENCH_VT"] = "" if vt is None else f"{vt:g}"
+    peer.kind = extra_env.get("BENCH_KIND", "plain")
+    env["PYTHONPATH"] = os.pathsep.join([HERE, os.path.join(HERE, "adapters")]
+                                        + [p for p in [env.get("PYTHONPATH")] if p])
+    log = open(os.path.join(os.environ.get("BENCH_LOGDIR", "/tmp"),  # noqa: SIM115
+                            f"bench-{peer.name}-worker-{os.getpid()}-{time.time():.0f}.log"),
+               "ab")
+    return subprocess.Popen(peer.worker_cmd(concurrency, vt), env=env, cwd=HERE,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], sig: int = signal.SIGTERM) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _wait_count(r: redis.Redis, key: str, n: int, timeout_s: float,
+                procs: list[subprocess.Popen[bytes]]) -> int:
+    end = time.monotonic() + timeout_s
+    while True:
+        got = int(r.get(key) or 0)
+        if got >= n or time.monotonic() > end:
+            return got
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"worker process exited {p.returncode} with {got}/{n} done")
+        time.sleep(0.005)
+
+
+def used_memory(r: redis.Redis) -> int:
+    return int(r.info("memory")["used_memory"])
+
+
+def run_drain(peer: Peer, r: redis.Redis, n: int, workers: int, concurrency: int,
+              sleep_ms: int, timeout_s: float) -> dict[str, Any]:
+    r.flushdb()
+    mem0 = used_memory(r)
+    t = time.perf_counter()
+    peer.enqueue_jobs(n)
+    enqueue_s = time.perf_counter() - t
+    mem_queued = used_memory(r) - mem0
+    env = {"BENCH_SLEEP_MS": str(sleep_ms), "BENCH_KIND": "io" if sleep_ms else "drain"}
+    procs = [_start_worker(peer, concurrency, None, env) for _ in range(workers)]
+    try:
+        got = _wait_count(r, "bench:done", n, timeout_s, procs)
+        if got < n:
+            raise RuntimeError(f"only {got} of {n} jobs done after {timeout_s:g}s")
+        time.sleep(0.05)
+        first = r.zrange("bench:first", 0, 0, withscores=True)[0][1]
+        last = r.zrevrange("bench:last", 0, 0, withscores=True)[0][1]
+        extra = int(r.get("bench:done") or 0) - n
+        time.sleep(0.5)  # let the peer write its last results / acks
+        mem_done = used_memory(r) - mem0
+    finally:
+        _stop(procs)
+    if extra:
+        raise RuntimeError(f"{extra} jobs ran more than once")
+    wall = last - first
+    return {"per_s": n / wall, "wall_s": wall, "jobs": n, "prefill_s": enqueue_s,
+            "mem_queued_per_100k": mem_queued * 100_000 / n,
+            "mem_finished_per_100k": mem_done * 100_000 / n}
+
+
+def run_recovery(peer: Peer, r: redis.Redis, vt: float | None, cap_s: float,
+                 n: int = 100) -> dict[str, Any]:
+    r.flushdb()
+    peer.enqueue_recovery(n)
+    hold = n if peer.per_process_concurrency else 1
+    victim = _start_worker(peer, max(n, 1) if peer.per_process_concurrency else 1, vt,
+                           {"BENCH_SLEEP_MS": "3600000", "BENCH_COUNT_START": "1",
+                            "BENCH_KIND": "recovery"})
+    try:
+        got = _wait_count(r, "bench:started", hold, 60, [victim])
+        if got < hold:
+            raise RuntimeError(f"victim started only {got} of {hold} jobs in 60 s")
+        time.sleep(0.3)
+    except BaseException:
+        _stop([victim], signal.SIGKILL)
+        raise
+    _stop([victim], signal.SIGKILL)
+    t0 = time.perf_counter()
+    rescuer = _start_worker(peer, n, vt, {"BENCH_SLEEP_MS": "0", "BENCH_KIND": "recovery"})
+    try:
+        end = t0 + cap_s
+        done = 0
+        while time.perf_counter() < end:
+            done = int(r.get("bench:done") or 0)
+            if done >= n:
+                break
+            if rescuer.poll() is not None:
+                raise RuntimeError(f"rescuer exited {rescuer.returncode}")
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - t0
+    finally:
+        _stop([rescuer])
+    return {"held": hold, "done": done, "recovered_s": elapsed if done >= n else None,
+            "cap_s": cap_s}
+
+
+def percentile(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[max(1, min(len(s), math.ceil(p * len(s) / 100))) - 1]
+
+
+def run_latency(peer: Peer, r: redis.Redis, n: int, warmup: int) -> dict[str, Any]:
+    r.flushdb()
+    proc = _start_worker(peer, 100, None, {"BENCH_KIND": "latency"})
+    try:
+        # warm-up (also waits for the worker to come up)
+        end = time.monotonic() + 60
+        peer.roundtrip()
+        if time.monotonic() > end:
+            raise RuntimeError("worker did not come up")
+        for _ in range(warmup):
+            peer.roundtrip()
+        rtt, start = [], []
+        for _ in range(n):
+            time.sleep(0.005)
+            t0 = time.time()
+            p0 = time.perf_counter()
+            stamp = peer.roundtrip()
+            rtt.append((time.perf_counter() - p0) * 1000)
+            start.append((float(stamp) - t0) * 1000)
+    finally:
+        _stop([proc])
+    return {"rtt_p50_ms": percentile(rtt, 50), "rtt_p99_ms": percentile(rtt, 99),
+            "start_p50_ms": percentile(start, 50), "start_p99_ms": percentile(start, 99)}
+
+
+def run_enqueue(peer: Peer, r: redis.Redis, n: int, bulk_n: int) -> dict[str, Any]:
+    r.flushdb()
+    peer.enqueue_one(-1)
+    t = time.perf_counter()
+    for i in range(n):
+        peer.enqueue_one(i)
+    out: dict[str, Any] = {"single_per_s": n / (time.perf_counter() - t)}
+    if peer.bulk_api:
+        r.flushdb()
+        t = time.perf_counter()
+        peer.enqueue_bulk(bulk_n)
+        out["bulk_per_s"] = bulk_n / (time.perf_counter() - t)
+        out["bulk_api"] = peer.bulk_api
+    return out
+
+
+def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | None = None
+         ) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("workload", choices=("drain", "enqueue", "latency", "io", "recovery"))
+    p.add_argument("--url", required=True)
+    p.add_argument("--n", type=int, default=20_000)
+    p.add_argument("--bulk-n", type=int, default=None)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--concurrency", type=int, default=100)
+    p.add_argument("--vt", type=float, default=None)
+    p.add_argument("--cap", type=float, default=120.0)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=600.0)
+    args = p.parse_args(argv)
+    peer = make(args.url, args)
+    r = redis.Redis.from_url(args.url)
+    try:
+        peer.setup()
+        if args.workload == "drain":
+            out = run_drain(peer, r, args.n, args.workers, args.concurrency, 0, args.timeout)
+        elif args.workload == "io":
+            out = run_drain(peer, r, args.n, 1, args.concurrency, 10, args.timeout)
+        elif args.workload == "enqueue":
+            out = run_enqueue(peer, r, args.n, args.bulk_n or args.n)
+        elif args.workload == "latency":
+            out = run_latency(peer, r, args.n, args.warmup)
+        else:
+            out = run_recovery(peer, r, args.vt, args.cap)
+    except Exception as exc:  # noqa: BLE001 - reported to the harness
+        traceback.print_exc()
+        out = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+    finally:
+        with contextlib.suppress(Exception):
+            peer.close()
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+class AsyncPeer(Peer):
+    """A peer whose producer API is async: one private event loop; the pre-fill enqueues
+    (not timed as the enqueue figure) run 200 at a time."""
+
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        super().__init__(url, args)
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    async def aenqueue_one(self, i: int) -> None:
+        raise NotImplementedError
+
+    async def aroundtrip(self) -> float:
+        raise NotImplementedError
+
+    def enqueue_one(self, i: int) -> None:
+        self.run(self.aenqueue_one(i))
+
+    def roundtrip(self) -> float:
+        return float(self.run(self.aroundtrip()))
+
+    def enqueue_jobs(self, n: int) -> None:
+        try:
+            self.enqueue_bulk(n)
+            return
+        except NotImplementedError:
+            pass
+        import asyncio
+
+        async def fill() -> None:
+            for s in range(0, n, 200):
+                await asyncio.gather(*(self.aenqueue_one(i) for i in range(s, min(n, s + 200))))
+
+        self.run(fill())
+
+
+def kind_of(concurrency: int) -> str:
+    """What the worker process is for, from its environment: io, victim, or plain."""
+    if os.environ.get("BENCH_KIND"):
+        return os.environ["BENCH_KIND"]
+    return "plain"
