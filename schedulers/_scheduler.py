@@ -134,12 +134,22 @@ class Scheduler:
     # ------------------------------------------------------------------ promotion
 
     async def _promote_loop(self) -> None:
+        """Promote due jobs, sleeping until the next due time or a wake-up message. The
+        wake-up subscription is optional: while it cannot be made (Redis restarting), the loop
+        polls every second, and resubscribes at the top of each round."""
         assert self._client is not None
-        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-        await pubsub.subscribe(*(k.wake_channel for k in self.queues.values()))
+        pubsub: Any = None
         try:
             while self._running:
                 sleep = self.config.poll_interval_s
+                if pubsub is None:
+                    try:
+                        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+                        await pubsub.subscribe(*(k.wake_channel for k in self.queues.values()))
+                    except TRANSIENT as exc:
+                        log.warning("wake-up channel unavailable (%s); polling", exc)
+                        await pubsub.aclose()
+                        pubsub = None
                 for q, promoter in self._promoters.items():
                     try:
                         more = True
@@ -155,16 +165,18 @@ class Scheduler:
                         sleep = min(sleep, 1.0)
                         continue
                     sleep = min(sleep, promoter.sleep_s(sleep))
+                if pubsub is None:
+                    await asyncio.sleep(min(sleep, 1.0))
+                    continue
                 try:
                     await pubsub.get_message(timeout=sleep)  # a wake-up ends the sleep early
                 except TRANSIENT as exc:
                     log.warning("wake-up channel lost (%s); resubscribing", exc)
-                    await asyncio.sleep(min(sleep, 1.0))
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-                    pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-                    await pubsub.subscribe(*(k.wake_channel for k in self.queues.values()))
+                    await pubsub.aclose()
+                    pubsub = None
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            if pubsub is not None:
+                await pubsub.aclose()
 
     # ------------------------------------------------------------------ cron
 

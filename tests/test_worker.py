@@ -631,3 +631,25 @@ async def test_msgpack_serde_round_trips_binary_payloads(url: str, qname: str) -
     async with Worker(url, [qname], reg, fast(), cfg):
         await eventually(lambda: state(q, "m") == "completed", what="the msgpack job")
     assert q.result("m") == {"got": {"blob": b"\x00\xffbinary"}, "size": 8}
+
+
+def test_a_stale_delivery_cannot_restart_a_job_under_a_live_lease(q: Queue,
+                                                                   r: redis.Redis) -> None:
+    """B read an entry, stalled; A took it over and started it. B's late start is skipped."""
+    k = q.keys
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    q.enqueue("t", job_id="s")
+    r.xreadgroup(GROUP, "B", {k.stream: ">"}, count=1)
+    entry: Any = r.hget(k.job("s"), "entry")
+    r.xclaim(k.stream, GROUP, "A", 0, [entry])
+
+    def start(consumer: str) -> Any:
+        return SCRIPTS["start"](r, [k.stream, k.dead, k.stats, k.events, k.lease_seq, k.job("s")],
+                                [GROUP, consumer, 100, 3600, 1000, 1, entry.decode(), "s", 0])
+
+    a = start("A")
+    assert a[0] == b"run"
+    assert start("B")[0] == b"skip"  # not B's entry any more
+    rec = r.hgetall(k.job("s"))
+    assert rec[b"owner"] == b"A" and rec[b"attempts"] == b"1"
+    assert rec[b"token"] == str(a[1]).encode()

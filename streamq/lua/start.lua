@@ -1,4 +1,5 @@
 -- start.lua: start a batch of delivered (or reclaimed) stream entries, one lease each.
+-- Only entries in the caller's own pending list are started (a stale delivery is skipped).
 -- Each startable job gets a fresh lease token from the queue's sequence (never reused), its
 -- attempt counted,
 -- owner set. Entries that must not run are settled here: ghosts and finished or cancelled
@@ -43,7 +44,12 @@ for i = 1, n do
   local r = redis.pcall('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts',
     'deadline', 'env', 'enqueued', 'created')
   local state = r[1]
-  if r.err then  -- the key holds something else than a job record
+  -- Only the consumer whose pending list holds the entry may start it: a stale delivery (the
+  -- caller stalled after XREADGROUP and another worker took the entry over) is left alone.
+  local owner = redis.call('XPENDING', stream, group, entry, entry, 1)
+  if owner[1] == nil or owner[1][2] ~= consumer then
+    push('skip', 0, 0, 'not the owner')
+  elseif r.err then  -- the key holds something else than a job record
     ack_del(stream, group, entry)
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
       'reason', 'job record corrupted', 'etype', 'CorruptRecord', 'type', '', 't', now)
