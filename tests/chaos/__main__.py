@@ -1,0 +1,43 @@
+"""``python -m tests.chaos --minutes M --seed S --out FILE``: one chaos run, summary table on
+stdout, the full report as JSON in FILE; exit status 1 when a check failed."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .harness import Options, render, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    p.add_argument("--minutes", type=float, default=15.0,
+                   help="length of the fault phase (default 15); draining and checks follow")
+    p.add_argument("--seed", type=int, default=None, help="default: from the clock (printed)")
+    p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="keep the Redis directory, ledger and logs here (default: a temporary"
+                   " directory, removed after a passing run)")
+    p.add_argument("--rate", type=float, default=Options.rate, help="jobs per second offered")
+    p.add_argument("--workers", type=int, default=Options.workers)
+    p.add_argument("--fault-every", type=float, default=Options.fault_every_s,
+                   help="mean seconds between two faults")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    a = p.parse_args(argv)
+    seed = a.seed if a.seed is not None else int(time.time()) % 100_000
+    opts = Options(minutes=a.minutes, seed=seed, out=a.out, workdir=a.workdir, rate=a.rate,
+                   workers=a.workers, fault_every_s=a.fault_every, verbose=not a.quiet)
+    # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C: the harness stops what it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    rep = run(opts)
+    print(render(rep))
+    if not rep["ok"]:
+        print(f"\nlogs, ledger and Redis directory kept in {rep.get('workdir')}", file=sys.stderr)
+    return 0 if rep["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
