@@ -226,3 +226,18 @@ async def test_scheduler_loops_survive_a_server_error(url: str, qname: str,
             r.config_set("maxmemory", 0)
         before = r.xlen(q.keys.stream)
         await eventually(lambda: r.xlen(q.keys.stream) > before, what="ticks after the error")
+
+
+async def test_scheduler_keeps_promoting_after_redis_restarts(aof_server: Any, qname: str
+                                                              ) -> None:
+    """A failed resubscribe must not end promotion (found by the chaos run)."""
+    url = aof_server.url
+    async with Scheduler(url, [qname], config=fast_sched(poll_interval_s=60)):
+        await asyncio.sleep(0.2)
+        aof_server.kill()
+        await asyncio.sleep(2.0)  # down longer than one resubscribe attempt
+        aof_server.start()
+        q = Queue.from_url(url, qname)
+        q.enqueue("t", job_id="after", delay=0.2)
+        await eventually(lambda: q.get("after").state == "queued",  # type: ignore[union-attr]
+                         timeout_s=15, what="promotion after the restart")
