@@ -25,6 +25,7 @@ from ._model import (
 from ._scripts import Arg
 
 _TYPE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,199}")
+_TYPES_SEEN: set[str] = set()  # job types already validated (most producers use a handful)
 MAX_BATCH = 1000
 """Jobs per enqueue script call (loops are capped)."""
 
@@ -64,6 +65,15 @@ def _epoch_ms(name: str, v: Any) -> int:
     return max(1, int(v.timestamp() * 1000))
 
 
+def check_type(job_type: str) -> str:
+    """A job type is 1-200 of A-Z a-z 0-9 . _ : / -; raises InvalidArgument."""
+    if not isinstance(job_type, str) or not _TYPE_RE.fullmatch(job_type):
+        raise InvalidArgument(f"invalid job type {job_type!r}: 1-200 of A-Z a-z 0-9 . _ : / -")
+    if type(job_type) is str and len(_TYPES_SEEN) < 1024:
+        _TYPES_SEEN.add(job_type)
+    return job_type
+
+
 class Prepared(NamedTuple):  # a plain tuple: one per job on the enqueue hot path
     job_id: str
     key: str
@@ -89,8 +99,8 @@ def prepare(
     notify: str = "",
 ) -> Prepared:
     """Validate one job and build its slice of enqueue.lua's arguments. Raises InvalidArgument."""
-    if not isinstance(job_type, str) or not _TYPE_RE.fullmatch(job_type):
-        raise InvalidArgument(f"invalid job type {job_type!r}: 1-200 of A-Z a-z 0-9 . _ : / -")
+    if type(job_type) is not str or job_type not in _TYPES_SEEN:
+        check_type(job_type)
     jid = new_job_id() if job_id is None else check_job_id(job_id)
     if notify and notify != keys.done_channel(jid):  # only enqueue_and_wait's own channel
         raise InvalidArgument("notify is set by enqueue_and_wait; it cannot be given")

@@ -7,6 +7,7 @@ dead-lettering lives in one place.
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -147,6 +148,64 @@ class Script:
                 return await self._aevalsha(client, keys, args)
         except ResponseError as exc:
             raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
+
+
+class Pipelined:
+    """Calls of one script sent back to back on one connection, up to ``depth`` replies
+    outstanding: the caller builds the next call while Redis runs the previous one. Each
+    reply goes to ``on_reply(tag, reply)`` in order. A client that cannot be packed for (a
+    RedisCluster) runs each call at once. Use as a context manager: leaving it reads every
+    outstanding reply (or, on an error, drops the connection)."""
+
+    def __init__(self, script: Script, client: redis.Redis, on_reply: Any,
+                 depth: int = 2) -> None:
+        self.script, self.client, self.on_reply, self.depth = script, client, on_reply, depth
+        self._conn: Any = None
+        self._inflight: deque[tuple[Any, Sequence[str], Sequence[Arg]]] = deque()
+
+    def __enter__(self) -> Pipelined:
+        if self.script._plain(self.client):
+            self._conn = self.client.connection_pool.get_connection()
+        return self
+
+    def send(self, tag: Any, keys: Sequence[str], args: Sequence[Arg]) -> None:
+        if self._conn is None:
+            self.on_reply(tag, self.script(self.client, keys, args))
+            return
+        self._conn.send_packed_command(
+            [_pack(("EVALSHA", self.script.sha, len(keys), *keys, *args))])
+        self._inflight.append((tag, keys, args))
+        while len(self._inflight) >= self.depth:
+            self._read_one()
+
+    def _read_one(self) -> None:
+        tag, keys, args = self._inflight.popleft()
+        try:
+            reply = self._conn.read_response()
+        except NoScriptError:  # the server lost its script cache: load it, run this call again
+            self.client.script_load(self.script.source)
+            reply = self.script(self.client, keys, args)
+        except ResponseError as exc:
+            raise ScriptError(f"{self.script.name}.lua failed: {exc}") from exc
+        self.on_reply(tag, reply)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            if exc_type is None:
+                while self._inflight:
+                    self._read_one()
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            if exc_type is not None:
+                conn.disconnect()  # replies may be left unread: never reuse it
+            self._conn = None
+            self._inflight.clear()
+            self.client.connection_pool.release(conn)
 
 
 def _load() -> dict[str, Script]:

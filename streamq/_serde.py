@@ -8,13 +8,39 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._errors import SerializationError
 
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+
+
+def _plain_ok(obj: Any, depth: int) -> bool:
+    """The common case, fast: exact dicts with str keys, lists and tuples, scalars, at most
+    ``depth`` levels deep. False means 'not sure', and the careful walk below decides."""
+    if depth == 0:
+        return False
+    if type(obj) is dict:
+        for k, v in obj.items():
+            if type(k) is not str:
+                return False
+            tv = type(v)
+            if tv not in _SCALARS and not (
+                (tv is dict or tv is list or tv is tuple) and _plain_ok(v, depth - 1)
+            ):
+                return False
+        return True
+    for v in obj:
+        tv = type(v)
+        if tv not in _SCALARS and not (
+            (tv is dict or tv is list or tv is tuple) and _plain_ok(v, depth - 1)
+        ):
+            return False
+    return True
+
 
 def _check_keys(obj: Any, allowed: type | tuple[type, ...] = str) -> None:
     """Refuse mapping keys the format would silently change or refuse to read back: JSON turns
     1, 1.5, True and None into strings ({1: "a", "1": "b"} would lose a value); a msgpack
     reader with strict_map_key takes only str and bytes. Iterative (no depth limit); visits
     containers only, each once (cycles end here and fail in the encoder)."""
-    if not isinstance(obj, dict | list | tuple):
+    if not isinstance(obj, dict | list | tuple) or _plain_ok(obj, 4):
         return
     stack = [obj]
     seen: set[int] = set()

@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 from pyspark import AccumulatorParam
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, Observation, Row, SparkSession
+from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql import types as t
 
 from . import _producer as prod
 from ._config import QueueConfig
-from ._conn import sync_client
-from ._errors import InvalidArgument, InvalidJobId, PayloadTooLarge, SerializationError
+from ._errors import InvalidArgument
 from ._keys import Keys
 from ._scripts import SCRIPTS
+from ._spark_enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
+from ._spark_read import ReadTask, plan
 
 log = logging.getLogger("streamq.spark")
 PAGE = 1000
@@ -82,24 +83,7 @@ class EnqueueCounts:
 
 
 def _client(url: str, cluster: bool) -> Any:
-    if cluster:
-        from redis.cluster import RedisCluster
-
-        return RedisCluster.from_url(url, protocol=2)
-    return sync_client(url, socket_timeout_s=60.0)
-
-
-def _reason(exc: Exception) -> str:
-    if isinstance(exc, InvalidJobId):
-        return "invalid_id"
-    if isinstance(exc, PayloadTooLarge):
-        return "payload_too_large"
-    if isinstance(exc, SerializationError):
-        return "unserialisable_payload"
-    text = str(exc)
-    if "delay" in text:
-        return "invalid_delay"
-    return "invalid_row"
+    return client_for(url, cluster)
 
 
 def enqueue_dataframe(
@@ -110,70 +94,31 @@ def enqueue_dataframe(
 ) -> EnqueueCounts:
     """Enqueue one job per row: id from ``id_col``, payload from ``payload_cols`` (a dict of
     those columns) or ``payload_col`` (one column: struct, map, or a JSON string), optional
-    delay in seconds from ``delay_col``. Returns counts gathered with accumulators."""
+    delay in seconds from ``delay_col``. Rows reach Python as Arrow batches; each partition
+    enqueues in pipelined batches of ``batch_size``. Returns the counts of the tasks that
+    succeeded."""
     if (payload_cols is None) == (payload_col is None):
         raise InvalidArgument("give payload_cols or payload_col, not both")
     if not 1 <= batch_size <= prod.MAX_BATCH:
         raise InvalidArgument(f"batch_size must be 1..{prod.MAX_BATCH}")
+    cols = list(payload_cols) if payload_cols is not None else [str(payload_col)]
+    if payload_cols is not None and not cols:
+        raise InvalidArgument("payload_cols must name at least one column")
+    missing = [c for c in (id_col, *cols, *([delay_col] if delay_col else []))
+               if c not in df.columns]
+    if missing:
+        raise InvalidArgument(f"no such column(s) {missing}; the DataFrame has {df.columns}")
+    prod.check_type(job_type)
     cfg = queue_config or QueueConfig()
     Keys(queue, cfg.key_prefix)  # validates the queue name on the driver
-    sc = df.sparkSession.sparkContext
-    counts = sc.accumulator({}, _DictSum())
-    cols = list(payload_cols) if payload_cols is not None else None
-
-    def partition(rows: Iterable[Row]) -> None:
-        keys = Keys(queue, cfg.key_prefix)
-        client = _client(url, cluster)
-        local: dict[str, int] = {}
-        batch: list[prod.Prepared] = []
-
-        def flush() -> None:
-            if not batch:
-                return
-            k, a = prod.enqueue_call(keys, cfg, batch)
-            reply = SCRIPTS["enqueue"](client, k, a)
-            for r in prod.parse_enqueue(cfg, batch, reply, retried=True):
-                status = {"queued": "enqueued", "scheduled": "enqueued",
-                          "rejected": "rejected:queue_full"}.get(r.status, r.status + "s")
-                local[status] = local.get(status, 0) + 1
-            batch.clear()
-
-        try:
-            for row in rows:
-                raw_id = row[id_col]
-                if raw_id is None:
-                    local["rejected:null_id"] = local.get("rejected:null_id", 0) + 1
-                    continue
-                if cols is not None:
-                    payload = {c: row[c] for c in cols}
-                else:
-                    value = row[payload_col]
-                    payload = value.asDict(recursive=True) if isinstance(value, Row) else value
-                    if isinstance(payload, str):
-                        try:
-                            payload = json.loads(payload)
-                        except ValueError:
-                            local["rejected:invalid_json"] = local.get("rejected:invalid_json",
-                                                                       0) + 1
-                            continue
-                options: dict[str, Any] = {"job_id": str(raw_id)}
-                if delay_col is not None and row[delay_col] is not None:
-                    options["delay"] = row[delay_col]
-                try:
-                    batch.append(prod.prepare(keys, cfg, job_type, payload, **options))
-                except InvalidArgument as exc:
-                    key = "rejected:" + _reason(exc)
-                    local[key] = local.get(key, 0) + 1
-                    continue
-                if len(batch) >= batch_size:
-                    flush()
-            flush()
-        finally:
-            client.close()
-        counts.add(local)
-
-    df.foreachPartition(partition)
-    total: dict[str, int] = counts.value
+    task = EnqueueTask(url, cluster, queue, cfg, job_type,
+                       tuple(payload_cols) if payload_cols is not None else None,
+                       delay_col is not None, batch_size)
+    picked = df.select(df[id_col], *(df[c] for c in cols),
+                       *([df[delay_col]] if delay_col else []))
+    total: dict[str, int] = {}
+    for row in picked.mapInArrow(task, COUNTS_SCHEMA).collect():
+        total[row["outcome"]] = total.get(row["outcome"], 0) + row["n"]
     rejected = {k.split(":", 1)[1]: v for k, v in total.items() if k.startswith("rejected:")}
     result = EnqueueCounts(total.get("enqueued", 0), total.get("duplicates", 0), rejected)
     if fail_on_reject and result.total_rejected:
@@ -184,70 +129,32 @@ def enqueue_dataframe(
 # ------------------------------------------------------------------ reading streams
 
 
-def _id_ms(entry_id: bytes | str) -> int:
-    s = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    return int(s.split("-", 1)[0])
-
-
-def _ranges(first_ms: int, last_ms: int, parts: int) -> list[tuple[str, str]]:
-    """Split [first_ms, last_ms] into id ranges that cover every entry exactly once."""
-    step = max(1, math.ceil((last_ms - first_ms + 1) / parts))
-    out = []
-    lo = first_ms
-    while lo <= last_ms:
-        hi = min(last_ms, lo + step - 1)
-        out.append((f"{lo}-0", f"{hi}-18446744073709551615"))
-        lo = hi + 1
-    return out
-
-
-def _bounds(url: str, stream: str, cluster: bool, after: str | None) -> tuple[int, int] | None:
+def _bounds(url: str, stream: str, cluster: bool, after: str | None, upto: str | None
+            ) -> tuple[str, str] | None:
+    """The first entry after ``after`` and the last entry (or ``upto``): what a read
+    covers."""
     client = _client(url, cluster)
     try:
-        first = client.xrange(stream, f"({after}" if after else "-", "+", count=1)
-        last = client.xrevrange(stream, "+", "-", count=1)
+        first = client.xrange(stream, f"({after}" if after else "-", upto or "+", count=1)
+        last = upto or [e[0].decode() for e in client.xrevrange(stream, "+", "-", count=1)]
     finally:
         client.close()
     if not first or not last:
         return None
-    return _id_ms(first[0][0]), _id_ms(last[0][0])
+    return first[0][0].decode(), last if isinstance(last, str) else last[0]
 
 
-def _id_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _read_range(url: str, stream: str, lo: str, hi: str, cluster: bool, after: str | None
-                ) -> Iterator[tuple[bytes, dict[bytes, bytes]]]:
-    client = _client(url, cluster)
-    try:
-        start = lo
-        if after and _id_key(lo) <= _id_key(after) < _id_key(hi):
-            start = f"({after}"  # the range holds the checkpoint: read strictly after it
-        while True:
-            page = client.xrange(stream, start, hi, count=PAGE)
-            yield from page
-            if len(page) < PAGE:
-                return
-            start = f"({page[-1][0].decode()}"
-    finally:
-        client.close()
-
-
-def _stream_df(spark: SparkSession, url: str, stream: str, schema: t.StructType,
-               convert: Any, partitions: int, cluster: bool, after: str | None) -> DataFrame:
-    bounds = _bounds(url, stream, cluster, after)
+def _stream_df(spark: SparkSession, url: str, stream: str, kind: str, schema: t.StructType,
+               partitions: int, cluster: bool, after: str | None, upto: str | None = None
+               ) -> tuple[DataFrame, str | None]:
+    """The stream read in parallel id ranges, and the id of the last entry it covers."""
+    bounds = _bounds(url, stream, cluster, after, upto)
     if bounds is None:
-        return spark.createDataFrame([], schema)
-    ranges = _ranges(*bounds, partitions)
-
-    def read(rng: tuple[str, str]) -> Iterator[tuple[Any, ...]]:
-        for eid, fields in _read_range(url, stream, rng[0], rng[1], cluster, after):
-            yield convert(eid, fields)
-
-    rdd = spark.sparkContext.parallelize(ranges, len(ranges)).flatMap(read)
-    return spark.createDataFrame(rdd, schema)
+        return spark.createDataFrame([], schema), None
+    ranges = plan(*bounds, partitions)
+    task = ReadTask(url, cluster, stream, kind, tuple(ranges), after)
+    df = spark.range(0, len(ranges), 1, len(ranges)).mapInArrow(task, schema)
+    return df, bounds[1]
 
 
 def _ts(ms: int) -> Any:
@@ -260,31 +167,21 @@ def _s(v: bytes | None) -> str:
     return v.decode(errors="replace") if v else ""
 
 
-def _event_row(eid: bytes, f: dict[bytes, bytes]) -> tuple[Any, ...]:
-    return (eid.decode(), _ts(_id_ms(eid)), _s(f.get(b"job")), _s(f.get(b"ev")),
-            _s(f.get(b"d")))
-
-
-def _dead_row(eid: bytes, f: dict[bytes, bytes]) -> tuple[Any, ...]:
-    return (eid.decode(), _ts(_id_ms(eid)), _s(f.get(b"job")), _s(f.get(b"type")),
-            _s(f.get(b"reason")), _s(f.get(b"etype")))
-
-
 def read_events(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
                 after: str | None = None, key_prefix: str = "streamq",
                 cluster: bool = False) -> DataFrame:
     """The queue's lifecycle events (``EVENTS_SCHEMA``), read in parallel id ranges;
     ``after``: only events with a larger id (incremental export)."""
     k = Keys(queue, key_prefix)
-    return _stream_df(spark, url, k.events, EVENTS_SCHEMA, _event_row, partitions, cluster,
-                      after)
+    return _stream_df(spark, url, k.events, "events", EVENTS_SCHEMA, partitions, cluster,
+                      after)[0]
 
 
 def read_dead(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
               key_prefix: str = "streamq", cluster: bool = False) -> DataFrame:
     """The dead-letter index (``DEAD_SCHEMA``); filter it and pass it to redrive_dataframe."""
     k = Keys(queue, key_prefix)
-    return _stream_df(spark, url, k.dead, DEAD_SCHEMA, _dead_row, partitions, cluster, None)
+    return _stream_df(spark, url, k.dead, "dead", DEAD_SCHEMA, partitions, cluster, None)[0]
 
 
 def read_jobs(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
@@ -412,35 +309,37 @@ def export_events(spark: SparkSession, *, url: str, queue: str, to: str, partiti
     out = Path(to)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "_checkpoint.json"
-    after = json.loads(ckpt.read_text())["last_event_id"] if ckpt.exists() else None
+    done = json.loads(ckpt.read_text()) if ckpt.exists() else {}
+    after: str | None = done.get("last_event_id")
     k = Keys(queue, key_prefix)
     client = _client(url, False)
     try:
-        first = client.xrange(k.events, "-", "+", count=1)
-        info: Any = client.execute_command("XINFO", "STREAM", k.events) if first else []
+        info: Any = (client.execute_command("XINFO", "STREAM", k.events)
+                     if client.exists(k.events) else [])
     finally:
         client.close()
     fields = dict(zip(info[::2], info[1::2], strict=False))
     added, length = int(fields.get(b"entries-added", 0)), int(fields.get(b"length", 0))
-    if after:  # the oldest event left is newer than the checkpoint: some were trimmed
-        gap = bool(first) and _id_key(first[0][0].decode()) > _id_key(after)
-    else:  # events are never deleted one by one: more added than left means trimmed
-        gap = added > length
+    last_entry = fields.get(b"last-entry")
+    upto = last_entry[0].decode() if last_entry else None
+    # events are trimmed from the front (MAXLEN), never deleted one by one, so the
+    # first ``added - length`` events ever added are gone; ``added`` at the checkpoint
+    # counts the events up to it: more gone than that means some were never exported
+    gap = added - length > int(done.get("events_added", 0))
     if gap:
         log.warning("events of %s were trimmed before export (after %s); raise"
                     " QueueConfig.events_maxlen or export more often", queue, after or "start")
-    df = read_events(spark, url=url, queue=queue, partitions=partitions, after=after,
-                     key_prefix=key_prefix).cache()
-    n = df.count()
-    last = after
-    if n:
-        df.write.mode("append").parquet(str(out / "events"))
-        last = df.selectExpr(  # stream ids order as (ms, seq) numbers, not as strings
-            "max(struct(cast(split(event_id, '-')[0] as long) as ms,"
-            " cast(split(event_id, '-')[1] as long) as seq, event_id)) as m"
-        ).collect()[0]["m"]["event_id"]
-        ckpt.write_text(json.dumps({"last_event_id": last, "queue": queue}))
-    df.unpersist()
+    df, last = _stream_df(spark, url, k.events, "events", EVENTS_SCHEMA, partitions, False,
+                          after, upto)
+    n = 0
+    if last is not None:  # one pass: read, count (exact: observed in the write's own tasks)
+        seen = Observation("export")
+        df.observe(seen, F.count(F.lit(1)).alias("n")).write.mode("append").parquet(
+            str(out / "events"))
+        n = int(seen.get["n"])
+        ckpt.write_text(json.dumps({"last_event_id": last, "events_added": added,
+                                    "queue": queue}))
+    last = last or after
     return {"exported": n, "last_event_id": last, "gap": gap}
 
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
@@ -130,6 +131,13 @@ def test_export_warns_when_history_was_trimmed(spark: SparkSession, url: str, qn
     q.enqueue_many([{"type": "t"} for _ in range(500)])
     result = export_events(spark, url=url, queue=qname, to=str(tmp_path / "x"))
     assert result["gap"] is True and 0 < result["exported"] < 500
+    # trimming what was exported already is no gap; trimming what was not is one
+    q.enqueue_many([{"type": "t"} for _ in range(5)])
+    assert export_events(spark, url=url, queue=qname, to=str(tmp_path / "x")) == {
+        "exported": 5, "gap": False, "last_event_id": ANY}
+    q.enqueue_many([{"type": "t"} for _ in range(500)])
+    later = export_events(spark, url=url, queue=qname, to=str(tmp_path / "x"))
+    assert later["gap"] is True and 0 < later["exported"] < 500
 
 
 def test_export_command_appends_incrementally(spark: SparkSession, url: str, qname: str,
