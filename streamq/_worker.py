@@ -96,6 +96,8 @@ class _QState:
     own_cursor: str | None = "0"
     """Where to read this consumer's own pending entries from; None once they are all seen."""
     promoter: Promoter | None = None
+    starting: set[asyncio.Task[None]] = attrs.field(factory=set)
+    """start.lua calls in flight: the fetch loop reads on while a batch starts."""
     labels: dict[str, str] = attrs.field(factory=dict)
     """Metric attributes of this queue."""
     gauges: dict[str, float] = attrs.field(factory=dict)
@@ -135,6 +137,8 @@ class Worker:
         self._gauges_read = False
         self.stats = WorkerStats()
         self._free = self.config.concurrency
+        self._unsettled = 0
+        """Outcomes handed to the flush loops and not settled yet, over all queues."""
         self._capacity = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -192,7 +196,8 @@ class Worker:
         self._running = True
         self._settling = True
         self._stopped.clear()
-        self._free = self.config.concurrency
+        self._unsettled = sum(len(qs.buf) for qs in self._qs.values())
+        self._free = self.config.concurrency - self._owed()
         self._capacity.set()
         for qs in self._qs.values():
             qs.own_cursor = "0"
@@ -217,6 +222,12 @@ class Worker:
             t.cancel()
         await asyncio.wait(self._loops, timeout=5)
         self._loops.clear()
+        starting = {t for qs in self._qs.values() for t in qs.starting}
+        if starting:  # a batch being started: let its jobs launch (they get the grace period)
+            await asyncio.wait(starting, timeout=5)
+            for t in starting:
+                t.cancel()
+            await asyncio.gather(*starting, return_exceptions=True)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.config.grace_period_s)
         leftover = [(key, task) for key, task in self._jobs.items() if not task.done()]
@@ -279,6 +290,25 @@ class Worker:
             self._free += n
             self._capacity.set()
 
+    def _owed(self) -> int:
+        """Slots kept by finished handlers whose outcomes wait to be settled: none while at
+        most ``concurrency`` outcomes wait, so a slot is free again as soon as its handler
+        returns, and a worker holds at most twice ``concurrency`` leases."""
+        return max(0, self._unsettled - self.config.concurrency)
+
+    def _handed_over(self) -> None:
+        """A handler is done and its outcome is buffered for settling: free its slot now,
+        unless too many outcomes already wait (Redis slow or away); then it is freed when
+        the backlog is settled."""
+        self._unsettled += 1
+        if not self._owed():
+            self._release(1)
+
+    def _settled_n(self, n: int) -> None:
+        before = self._owed()
+        self._unsettled -= n
+        self._release(before - self._owed())
+
     async def _fetch_loop(self, qs: _QState) -> None:
         """Fetch for one queue: own pending entries first, lapsed leases when a reclaim is
         due, new entries otherwise. The loop alone owns the capacity it reserves."""
@@ -298,6 +328,9 @@ class Worker:
                 continue
             reclaimed = False
             try:
+                if qs.starting and (qs.own_cursor is not None or loop.time() >= qs.next_reclaim):
+                    # reading own entries or reclaiming must not meet a batch still starting
+                    await asyncio.wait(set(qs.starting))
                 if qs.own_cursor is not None:  # entries delivered to this consumer name earlier
                     entries = await self._read_own(qs, n)
                 elif loop.time() >= qs.next_reclaim:
@@ -332,16 +365,24 @@ class Worker:
                 backoff = min(backoff * 2, 5.0)
                 continue
             self._release(n - len(entries))
-            if entries:
-                try:
-                    await self._start(qs, entries, reclaimed=reclaimed)
-                except TRANSIENT as exc:
-                    log.warning("start on %s failed (%s); entries stay pending", qs.keys.queue, exc)
-                    self._release(len(entries))
-                    qs.own_cursor = "0"
-                except Exception:  # entries stay pending and are reclaimed later
-                    log.exception("start on %s failed", qs.keys.queue)
-                    self._release(len(entries))
+            if entries:  # start in the background: the next read overlaps this round trip
+                task = asyncio.create_task(self._start_batch(qs, entries, reclaimed))
+                qs.starting.add(task)
+                task.add_done_callback(qs.starting.discard)
+
+    async def _start_batch(self, qs: _QState, entries: list[Any], reclaimed: bool) -> None:
+        try:
+            await self._start(qs, entries, reclaimed=reclaimed)
+        except asyncio.CancelledError:
+            self._release(len(entries))
+            raise
+        except TRANSIENT as exc:
+            log.warning("start on %s failed (%s); entries stay pending", qs.keys.queue, exc)
+            self._release(len(entries))
+            qs.own_cursor = "0"
+        except Exception:  # entries stay pending and are reclaimed later
+            log.exception("start on %s failed", qs.keys.queue)
+            self._release(len(entries))
 
     async def _read_own(self, qs: _QState, n: int) -> list[Any]:
         assert self._client is not None and qs.own_cursor is not None
@@ -444,6 +485,7 @@ class Worker:
                         type(exc).__name__)
         qs.buf.append(item)
         qs.flush.set()
+        self._handed_over()
 
     async def _attempt(self, qs: _QState, lease: Lease, attempt: int, data: bytes,
                        times: tuple[int, int, int]) -> Finish:
@@ -622,14 +664,14 @@ class Worker:
                     self._leases.remove_many(qs.keys.queue, [b[1] for b in batch])
                     for b in batch:
                         self._settled(qs, b, b"lost")
-                    self._release(len(batch))
+                    self._settled_n(len(batch))
                     continue
                 backoff = 0.05
                 del qs.buf[:len(batch)]
                 self._leases.remove_many(qs.keys.queue, [b[1] for b in batch])
                 for b, state in zip(batch, reply, strict=True):
                     self._settled(qs, b, state)
-                self._release(len(batch))
+                self._settled_n(len(batch))
 
     def _settled(self, qs: _QState, item: Finish, state: bytes) -> None:
         job_id, entry = item[0], item[1]
