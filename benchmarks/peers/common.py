@@ -152,6 +152,17 @@ class Peer:
         """The recovery jobs (default: the bulk or single enqueue)."""
         self.enqueue_jobs(n)
 
+    def recovery_limit(self, vt: float | None) -> str | None:
+        """Why this peer, so configured, cannot get a killed worker's jobs back within the
+        cap (its mechanism, from its source / docs), or None when it should. Reported with
+        the figure when the jobs were not all done in time."""
+        return None
+
+    def explain_error(self, workload: str, exc: Exception) -> str | None:
+        """A precise cause for a failed workload (e.g. from the peer's own records), or
+        None. Reported next to the error."""
+        return None
+
     def enqueue_jobs(self, n: int) -> None:
         try:
             self.enqueue_bulk(n)
@@ -271,8 +282,11 @@ def run_recovery(peer: Peer, r: redis.Redis, vt: float | None, cap_s: float,
         elapsed = time.perf_counter() - t0
     finally:
         _stop([rescuer])
-    return {"held": hold, "done": done, "recovered_s": elapsed if done >= n else None,
-            "cap_s": cap_s}
+    out: dict[str, Any] = {"held": hold, "done": done,
+                           "recovered_s": elapsed if done >= n else None, "cap_s": cap_s}
+    if done < n:
+        out["reason"] = peer.recovery_limit(vt) or "not explained (the peer should recover)"
+    return out
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -352,6 +366,13 @@ def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | 
     except Exception as exc:  # noqa: BLE001 - reported to the harness
         traceback.print_exc()
         out = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+        try:
+            reason = peer.explain_error(args.workload, exc)
+        except Exception:  # noqa: BLE001 - the explanation is best effort
+            traceback.print_exc()
+            reason = None
+        if reason:
+            out["reason"] = reason
     finally:
         with contextlib.suppress(Exception):
             peer.close()
