@@ -23,6 +23,7 @@ from ._model import (
     plain_envelope,
 )
 from ._scripts import Arg
+from ._serde import JsonSerde, dumps_str_keys
 
 _TYPE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,199}")
 _TYPES_SEEN: set[str] = set()  # job types already validated (most producers use a handful)
@@ -141,13 +142,74 @@ def prepare(
         jid, job_type, payload, version, attempts, int(time.time() * 1000), run_at_ms,
         deadline_arg if deadline_arg > 0 else 0, idempotency_key, dict(trace or {}), ttl_s, hdrs,
     ))
+    return _sealed(keys, cfg, jid, data, (jid, job_type, data, attempts, ttl_s, deadline_arg,
+                                         delay_ms, run_at_ms, notify))
+
+
+def _sealed(keys: Keys, cfg: QueueConfig, jid: str, data: bytes, args: tuple[Arg, ...]
+            ) -> Prepared:
     if len(data) > cfg.max_payload_bytes:
         raise PayloadTooLarge(
             f"job {jid!r}: envelope is {len(data)} bytes, over the queue's max_payload_bytes"
             f" of {cfg.max_payload_bytes}"
         )
-    return Prepared(jid, keys.job(jid), (jid, job_type, data, attempts, ttl_s, deadline_arg,
-                                          delay_ms, run_at_ms, notify))
+    return Prepared(jid, keys.job(jid), args)
+
+
+def prepare_row(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any, job_id: str,
+                delay: float | None, created_ms: int, *, str_keys_only: bool = False
+                ) -> Prepared:
+    """``prepare(keys, cfg, job_type, payload, job_id=job_id, delay=delay)`` for bulk rows
+    (Spark): ``job_type`` already checked (check_type), every other option at its default.
+    ``str_keys_only``: the caller knows every mapping in ``payload`` has str keys (built
+    from a schema), so the serde's key walk is skipped. Raises InvalidArgument."""
+    check_job_id(job_id)
+    delay_ms = 0
+    if delay is not None:
+        delay_ms = math.ceil(_seconds("delay", delay, allow_zero=True) * 1000)
+    ttl_s = cfg.default_result_ttl_s
+    env = plain_envelope(job_id, job_type, payload, 1, 0, created_ms, 0, 0, None, {}, ttl_s, {})
+    data = dumps_str_keys(cfg.serde, env) if str_keys_only else cfg.serde.dumps(env)
+    return _sealed(keys, cfg, job_id, data, (job_id, job_type, data, 0, ttl_s, 0, delay_ms, 0,
+                                             ""))
+
+
+class RowTemplate(NamedTuple):
+    """The JSON envelope prepare_row() builds, cut around the job id and the payload."""
+
+    head: str
+    mid: str
+    tail: str
+
+
+_ID_MARK, _P_MARK = "@@streamq-id@@", "@@streamq-payload@@"
+
+
+def row_template(cfg: QueueConfig, job_type: str, created_ms: int) -> RowTemplate | None:
+    """The envelope of prepare_row(), made once by the serde from plain_envelope() with
+    marks where the id and the payload go; None unless the queue's serde is the default
+    JSON one. With it, a row whose payload is already JSON text costs two concatenations."""
+    if type(cfg.serde) is not JsonSerde:
+        return None
+    env = plain_envelope(_ID_MARK, job_type, _P_MARK, 1, 0, created_ms, 0, 0, None, {},
+                         cfg.default_result_ttl_s, {})
+    text = cfg.serde.dumps(env).decode()
+    head, _, rest = text.partition(f'"{_ID_MARK}"')
+    mid, _, tail = rest.partition(f'"{_P_MARK}"')
+    return RowTemplate(head, mid, tail)
+
+
+def prepare_row_json(keys: Keys, cfg: QueueConfig, tpl: RowTemplate, job_type: str,
+                     job_id: str, payload_json: str, delay: float | None) -> Prepared:
+    """prepare_row() for a payload that is already valid JSON text (Spark's to_json): the
+    same envelope bytes, built from ``tpl``. Raises InvalidArgument."""
+    check_job_id(job_id)  # its characters need no JSON escaping
+    delay_ms = 0
+    if delay is not None:
+        delay_ms = math.ceil(_seconds("delay", delay, allow_zero=True) * 1000)
+    data = f'{tpl.head}"{job_id}"{tpl.mid}{payload_json}{tpl.tail}'.encode()
+    return _sealed(keys, cfg, job_id, data, (job_id, job_type, data, 0,
+                                             cfg.default_result_ttl_s, 0, delay_ms, 0, ""))
 
 
 def prepare_many(keys: Keys, cfg: QueueConfig, jobs: Iterable[Mapping[str, Any]],
@@ -186,13 +248,17 @@ def parse_enqueue(
     cfg: QueueConfig, batch: Sequence[Prepared], reply: list[Any], *, retried: bool
 ) -> list[EnqueueResult]:
     out: list[EnqueueResult] = []
-    for i, p in enumerate(batch):
-        status, state, result, error, mine = reply[5 * i:5 * i + 5]
-        st = status.decode()
-        if st == "full":
-            out.append(EnqueueResult(p.job_id, "rejected", "", reason="queue full"))
+    at = 0
+    for p in batch:
+        st = reply[at].decode()
+        if st != "duplicate":  # one element: the status (enqueue.lua's header)
+            at += 1
+            out.append(EnqueueResult(p.job_id, st, st) if st != "full" else
+                       EnqueueResult(p.job_id, "rejected", "", reason="queue full"))
             continue
-        if st == "duplicate" and retried and int(mine) == 1:
+        _, state, result, error, mine = reply[at:at + 5]
+        at += 5
+        if retried and int(mine) == 1:
             # an earlier try of this very call went through before the connection dropped
             st_state = state.decode()
             out.append(EnqueueResult(p.job_id, "scheduled" if st_state == "scheduled" else "queued",

@@ -6,7 +6,7 @@ the successful tasks returned (exact, whatever Spark retries)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -19,8 +19,8 @@ from ._keys import Keys
 from ._scripts import SCRIPTS, Pipelined
 
 COUNTS_SCHEMA = "outcome string, n long"
-_STATUS = {"queued": "enqueued", "scheduled": "enqueued", "duplicate": "duplicates",
-           "rejected": "rejected:queue_full"}
+_STATUS = {b"queued": "enqueued", b"scheduled": "enqueued", b"duplicate": "duplicates",
+           b"full": "rejected:queue_full"}
 
 
 def reason(exc: Exception) -> str:
@@ -49,16 +49,27 @@ def client_for(url: str, cluster: bool) -> Any:
 @attrs.frozen
 class EnqueueTask:
     """Picklable: Spark ships it to the executors. Input columns by position: the id, then
-    the payload columns (``payload_names``) or the one payload column, then the delay."""
+    the payload, then the delay (when ``has_delay``). The payload arrives as one of
+    (``payload``): "json", JSON text made by Spark's to_json (the fast path: the envelope is
+    built around it, see prepare_row_json); "cols", one column per name in
+    ``payload_names`` (a dict is built per row); "value", one column whose value is the
+    payload (a str is parsed as JSON text)."""
 
     url: str
     cluster: bool
     queue: str
     cfg: QueueConfig
     job_type: str
-    payload_names: tuple[str, ...] | None
+    payload: str
+    payload_names: tuple[str, ...]
     has_delay: bool
     batch_size: int
+    created_ms: int
+    """The envelopes' creation time: when enqueue_dataframe was called. A retried task
+    builds byte-identical envelopes, so enqueue.lua tells its rows from a re-run's
+    ('mine'), and a row a failed attempt enqueued still counts as enqueued."""
+    str_keys_only: bool
+    """Every mapping a payload can hold has str keys (no map columns): no key walk."""
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         keys = Keys(self.queue, self.cfg.key_prefix)
@@ -66,15 +77,27 @@ class EnqueueTask:
         client = client_for(self.url, self.cluster)
 
         def tally(batch: list[prod.Prepared], reply: list[Any]) -> None:
-            for r in prod.parse_enqueue(self.cfg, batch, reply, retried=True):
-                key = _STATUS.get(r.status, r.status)
+            # a status per job, followed by 4 more elements for a duplicate (enqueue.lua)
+            at, n = 0, len(reply)
+            while at < n:
+                status = reply[at]
+                if status == b"duplicate":
+                    if reply[at + 4] == 1:  # this very call went through before
+                        status = b"queued"
+                    at += 5
+                else:
+                    at += 1
+                key = _STATUS[status]
                 counts[key] = counts.get(key, 0) + 1
+
+        def reject(why: str) -> None:
+            counts["rejected:" + why] = counts.get("rejected:" + why, 0) + 1
 
         try:
             with Pipelined(SCRIPTS["enqueue"], client, tally) as pipe:
                 pending: list[prod.Prepared] = []
                 for rb in batches:
-                    for p in self._prepare(keys, rb, counts):
+                    for p in self._prepare(keys, rb, reject):
                         pending.append(p)
                         if len(pending) >= self.batch_size:
                             pipe.send(pending, *prod.enqueue_call(keys, self.cfg, pending))
@@ -86,32 +109,40 @@ class EnqueueTask:
         yield pa.RecordBatch.from_pydict({"outcome": list(counts), "n": list(counts.values())})
 
     def _payloads(self, rb: pa.RecordBatch) -> list[Any]:
-        if self.payload_names is None:
+        if self.payload != "cols":
             values: list[Any] = rb.column(1).to_pylist(maps_as_pydicts="lossy")
             return values
         names = self.payload_names
         cols = [rb.column(1 + i).to_pylist(maps_as_pydicts="lossy") for i in range(len(names))]
         return [dict(zip(names, v, strict=True)) for v in zip(*cols, strict=True)]
 
-    def _prepare(self, keys: Keys, rb: pa.RecordBatch, counts: dict[str, int]
+    def _prepare(self, keys: Keys, rb: pa.RecordBatch, reject: Callable[[str], None]
                  ) -> Iterator[prod.Prepared]:
         ids = rb.column(0).to_pylist()
         payloads = self._payloads(rb)
         delays = rb.column(rb.num_columns - 1).to_pylist() if self.has_delay else [None] * len(ids)
-        parse_json = self.payload_names is None
-        prepare, cfg, job_type = prod.prepare, self.cfg, self.job_type
+        cfg, job_type = self.cfg, self.job_type
+        tpl = prod.row_template(cfg, job_type, self.created_ms) if self.payload == "json" \
+            else None
+        parse_json = self.payload == "value"
         for raw_id, payload, delay in zip(ids, payloads, delays, strict=True):
             if raw_id is None:
-                counts["rejected:null_id"] = counts.get("rejected:null_id", 0) + 1
+                reject("null_id")
                 continue
-            if parse_json and isinstance(payload, str):
-                try:
-                    payload = json.loads(payload)
-                except ValueError:
-                    counts["rejected:invalid_json"] = counts.get("rejected:invalid_json", 0) + 1
-                    continue
             try:
-                yield prepare(keys, cfg, job_type, payload, job_id=str(raw_id), delay=delay)
+                if tpl is not None:
+                    if payload is None:  # to_json of a null struct, map or array
+                        payload = "null"
+                    yield prod.prepare_row_json(keys, cfg, tpl, job_type, str(raw_id), payload,
+                                                delay)
+                    continue
+                if parse_json and isinstance(payload, str):
+                    try:
+                        payload = json.loads(payload)
+                    except ValueError:
+                        reject("invalid_json")
+                        continue
+                yield prod.prepare_row(keys, cfg, job_type, payload, str(raw_id), delay,
+                                       self.created_ms, str_keys_only=self.str_keys_only)
             except InvalidArgument as exc:
-                key = "rejected:" + reason(exc)
-                counts[key] = counts.get(key, 0) + 1
+                reject(reason(exc))

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 from pyspark import AccumulatorParam
-from pyspark.sql import DataFrame, Observation, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql import types as t
 
@@ -82,6 +83,26 @@ class EnqueueCounts:
         return sum(self.rejected.values())
 
 
+def _has_map(dt: t.DataType) -> bool:
+    if isinstance(dt, t.MapType):
+        return True
+    if isinstance(dt, t.ArrayType):
+        return _has_map(dt.elementType)
+    if isinstance(dt, t.StructType):
+        return any(_has_map(f.dataType) for f in dt.fields)
+    return False
+
+
+_AS_STRING = (t.TimestampType, t.TimestampNTZType, t.DateType, t.DecimalType)
+
+
+def _as_json_value(col: Column, dt: t.DataType) -> Column:
+    """Timestamps, dates and decimals have no JSON form: a top-level column of those types
+    goes into the payload as Spark's string form (nested ones make the row rejected as
+    'unserialisable_payload')."""
+    return col.cast("string") if isinstance(dt, _AS_STRING) else col
+
+
 def _client(url: str, cluster: bool) -> Any:
     return client_for(url, cluster)
 
@@ -111,11 +132,24 @@ def enqueue_dataframe(
     prod.check_type(job_type)
     cfg = queue_config or QueueConfig()
     Keys(queue, cfg.key_prefix)  # validates the queue name on the driver
-    task = EnqueueTask(url, cluster, queue, cfg, job_type,
-                       tuple(payload_cols) if payload_cols is not None else None,
-                       delay_col is not None, batch_size)
-    picked = df.select(df[id_col], *(df[c] for c in cols),
-                       *([df[delay_col]] if delay_col else []))
+    types = [df.schema[c].dataType for c in cols]
+    delay = [df[delay_col]] if delay_col else []
+    nested = (t.StructType, t.MapType, t.ArrayType)
+    if prod.row_template(cfg, job_type, 0) is not None and (
+            payload_cols is not None or isinstance(types[0], nested)):
+        # the payload's JSON is made in the JVM (to_json), next to the data; Python only
+        # wraps it in the envelope
+        mode = "json"
+        value = (F.struct(*(df[c] for c in cols)) if payload_cols is not None
+                 else df[cols[0]])
+        values = [F.to_json(value, {"ignoreNullFields": "false"})]
+    else:
+        mode = "cols" if payload_cols is not None else "value"
+        values = [_as_json_value(df[c], dt) for c, dt in zip(cols, types, strict=True)]
+    task = EnqueueTask(url, cluster, queue, cfg, job_type, mode, tuple(cols),
+                       delay_col is not None, batch_size, int(time.time() * 1000),
+                       not any(_has_map(dt) for dt in types))
+    picked = df.select(df[id_col], *values, *delay)
     total: dict[str, int] = {}
     for row in picked.mapInArrow(task, COUNTS_SCHEMA).collect():
         total[row["outcome"]] = total.get(row["outcome"], 0) + row["n"]

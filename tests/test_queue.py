@@ -19,6 +19,7 @@ from streamq import (
     JobFailed,
     JobNotFound,
     Keys,
+    MsgpackSerde,
     PayloadTooLarge,
     Queue,
     QueueConfig,
@@ -184,6 +185,17 @@ def test_enqueue_many_spans_batches_and_reports_each_job(q: Queue, r: redis.Redi
     assert r.xlen(q.keys.stream) == 2500 and r.zcard(q.keys.delayed) == 1
 
 
+def test_enqueue_many_same_id_twice_in_one_fresh_batch(q: Queue, r: redis.Redis) -> None:
+    # a batch of new ids skips the per-job existence check: a repeated id must still be caught
+    results = q.enqueue_many([{"type": "t", "job_id": "twice", "payload": 1},
+                              {"type": "t", "job_id": "other"},
+                              {"type": "t", "job_id": "twice", "payload": 2}])
+    assert [x.status for x in results] == ["queued", "queued", "duplicate"]
+    assert r.xlen(q.keys.stream) == 2
+    info = q.get("twice")
+    assert info is not None and info.payload == 1
+
+
 def test_enqueue_many_validates_everything_before_writing(q: Queue, r: redis.Redis) -> None:
     with pytest.raises(InvalidArgument, match="job #1"):
         q.enqueue_many([{"type": "t"}, {"type": "t", "delay": -1}])
@@ -294,3 +306,23 @@ def test_fast_envelope_encoding_matches_the_attrs_model(
                           deadline, key, trace, ttl, headers)
     assert fast == envelope_to_plain(env)
     assert list(fast) == list(envelope_to_plain(env))  # same key order: same bytes
+
+
+def test_row_envelope_template_builds_the_same_bytes_as_prepare() -> None:
+    """Spark's fast path wraps JSON text in an envelope template: byte for byte what the
+    serde makes of the same job (so dedup's 'mine' and every reader see one format)."""
+    import json
+
+    keys, cfg = Keys("tpl"), QueueConfig()
+    tpl = prod.row_template(cfg, "image.process", 1795396407266)
+    assert tpl is not None
+    payloads: list[Any] = [{"path": 'a"\\é', "n": None, "l": [1, 2.5]}, None, [], "x", 3]
+    for payload in payloads:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+        fast = prod.prepare_row_json(keys, cfg, tpl, "image.process", "row-1", text, 2.5)
+        slow = prod.prepare_row(keys, cfg, "image.process", payload, "row-1", 2.5,
+                                1795396407266)
+        assert fast == slow
+    assert prod.row_template(QueueConfig(serde=MsgpackSerde()), "t", 1) is None
+    with pytest.raises(InvalidArgument):
+        prod.prepare_row_json(keys, cfg, tpl, "t", "bad id", "1", None)
