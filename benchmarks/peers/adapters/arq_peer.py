@@ -3,9 +3,15 @@
 """arq: asyncio, jobs in a sorted set, results kept (keep_result 3600 s by default).
 
 Worker: ``arq.worker.run_worker(WorkerSettings)`` (what the ``arq`` CLI does), max_jobs = C,
-defaults otherwise (job_timeout 300 s; a job whose worker died is picked up again once its
-in-progress key expires, job_timeout + 10 s). ``--vt 5`` sets job_timeout=5 (the only knob:
-effective re-pickup after 15 s). Round trip: ``Job.result(poll_delay=0.001)``.
+defaults otherwise. Round trip: ``Job.result(poll_delay=0.001)``.
+
+Recovery (arq 0.28.0 ``Worker.start_jobs`` / ``Worker.finish_job``): a job stays in the queue
+sorted set until it finishes; starting it sets ``arq:in-progress:<id>`` (PSETEX, WATCHed so
+only one worker wins) for ``in_progress_timeout_s`` = the largest job timeout + 10 s, and
+every worker skips a job whose in-progress key exists. Nothing renews or releases the key
+of a dead worker, so its jobs are started again by the next poll (every 0.5 s) after the
+key expires: 310 s with the default job_timeout of 300 s. ``--vt 5``: ``job_timeout=5``,
+the only knob (it is also the jobs' run-time limit): the key lives 15 s.
 """
 import asyncio
 import logging
@@ -57,6 +63,15 @@ class ArqPeer(common.AsyncPeer):
 
     def worker_cmd(self, concurrency, vt):
         return [sys.executable, os.path.abspath(__file__), "_worker"]
+
+    def recovery_limit(self, vt):
+        key_s = (vt or 300) + 10
+        if key_s < self.args.cap:
+            return None
+        return (f"a started job is claimed by its arq:in-progress key (PSETEX job_timeout +"
+                f" 10 s = {key_s:g} s, job_timeout default 300 s), which nothing releases when"
+                " the worker dies: other workers skip the job until the key expires (arq"
+                " 0.28.0 Worker.start_jobs, in_progress_timeout_s)")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,19 @@ prefork would add child processes); I/O, latency and recovery: ``--pool threads 
 ``--loglevel WARNING`` (no line per task), ``worker_prefetch_multiplier`` 4 (default).
 'job' ignores its result (``ignore_result=True``, as the docs recommend when it is not
 used); 'stamp' keeps it (round trip: ``AsyncResult.get()``, pub/sub on the Redis backend).
-Default acks: early (on receipt), so a SIGKILLed worker's jobs are lost; ``--vt 5``:
-``task_acks_late=True`` and ``visibility_timeout=5`` in broker_transport_options.
 No bulk enqueue API.
+
+Recovery (celery 5.7.0, kombu 5.7.0 ``kombu.transport.redis``): kombu's Redis QoS keeps each
+delivered message in the ``unacked`` hash / ``unacked_index`` sorted set (score = delivery
+time) until it is acked, and ``QoS.restore_visible`` puts back the ones delivered more than
+``visibility_timeout`` ago (default 3,600 s). By default celery acks a task when a pool
+thread starts it (``task_acks_late=False``, ``Request.on_accepted``), which removes it from
+the unacked index (``QoS.ack``): a SIGKILLed worker's running tasks are gone. In a worker
+(event loop) ``restore_visible`` runs every ``unacked_restore_interval`` (10 s) but scans only
+on every ``unacked_restore_throttle``-th call (10): once per ~100 s, so ``visibility_timeout``
+alone still takes ~100 s. ``--vt 5``: ``task_acks_late=True`` and broker_transport_options
+``visibility_timeout=5``, ``unacked_restore_interval=1``, ``unacked_restore_throttle=1``
+(kombu's documented settings for a low visibility_timeout: a scan every second).
 """
 import os
 import sys
@@ -26,7 +36,9 @@ app.conf.task_default_queue = "bench"
 app.conf.broker_connection_retry_on_startup = True
 if os.environ.get("BENCH_VT"):
     app.conf.task_acks_late = True
-    app.conf.broker_transport_options = {"visibility_timeout": float(os.environ["BENCH_VT"])}
+    app.conf.broker_transport_options = {"visibility_timeout": float(os.environ["BENCH_VT"]),
+                                         "unacked_restore_interval": 1,
+                                         "unacked_restore_throttle": 1}
 
 
 @app.task(ignore_result=True)
@@ -59,6 +71,15 @@ class CeleryPeer(common.Peer):
         if self.kind == "drain":
             return [*cmd, "--pool", "solo"]
         return [*cmd, "--pool", "threads", "-c", str(concurrency)]
+
+    def recovery_limit(self, vt):
+        if vt:
+            return None
+        return ("with celery's default early acks (task_acks_late=False) a task is acked when"
+                " a pool thread starts it (Request.on_accepted), which deletes it from kombu's"
+                " Redis unacked index (QoS.ack): nothing is left to redeliver after a SIGKILL"
+                " (celery 5.7.0, kombu 5.7.0; with acks_late the default visibility_timeout"
+                " is 3,600 s)")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,12 @@
 
 ``huey_consumer huey_peer.huey -k thread -w W`` (W = 8 for no-op drains, 100 for I/O,
 latency and recovery). Results are stored for tasks that return a value (``stamp``); no
-result TTL (kept until read). Round trip: ``Result.get(blocking=True)``. No acknowledgement:
-a task popped by a worker that dies is lost. No bulk enqueue API.
+result TTL (kept until read). Round trip: ``Result.get(blocking=True)``. No bulk enqueue API.
+
+Recovery (huey 3.5.4 ``RedisStorage.dequeue``): a worker takes a task off the queue list with
+BRPOP (RPOP when not blocking) and nothing else in Redis records it: there is no
+acknowledgement, in-flight list or visibility timeout (none of huey's Redis storages has
+one; ``--vt`` is ignored), so the tasks of a worker that dies are lost.
 """
 import os
 import sys
@@ -47,6 +51,12 @@ class HueyPeer(common.Peer):
         w = 8 if self.kind == "drain" else 100
         return [os.path.join(os.path.dirname(sys.executable), "huey_consumer"),
                 "huey_peer.huey", "-k", "thread", "-w", str(w), "-q"]
+
+    def recovery_limit(self, vt):
+        return ("huey removes a task from Redis when a worker pops it (RedisStorage.dequeue:"
+                " BRPOP) and keeps no acknowledgement or in-flight record, so the tasks a"
+                " SIGKILLed worker was running are lost; there is no visibility timeout to"
+                " set (huey 3.5.4)")
 
 
 if __name__ == "__main__":

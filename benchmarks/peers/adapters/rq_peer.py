@@ -5,8 +5,18 @@
 ``rq worker bench --url URL -q`` with ``--worker-class rq.worker.SimpleWorker`` (runs jobs in
 the worker process) or the default ``Worker`` (forks a child per job; ``BENCH_RQ_FORK=1``).
 Bulk: ``Queue.enqueue_many`` (one pipeline). Round trip: ``Job.latest_result(timeout=30)``
-(blocks on the job's result stream). No visibility timeout: a job whose worker was SIGKILLed
-stays in the StartedJobRegistry until a worker's maintenance marks it abandoned (failed).
+(blocks on the job's result stream).
+
+Recovery (rq 3.0.0): no visibility timeout or redelivery setting (``--vt`` is ignored). A
+worker holds one job at a time, so a SIGKILLed worker leaves one job behind (the other 99 are
+still queued: 99/100). That job stays in the queue's StartedJobRegistry under a score of its
+start + heartbeat TTL (``SimpleWorker.get_heartbeat_ttl``: job timeout 180 s + 60 s; the
+forking ``Worker``: min(timeout, job_monitoring_interval 30 s) + 60 s after its last
+heartbeat). Only a worker's maintenance looks at expired entries (``Worker.clean_registries``:
+at worker start, then every ``maintenance_interval``, 600 s), and
+``StartedJobRegistry.cleanup`` re-enqueues an abandoned job only if it has ``retries_left``
+(enqueued with ``Retry``); otherwise it records ``AbandonedJobError`` and moves it to the
+FailedJobRegistry. The jobs here are enqueued without ``Retry`` (rq's default).
 """
 import os
 import sys
@@ -63,6 +73,16 @@ class RqPeer(common.Peer):
 
     def worker_env(self, vt):
         return {"BENCH_SYNC_FLUSH": "1"} if FORK else {}
+
+    def recovery_limit(self, vt):
+        ttl = ("90 s after the work horse's last heartbeat" if FORK
+               else "240 s: job timeout 180 s + 60 s")
+        return ("rq has no visibility timeout and never redelivers by itself: the killed"
+                " worker's one job stays in the StartedJobRegistry until its entry expires"
+                f" ({ttl}) and a worker's maintenance (at start, then every 600 s) runs"
+                " StartedJobRegistry.cleanup, which re-enqueues it only if it was enqueued"
+                " with Retry, else fails it with AbandonedJobError (rq 3.0.0). The other 99"
+                " were still queued: a worker holds one job at a time.")
 
 
 if __name__ == "__main__":

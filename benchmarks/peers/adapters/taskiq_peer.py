@@ -6,9 +6,17 @@ result is saved, taskiq's default ack type) with RedisAsyncResultBackend (result
 
 ``taskiq worker taskiq_peer:broker --workers 1 --max-async-tasks C``. ``consumer_id="0"``
 (the default "$" would skip messages enqueued before the worker created the group).
-Recovery: unacknowledged messages are reclaimed with XAUTOCLAIM after ``idle_timeout``
-(default 600,000 ms); ``--vt 5`` sets idle_timeout=5000. Round trip:
-``TaskiqResult.wait_result(check_interval=0.001)``. No bulk enqueue API.
+Round trip: ``TaskiqResult.wait_result(check_interval=0.001)``. No bulk enqueue API.
+
+Recovery (taskiq-redis 1.2.4 ``RedisStreamBroker.listen``): a dead worker's delivered but
+unacknowledged entries stay in the group's pending list; a worker takes them over with
+XAUTOCLAIM (``min_idle_time=idle_timeout``, default 600,000 ms, up to
+``unacknowledged_batch_size`` 100 per pass). ``--vt 5`` sets ``idle_timeout=5000``, the
+documented knob. But ``listen`` reaches its XAUTOCLAIM pass only after an ``XREADGROUP ... >``
+(blocking ``xread_block`` 2,000 ms) that returned new entries (``if not fetched: continue``):
+a worker that finds no new message never claims, so once a killed worker's jobs are the only
+ones left (this workload enqueues nothing after the kill) they are not recovered with any
+``idle_timeout``, until some new task arrives.
 """
 import asyncio
 import os
@@ -63,6 +71,14 @@ class TaskiqPeer(common.AsyncPeer):
         return [os.path.join(os.path.dirname(sys.executable), "taskiq"), "worker",
                 "taskiq_peer:broker", "--workers", "1", "--max-async-tasks", str(concurrency),
                 "--log-level", "WARNING"]
+
+    def recovery_limit(self, vt):
+        idle = f"{vt:g} s" if vt else "600 s, the default idle_timeout"
+        return ("taskiq-redis reclaims a dead worker's pending entries with XAUTOCLAIM"
+                f" (min idle {idle}), but"
+                " RedisStreamBroker.listen runs that pass only after an XREADGROUP that"
+                " returned new entries ('if not fetched: continue'): with no new task"
+                " enqueued after the kill, the worker never claims them (taskiq-redis 1.2.4)")
 
 
 if __name__ == "__main__":
