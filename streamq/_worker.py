@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
-import json
 import logging
 import os
 import signal
 import socket
 import time
-import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,11 +18,12 @@ import attrs
 import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError, ResponseError
 
-from . import _ops
+from . import _housekeeping as hk
 from . import _telemetry as tel
 from ._config import QueueConfig, RetryPolicy, WorkerConfig
 from ._conn import async_client, sync_client
 from ._errors import Fail, PayloadTooLarge, Retry, ScriptError, SerializationError
+from ._invoke import Expired, bounded, capture, error_info
 from ._keys import GROUP, Keys, queues_key
 from ._lease import Lease, LeaseKeeper
 from ._model import Envelope, Job, envelope_from_plain
@@ -40,48 +39,6 @@ _last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar
     "streamq_last_exc", default=None)
 Finish = tuple[str, str, str, str, bytes, Any, str]
 """(job id, entry, token, outcome, data, delay ms or reason, error type) for finish.lua."""
-
-
-class _Expired(Exception):
-    """An async handler outlived its timeout (it is abandoned, the job is not)."""
-
-
-_ABANDONED: set[asyncio.Task[Any]] = set()
-"""Handlers that ignored the cancellation at their timeout: kept referenced until they end."""
-
-
-def _capture(fn: Any, job: Job) -> tuple[bool, Any]:
-    """Run a sync handler (in a pool thread), handing any exception back as a value: a
-    GeneratorExit or CancelledError thrown into the awaiting coroutine would escape it."""
-    try:
-        return False, fn(job)
-    except BaseException as exc:  # noqa: BLE001 - the job's failure, judged on the loop
-        return True, exc
-
-
-async def _guarded(coro: Any) -> tuple[bool, Any]:
-    """Await an async handler in a task of its own, handing its exceptions back as values
-    (SystemExit must not reach the Task machinery, which re-raises it into the loop)."""
-    try:
-        return False, await coro
-    except asyncio.CancelledError as exc:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # cancelled by _bounded (timeout or worker stop)
-        return True, exc
-    except BaseException as exc:  # noqa: BLE001
-        return True, exc
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    _ABANDONED.discard(task)
-    if not task.cancelled():
-        task.exception()
-
-
-def error_info(exc: BaseException) -> dict[str, str]:
-    tb = "".join(traceback.format_exception(exc, limit=8))
-    return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": tb[-4000:]}
 
 
 @attrs.define
@@ -192,7 +149,7 @@ class Worker:
             await self._ensure_group(qs.keys)
             if self.config.promote:
                 qs.promoter = Promoter(qs.keys, self.queue_config)
-        await self._refresh_paused()  # never fetch from a queue that is already paused
+        await hk.refresh_paused(self)  # never fetch from a queue that is already paused
         self._running = True
         self._settling = True
         self._stopped.clear()
@@ -206,10 +163,10 @@ class Worker:
         for qs in self._qs.values():
             self._loops.append(asyncio.create_task(self._fetch_loop(qs)))
             self._flushers.append(asyncio.create_task(self._flush_loop(qs)))
-        tel.register_gauges(self, self._gauge_values)
-        self._loops.append(asyncio.create_task(self._control_loop()))
+        tel.register_gauges(self, lambda: hk.gauge_values(self))
+        self._loops.append(asyncio.create_task(hk.control_loop(self)))
         if self.config.promote:
-            self._loops.append(asyncio.create_task(self._promote_loop()))
+            self._loops.append(asyncio.create_task(hk.promote_loop(self)))
         log.info("worker %s started on %s (concurrency %d)", self.consumer,
                  ", ".join(self._qs), self.config.concurrency)
 
@@ -549,12 +506,12 @@ class Worker:
         try:
             if spec.is_async:  # without a limit: no Timeout context, no extra task
                 coro = spec.fn(job)
-                result = await (coro if timeout is None else self._bounded(coro, timeout))
+                result = await (coro if timeout is None else bounded(coro, timeout))
             else:
                 async with limit:
                     loop = asyncio.get_running_loop()
                     ctx = contextvars.copy_context()  # logs and spans see the job in threads
-                    raised, result = await loop.run_in_executor(self._pool, ctx.run, _capture,
+                    raised, result = await loop.run_in_executor(self._pool, ctx.run, capture,
                                                                 spec.fn, job)
                 if raised:
                     raise result
@@ -568,10 +525,10 @@ class Worker:
             if isinstance(exc, Retry):
                 return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc,
                                            exc.delay_s)
-            if timeout is not None and (isinstance(exc, _Expired) or (
+            if timeout is not None and (isinstance(exc, Expired) or (
                     isinstance(exc, TimeoutError) and limit.expired())):
                 ours = TimeoutError(f"handler timed out after {timeout:g} s")
-                ours.__cause__ = None if isinstance(exc, _Expired) else exc
+                ours.__cause__ = None if isinstance(exc, Expired) else exc
                 return self._retry_or_bury(ident, env, spec, attempt, max_attempts, ours, None)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 log.warning("handler of job %s raised %s; treated as a job failure",
@@ -593,28 +550,6 @@ class Worker:
             return (*ident, "dead", serde.dumps(error_info(big)), "result too large",
                     "PayloadTooLarge")
         return (*ident, "ok", payload, 0, "")
-
-    @staticmethod
-    async def _bounded(coro: Any, timeout: float) -> Any:
-        """Await an async handler at most ``timeout`` seconds. One that ignores the
-        cancellation is abandoned (left to end on its own) and the job times out anyway."""
-        inner = asyncio.ensure_future(_guarded(coro))
-        try:
-            done, _ = await asyncio.wait({inner}, timeout=timeout)
-        except asyncio.CancelledError:
-            inner.cancel()
-            _ABANDONED.add(inner)
-            inner.add_done_callback(_retrieve)
-            raise
-        if not done:
-            inner.cancel()
-            _ABANDONED.add(inner)
-            inner.add_done_callback(_retrieve)
-            raise _Expired()
-        raised, value = inner.result()
-        if raised:
-            raise value
-        return value
 
     def _retry_or_bury(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
                        attempt: int, max_attempts: int, exc: BaseException,
@@ -723,91 +658,3 @@ class Worker:
                             " visibility timeout", k.queue, exc)
             for eid in items:
                 self._leases.remove(k.queue, eid)
-
-    # ----------------------------------------------------------------- housekeeping
-
-    async def _control_loop(self) -> None:
-        """Pause flags every second; heartbeat every heartbeat interval; pruning now and then."""
-        assert self._client is not None
-        beat_every = self.config.heartbeat_interval_s
-        last_beat = -1e9
-        last_prune = -1e9
-        last_gauges = -1e9
-        loop = asyncio.get_running_loop()
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                           "concurrency": self.config.concurrency, "queues": list(self._qs)})
-        while self._running:
-            try:
-                await self._refresh_paused()
-                now = loop.time()
-                if now - last_beat >= beat_every:
-                    last_beat = now
-                    for qs in self._qs.values():
-                        await SCRIPTS["heartbeat"].run_async(
-                            self._client, [qs.keys.workers, qs.keys.worker_info(self.consumer)],
-                            [self.consumer, info, int(beat_every * 3) + 1])
-                if self._gauges_read and now - last_gauges >= self.config.gauges_interval_s:
-                    last_gauges = now
-                    self._gauges_read = False
-                    await self._refresh_gauges()
-                if now - last_prune >= self.config.prune_interval_s:
-                    last_prune = now
-                    for qs in self._qs.values():
-                        await self._prune(qs.keys)
-            except TRANSIENT as exc:
-                log.warning("control loop: %s", exc)
-            await asyncio.sleep(min(1.0, beat_every))
-
-    def _gauge_values(self) -> list[tuple[str, dict[str, float]]]:
-        self._gauges_read = True  # a metrics reader is collecting: keep the cache fresh
-        return [(q, qs.gauges) for q, qs in self._qs.items()]
-
-    async def _refresh_gauges(self) -> None:
-        from .admin import adrive
-
-        assert self._client is not None
-        for qs in self._qs.values():
-            st = await adrive(self._client, _ops.stats(qs.keys))
-            qs.gauges = {"ready": st.ready, "pending": st.pending,
-                         "delayed": st.scheduled + st.retrying, "dead": st.dead,
-                         "oldest_ready_age": st.oldest_ready_age_s or 0.0}
-
-    async def _refresh_paused(self) -> None:
-        assert self._client is not None
-        pipe = self._client.pipeline(transaction=False)
-        for qs in self._qs.values():
-            pipe.exists(qs.keys.paused)
-        for qs, flag in zip(self._qs.values(), await pipe.execute(), strict=True):
-            qs.paused = bool(flag)
-
-    async def _prune(self, keys: Keys) -> None:
-        assert self._client is not None
-        consumers = await self._client.xinfo_consumers(keys.stream, GROUP)
-        stale_ms = int(self.config.consumer_dead_after_s * 1000)
-        for c in consumers[:_BATCH]:
-            name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
-            if name == self.consumer or int(c["pending"]) > 0 or int(c["idle"]) < stale_ms:
-                continue
-            if await SCRIPTS["prune"].run_async(self._client, [keys.stream, keys.workers],
-                                                 [GROUP, name, stale_ms]):
-                log.info("pruned dead consumer %s from %s", name, keys.queue)
-
-    async def _promote_loop(self) -> None:
-        assert self._client is not None
-        for qs in self._qs.values():
-            assert qs.promoter is not None
-            await qs.promoter.sync_clock(self._client)
-        while self._running:
-            sleep = self.config.promote_interval_s
-            for qs in self._qs.values():
-                assert qs.promoter is not None
-                try:
-                    _moved, more = await qs.promoter.run_once(self._client)
-                except TRANSIENT as exc:
-                    log.warning("promotion on %s failed: %s", qs.keys.queue, exc)
-                    continue
-                except Exception:  # keep promoting whatever one round met
-                    log.exception("promotion on %s failed", qs.keys.queue)
-                    continue
-                sleep = 0 if more else min(sleep, qs.promoter.sleep_s(sleep))
-            await asyncio.sleep(sleep)

@@ -83,7 +83,8 @@ def _export(args: argparse.Namespace) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     try:
         result = export_events(spark, url=args.url, queue=args.queue, to=args.to,
-                               key_prefix=args.prefix)
+                               key_prefix=args.prefix, partitions=args.partitions,
+                               cluster=args.cluster)
     finally:
         spark.stop()
     if args.json:
@@ -141,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("queue")
     e.add_argument("--to", required=True, help="output directory (keeps a checkpoint there)")
     e.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    e.add_argument("--partitions", type=int, default=8, help="parallel id ranges (default 8)")
+    e.add_argument("--cluster", action="store_true", help="--url is a Redis Cluster node")
     e.set_defaults(func=_export)
     d = sub.add_parser("demo", parents=[common],
                        help="a self-contained tour (starts its own Redis without --url)")

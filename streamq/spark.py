@@ -336,7 +336,7 @@ def _redrive(client: Any, k: Keys, cfg: QueueConfig, batch: list[tuple[str, str]
 
 
 def export_events(spark: SparkSession, *, url: str, queue: str, to: str, partitions: int = 8,
-                  key_prefix: str = "streamq") -> dict[str, Any]:
+                  key_prefix: str = "streamq", cluster: bool = False) -> dict[str, Any]:
     """Append the events not exported yet to Parquet under ``to/events``; the last exported
     event id is kept in ``to/_checkpoint.json``. Warns when events were trimmed (by
     ``QueueConfig.events_maxlen``) before they could be exported."""
@@ -346,15 +346,13 @@ def export_events(spark: SparkSession, *, url: str, queue: str, to: str, partiti
     done = json.loads(ckpt.read_text()) if ckpt.exists() else {}
     after: str | None = done.get("last_event_id")
     k = Keys(queue, key_prefix)
-    client = _client(url, False)
+    client = _client(url, cluster)
     try:
-        info: Any = (client.execute_command("XINFO", "STREAM", k.events)
-                     if client.exists(k.events) else [])
+        info: dict[str, Any] = client.xinfo_stream(k.events) if client.exists(k.events) else {}
     finally:
         client.close()
-    fields = dict(zip(info[::2], info[1::2], strict=False))
-    added, length = int(fields.get(b"entries-added", 0)), int(fields.get(b"length", 0))
-    last_entry = fields.get(b"last-entry")
+    added, length = int(info.get("entries-added", 0)), int(info.get("length", 0))
+    last_entry = info.get("last-entry")
     upto = last_entry[0].decode() if last_entry else None
     # events are trimmed from the front (MAXLEN), never deleted one by one, so the
     # first ``added - length`` events ever added are gone; ``added`` at the checkpoint
@@ -363,7 +361,7 @@ def export_events(spark: SparkSession, *, url: str, queue: str, to: str, partiti
     if gap:
         log.warning("events of %s were trimmed before export (after %s); raise"
                     " QueueConfig.events_maxlen or export more often", queue, after or "start")
-    df, last = _stream_df(spark, url, k.events, "events", EVENTS_SCHEMA, partitions, False,
+    df, last = _stream_df(spark, url, k.events, "events", EVENTS_SCHEMA, partitions, cluster,
                           after, upto)
     n = 0
     if last is not None:  # one pass: read, count (exact: observed in the write's own tasks)

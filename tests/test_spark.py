@@ -25,6 +25,7 @@ from streamq.spark import (
     enqueue_dataframe,
     export_events,
     read_dead,
+    read_events,
     read_jobs,
     redrive_dataframe,
 )
@@ -180,6 +181,12 @@ def test_enqueue_against_redis_cluster(spark: SparkSession, qname: str, tmp_path
                                    payload_cols=["n"], cluster=True)
         assert counts.enqueued == 2000 and counts.rejected == {}
         assert admin.xlen(f"streamq:{{{qname}}}:stream") == 2000
+        # reading and exporting go through the node that holds the queue's keys
+        events = read_events(spark, url=url, queue=qname, cluster=True, partitions=3)
+        assert events.filter(events.event == "enqueued").count() == 2000
+        assert read_dead(spark, url=url, queue=qname, cluster=True).count() == 0
+        out = export_events(spark, url=url, queue=qname, to=str(tmp_path / "x"), cluster=True)
+        assert (out["exported"], out["gap"]) == (2000, False)
     finally:
         server.close()
 
