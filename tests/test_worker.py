@@ -653,3 +653,29 @@ def test_a_stale_delivery_cannot_restart_a_job_under_a_live_lease(q: Queue,
     rec = r.hgetall(k.job("s"))
     assert rec[b"owner"] == b"A" and rec[b"attempts"] == b"1"
     assert rec[b"token"] == str(a[1]).encode()
+
+
+def test_a_batch_start_runs_exactly_the_callers_own_entries(q: Queue, r: redis.Redis) -> None:
+    """In one start.lua batch, entries another consumer took over are skipped and left alone;
+    the caller's own entries start, however many others it holds."""
+    k = q.keys
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    n = 1_010
+    q.enqueue_many([{"type": "t", "job_id": f"j{i}"} for i in range(n)])
+    r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=n)
+    entries = {f"j{i}": r.hget(k.job(f"j{i}"), "entry").decode()  # type: ignore[union-attr]
+               for i in range(n)}
+    # B took over one entry in the middle and the second-to-last one (A's are now stale)
+    stale = {"j500", f"j{n - 2}"}
+    r.xclaim(k.stream, GROUP, "B", 0, [entries[j] for j in stale])
+    batch = ["j0", "j500", "j999", f"j{n - 2}", f"j{n - 1}"]
+    argv: list[Any] = [GROUP, "A", 100, 3600, 1000, len(batch)]
+    for j in batch:
+        argv += [entries[j], j]
+    out = SCRIPTS["start"](r, [k.stream, k.dead, k.stats, k.events, k.lease_seq,
+                               *(k.job(j) for j in batch)], [*argv, 0])
+    codes = dict(zip(batch, out[::7], strict=True))
+    assert codes == {j: (b"skip" if j in stale else b"run") for j in batch}
+    for j in batch:
+        rec = r.hgetall(k.job(j))
+        assert rec[b"state"] == (b"queued" if j in stale else b"active")
