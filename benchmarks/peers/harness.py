@@ -227,6 +227,9 @@ def cell(runs: list[dict[str, Any]] | None, key: str, dec: int = 0) -> str:
     txt = f.format(s["median"])
     if s["n"] > 1:
         txt += f" ({f.format(s['min'])}{EN}{f.format(s['max'])})"
+    errs = [r["error"] for r in runs if "error" in r]
+    if errs:  # a repetition that failed its own check is reported, not dropped
+        txt += f" [{len(errs)} of {len(runs)} runs failed: {errs[0][:70]}]"
     return txt
 
 
