@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -84,48 +85,79 @@ class Script:
     def run_many(self, client: redis.Redis,
                  calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
         """Several calls of this script in one round trip (pipelined); replies in order.
-        On NOSCRIPT (a restarted server) the script is loaded and the calls sent again."""
+        Every reply is read: on NOSCRIPT (a restarted server) the script is loaded and only the
+        calls that met NOSCRIPT are sent again. Others in the same pipeline may have run (a
+        second client can load the script between two of them) and must not run twice."""
         if not self._plain(client):
             return [self(client, k, a) for k, a in calls]
         pool: Any = client.connection_pool
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
         for attempt in range(2):
             conn = pool.get_connection()
             try:
-                conn.send_packed_command(self._packed(calls))
-                return [conn.read_response() for _ in calls]
-            except BaseException as exc:  # replies may be left unread: never reuse it
+                conn.send_packed_command(self._packed([calls[i] for i in todo]))
+                todo, failed = self._collect(todo, replies, conn.read_response)
+            except BaseException:  # replies may be left unread: never reuse it
                 conn.disconnect()
-                if isinstance(exc, NoScriptError) and attempt == 0:
-                    client.script_load(self.source)
-                    continue
-                if isinstance(exc, ResponseError):
-                    raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
                 raise
             finally:
                 pool.release(conn)
-        raise AssertionError("unreachable")  # pragma: no cover
+            if failed is not None:
+                raise ScriptError(f"{self.name}.lua failed: {failed}") from failed
+            if not todo:
+                return replies
+            if attempt == 0:
+                client.script_load(self.source)
+        raise ScriptError(f"{self.name}.lua: NOSCRIPT after loading it")
 
     async def run_many_async(self, client: aredis.Redis,
                              calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
         if not self._plain(client):
             return [await self.run_async(client, k, a) for k, a in calls]
         pool: Any = client.connection_pool
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
         for attempt in range(2):
             conn = await pool.get_connection()
             try:
-                await conn.send_packed_command(b"".join(self._packed(calls)))
-                return [await conn.read_response() for _ in calls]
-            except BaseException as exc:
+                await conn.send_packed_command(
+                    b"".join(self._packed([calls[i] for i in todo])))
+                got: list[Any] = []
+                for _ in todo:
+                    try:
+                        got.append(await conn.read_response())
+                    except ResponseError as exc:  # the reply was read whole: read on
+                        got.append(exc)
+                todo, failed = self._collect(todo, replies, partial(_next_reply, iter(got)))
+            except BaseException:
                 await conn.disconnect()
-                if isinstance(exc, NoScriptError) and attempt == 0:
-                    await client.script_load(self.source)
-                    continue
-                if isinstance(exc, ResponseError):
-                    raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
                 raise
             finally:
                 await pool.release(conn)
-        raise AssertionError("unreachable")  # pragma: no cover
+            if failed is not None:
+                raise ScriptError(f"{self.name}.lua failed: {failed}") from failed
+            if not todo:
+                return replies
+            if attempt == 0:
+                await client.script_load(self.source)
+        raise ScriptError(f"{self.name}.lua: NOSCRIPT after loading it")
+
+    @staticmethod
+    def _collect(todo: list[int], replies: list[Any], read: Any
+                 ) -> tuple[list[int], ResponseError | None]:
+        """Read one reply per call in ``todo`` into ``replies``; return the calls that met
+        NOSCRIPT and the first other error reply (every reply is read either way)."""
+        again: list[int] = []
+        failed: ResponseError | None = None
+        for i in todo:
+            try:
+                replies[i] = read()
+            except NoScriptError:
+                again.append(i)
+            except ResponseError as exc:
+                failed = failed or exc
+        return again, failed
 
     def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         try:
@@ -148,6 +180,14 @@ class Script:
                 return await self._aevalsha(client, keys, args)
         except ResponseError as exc:
             raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
+
+
+def _next_reply(replies: Iterator[Any]) -> Any:
+    """The next of replies read already, raising it when it was an error reply."""
+    x = next(replies)
+    if isinstance(x, BaseException):
+        raise x
+    return x
 
 
 class Pipelined:

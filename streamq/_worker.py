@@ -19,10 +19,11 @@ import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError, ResponseError
 
 from . import _housekeeping as hk
+from . import _settle as st
 from . import _telemetry as tel
 from ._config import QueueConfig, RetryPolicy, WorkerConfig
 from ._conn import async_client, sync_client
-from ._errors import Fail, PayloadTooLarge, Retry, ScriptError, SerializationError
+from ._errors import Fail, PayloadTooLarge, Retry, SerializationError
 from ._invoke import Expired, bounded, capture, error_info
 from ._keys import GROUP, Keys, queues_key
 from ._lease import Lease, LeaseKeeper
@@ -162,7 +163,7 @@ class Worker:
         self._leases.start()
         for qs in self._qs.values():
             self._loops.append(asyncio.create_task(self._fetch_loop(qs)))
-            self._flushers.append(asyncio.create_task(self._flush_loop(qs)))
+            self._flushers.append(asyncio.create_task(st.flush_loop(self, qs)))
         tel.register_gauges(self, lambda: hk.gauge_values(self))
         self._loops.append(asyncio.create_task(hk.control_loop(self)))
         if self.config.promote:
@@ -200,7 +201,7 @@ class Worker:
         self._flushers.clear()
         tel.unregister_gauges(self)
         try:
-            await self._hand_back()
+            await st.hand_back(self)
         finally:
             self._leases.stop()
             assert self._pool is not None and self._client is not None
@@ -562,99 +563,3 @@ class Worker:
             policy: RetryPolicy = spec.retry or self.config.retry
             delay_s = policy.delay_s(attempt)
         return (*ident, "retry", data, max(0, int(delay_s * 1000)), etype)
-
-    # ----------------------------------------------------------------- settling
-
-    async def _flush_loop(self, qs: _QState) -> None:
-        assert self._client is not None
-        k = qs.keys
-        cfg = self.queue_config
-        backoff = 0.05
-        while self._settling or qs.buf:
-            await qs.flush.wait()
-            qs.flush.clear()
-            while qs.buf:
-                batch = qs.buf[:_BATCH]
-                keys = [k.stream, k.delayed, k.dead, k.stats, k.events]
-                keys.extend(k.job(b[0]) for b in batch)
-                args: list[Any] = [GROUP, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen,
-                                   k.wake_channel, len(batch)]
-                for b in batch:
-                    args.extend(b)
-                try:
-                    reply = await SCRIPTS["finish"].run_async(self._client, keys, args)
-                except TRANSIENT as exc:  # finish is idempotent: retry the same batch
-                    log.warning("settling %d jobs failed (%s); retrying", len(batch), exc)
-                    if not self._settling and backoff >= 2.0:
-                        qs.flush.set()
-                        return  # stopping and Redis is away: the leases lapse, jobs re-run
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    continue
-                except ScriptError:
-                    # never expected (finish.lua guards its reads); drop the batch from this
-                    # worker: the entries stay pending and are taken over after the timeout
-                    log.exception("settling %d jobs failed; they recover by reclaim", len(batch))
-                    del qs.buf[:len(batch)]
-                    self._leases.remove_many(qs.keys.queue, [b[1] for b in batch])
-                    for b in batch:
-                        self._settled(qs, b, b"lost")
-                    self._settled_n(len(batch))
-                    continue
-                backoff = 0.05
-                del qs.buf[:len(batch)]
-                self._leases.remove_many(qs.keys.queue, [b[1] for b in batch])
-                for b, state in zip(batch, reply, strict=True):
-                    self._settled(qs, b, state)
-                self._settled_n(len(batch))
-
-    def _settled(self, qs: _QState, item: Finish, state: bytes) -> None:
-        job_id, entry = item[0], item[1]
-        self._jobs.pop((qs.keys.queue, entry), None)
-        extra = {"job_id": job_id, "queue": qs.keys.queue}
-        if state == b"completed":
-            self.stats.completed += 1
-            tel.COMPLETED.add(1, qs.labels)
-        elif state == b"retrying":
-            self.stats.retried += 1
-            tel.RETRIED.add(1, qs.labels)
-        elif state == b"failed":
-            self.stats.failed += 1
-            tel.FAILED.add(1, qs.labels)
-            log.warning("job %s dead-lettered: %s", job_id, item[5] if item[3] == "dead" else
-                        "attempts exhausted", extra=extra)
-        else:
-            self.stats.lost += 1
-            tel.LEASE_LOST.add(1, qs.labels)
-            log.warning("job %s: lease lost before settling; result discarded", job_id,
-                        extra=extra)
-
-    async def _hand_back(self) -> None:
-        """Release jobs this worker started but did not finish, and entries it never started."""
-        assert self._client is not None
-        for qs in self._qs.values():
-            k = qs.keys
-            items: dict[str, tuple[str, str]] = {}
-            for lease in self._leases.snapshot():
-                if lease.keys.queue == k.queue:
-                    items[lease.entry] = (lease.job_id, lease.token)
-            try:
-                reply: Any = await self._client.xreadgroup(
-                    GROUP, self.consumer, {k.stream: "0"}, count=_BATCH)
-                for eid, fields in (reply[0][1] if reply else []):
-                    jid = (fields or {}).get(b"id")
-                    if jid and eid.decode() not in items:
-                        items[eid.decode()] = (jid.decode(), "")
-                for i in range(0, len(items), _BATCH):
-                    part = list(items.items())[i:i + _BATCH]
-                    keys = [k.stream, k.stats, k.events, *(k.job(j) for _, (j, _t) in part)]
-                    args: list[Any] = [GROUP, self.queue_config.events_maxlen, self.consumer]
-                    for eid, (jid, token) in part:
-                        args += [jid, eid, token]
-                    released = await SCRIPTS["release"].run_async(self._client, keys, args)
-                    self.stats.released += sum(released)
-            except TRANSIENT as exc:
-                log.warning("could not hand back jobs of %s (%s); they recover after the"
-                            " visibility timeout", k.queue, exc)
-            for eid in items:
-                self._leases.remove(k.queue, eid)

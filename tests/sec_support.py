@@ -35,7 +35,7 @@ SERVER_BINARY = os.environ.get("STREAMQ_REDIS_SERVER", "redis-server")
 
 def keys_of(r: redis.Redis, qname: str, prefix: str = "streamq") -> set[bytes]:
     """Every key of one queue (test-only inspection with SCAN)."""
-    return set(r.scan_iter(match=f"{prefix}:{{{qname}}}:*"))
+    return set(r.scan_iter(match=f"{prefix}:{{{qname}}}:*", count=10_000))  # few round trips
 
 
 def snapshot(r: redis.Redis, qname: str, prefix: str = "streamq") -> dict[bytes, bytes | None]:

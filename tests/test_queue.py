@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import math
 from typing import Any
@@ -40,7 +41,7 @@ def q(url: str, qname: str) -> Any:
 
 
 def keys_of(r: redis.Redis, qname: str) -> set[bytes]:
-    return set(r.scan_iter(match=f"streamq:{{{qname}}}:*"))  # test-only inspection
+    return set(r.scan_iter(match=f"streamq:{{{qname}}}:*", count=10_000))  # test-only
 
 
 def test_enqueue_now_writes_record_and_stream_entry(q: Queue, r: redis.Redis) -> None:
@@ -279,6 +280,39 @@ def test_bulk_enqueue_survives_a_flushed_script_cache(q: Queue, r: redis.Redis) 
     r.script_flush()
     assert q.enqueue("t", job_id="single").status == "queued"
     assert r.xlen(q.keys.stream) == 2501
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_bulk_enqueue_resends_only_the_batches_that_met_noscript(
+        q: Queue, r: redis.Redis, url: str, monkeypatch: pytest.MonkeyPatch,
+        use_async: bool) -> None:
+    """After a restart, another producer can load the script between two batches of one
+    pipeline: the first meets NOSCRIPT, the later ones run. Only the first is sent again,
+    so the caller's own jobs are never answered as 'duplicate' (and none is written twice)."""
+    script = SCRIPTS["enqueue"]
+    packed = script._packed
+    sent: list[int] = []
+
+    def first_batch_unknown(calls: Any) -> list[bytes]:
+        out = packed(calls)
+        sent.append(len(out))
+        if len(sent) == 1:  # as if the script was loaded only after the first call ran
+            out[0] = out[0].replace(script.sha.encode(), b"0" * 40)
+        return out
+
+    r.script_load(script.source)
+    monkeypatch.setattr(script, "_packed", first_batch_unknown)
+    jobs = [{"type": "t", "job_id": f"p{i}"} for i in range(2500)]
+    if use_async:
+        async def go() -> list[Any]:
+            async with AsyncQueue.from_url(url, q.name) as aq:
+                return await aq.enqueue_many(jobs)
+        results = asyncio.run(go())
+    else:
+        results = q.enqueue_many(jobs)
+    assert [x.status for x in results] == ["queued"] * 2500
+    assert sent == [3, 1]  # three batches, then the one that met NOSCRIPT
+    assert r.xlen(q.keys.stream) == 2500
 
 
 @settings(max_examples=300, deadline=None)
