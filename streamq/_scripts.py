@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from collections.abc import Iterator, Sequence
-from functools import partial
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -97,7 +96,13 @@ class Script:
             conn = pool.get_connection()
             try:
                 conn.send_packed_command(self._packed([calls[i] for i in todo]))
-                todo, failed = self._collect(todo, replies, conn.read_response)
+                got: list[Any] = []
+                for _ in todo:
+                    try:
+                        got.append(conn.read_response())
+                    except ResponseError as exc:  # the reply was read whole: read on
+                        got.append(exc)
+                todo, failed = _sort(todo, got, replies)
             except BaseException:  # replies may be left unread: never reuse it
                 conn.disconnect()
                 raise
@@ -129,7 +134,7 @@ class Script:
                         got.append(await conn.read_response())
                     except ResponseError as exc:  # the reply was read whole: read on
                         got.append(exc)
-                todo, failed = self._collect(todo, replies, partial(_next_reply, iter(got)))
+                todo, failed = _sort(todo, got, replies)
             except BaseException:
                 await conn.disconnect()
                 raise
@@ -142,22 +147,6 @@ class Script:
             if attempt == 0:
                 await client.script_load(self.source)
         raise ScriptError(f"{self.name}.lua: NOSCRIPT after loading it")
-
-    @staticmethod
-    def _collect(todo: list[int], replies: list[Any], read: Any
-                 ) -> tuple[list[int], ResponseError | None]:
-        """Read one reply per call in ``todo`` into ``replies``; return the calls that met
-        NOSCRIPT and the first other error reply (every reply is read either way)."""
-        again: list[int] = []
-        failed: ResponseError | None = None
-        for i in todo:
-            try:
-                replies[i] = read()
-            except NoScriptError:
-                again.append(i)
-            except ResponseError as exc:
-                failed = failed or exc
-        return again, failed
 
     def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         try:
@@ -182,12 +171,20 @@ class Script:
             raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
 
 
-def _next_reply(replies: Iterator[Any]) -> Any:
-    """The next of replies read already, raising it when it was an error reply."""
-    x = next(replies)
-    if isinstance(x, BaseException):
-        raise x
-    return x
+def _sort(todo: list[int], got: list[Any], replies: list[Any]
+          ) -> tuple[list[int], ResponseError | None]:
+    """File the replies ``got`` for the calls ``todo`` into ``replies``; return the calls that
+    met NOSCRIPT (to send again) and the first other error reply."""
+    again: list[int] = []
+    failed: ResponseError | None = None
+    for i, x in zip(todo, got, strict=True):
+        if isinstance(x, NoScriptError):
+            again.append(i)
+        elif isinstance(x, ResponseError):
+            failed = failed or x
+        else:
+            replies[i] = x
+    return again, failed
 
 
 class Pipelined:

@@ -11,6 +11,7 @@ import pytest
 import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sec_support import keys_of
 
 from streamq import (
     AsyncQueue,
@@ -38,10 +39,6 @@ def q(url: str, qname: str) -> Any:
     queue = Queue.from_url(url, qname)
     yield queue
     queue.close()
-
-
-def keys_of(r: redis.Redis, qname: str) -> set[bytes]:
-    return set(r.scan_iter(match=f"streamq:{{{qname}}}:*", count=10_000))  # test-only
 
 
 def test_enqueue_now_writes_record_and_stream_entry(q: Queue, r: redis.Redis) -> None:
