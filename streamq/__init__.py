@@ -21,6 +21,7 @@ from ._errors import (
     SerializationError,
     ServerTooOld,
     StreamqError,
+    UnknownJobType,
     UnknownQueue,
     WaitTimeout,
 )
@@ -29,6 +30,7 @@ from ._model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
 from ._queue import AsyncQueue, Queue
 from ._registry import HandlerSpec, Registry
 from ._serde import JsonSerde, MsgpackSerde, Serde
+from ._tasks import Task
 from ._telemetry import JobContextFilter, JsonFormatter
 from ._version import VERSION
 from ._worker import Worker, WorkerStats
@@ -69,6 +71,8 @@ __all__ = [
     "SerializationError",
     "ServerTooOld",
     "StreamqError",
+    "Task",
+    "UnknownJobType",
     "UnknownQueue",
     "WaitTimeout",
     "Worker",

@@ -16,8 +16,10 @@ from urllib.parse import urlsplit, urlunsplit
 import attrs
 
 from ._config import QueueConfig
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, UnknownQueue
+from ._keys import Keys, check_job_id
 from ._queue import Queue
+from ._queues import check_queue, forget
 from .admin import Admin, DeadFilter
 
 
@@ -74,6 +76,12 @@ class Ctx:
         self.admin = Admin.from_url(args.url, self.config, socket_timeout_s=15.0)
         self.admin.check_server()
 
+    def queue(self, name: str) -> str:
+        """The queue named on the command line, refused (with "did you mean ...") when none
+        of its keys exist: every command fails the same way on a typo."""
+        check_queue(self.admin.client, Keys(name, self.config.key_prefix))
+        return name
+
     def out(self, data: Any, human: Callable[[], str]) -> None:
         if self.args.json:
             print(json.dumps(_plain(data), indent=2, default=str))
@@ -91,12 +99,22 @@ class Ctx:
 
 
 def cmd_stats(ctx: Ctx) -> None:
+    for name in ctx.args.queues or ():
+        ctx.queue(name)
     queues = ctx.args.queues or ctx.admin.queues()
     if not queues:
         raise InvalidArgument("no queues known yet: name them (streamq stats QUEUE ...)")
     count = 0
     while True:
-        stats = [ctx.admin.stats(q) for q in queues]
+        stats = []
+        for q in queues:
+            try:
+                stats.append(ctx.admin.stats(q))
+            except UnknownQueue:  # registered once, its keys gone since (purged, expired)
+                if ctx.args.queues:
+                    raise
+        if not stats:
+            raise InvalidArgument("no known queue has any keys: name one (streamq stats QUEUE)")
 
         def human(stats: list[Any] = stats) -> str:
             rows = [{"queue": s.queue, "ready": s.ready, "pending": s.pending,
@@ -107,7 +125,11 @@ def cmd_stats(ctx: Ctx) -> None:
                      else f"{s.oldest_ready_age_s:.1f}s",
                      "consumers": s.consumers, "workers": s.workers_alive,
                      "paused": "yes" if s.paused else ""} for s in stats]
-            return _table(rows, list(rows[0]))
+            orphans = [s.queue for s in stats if s.workers_alive == 0
+                       and s.ready + s.scheduled + s.retrying > 0]
+            notes = [f"note: {q!r} has jobs waiting and no live worker (a typo in a producer's"
+                     " queue name, or no worker started yet)" for q in orphans]
+            return "\n".join([_table(rows, list(rows[0])), *notes])
 
         if ctx.args.watch and not ctx.args.json:
             sys.stdout.write("\x1b[H\x1b[2J")
@@ -121,7 +143,7 @@ def cmd_stats(ctx: Ctx) -> None:
 
 
 def cmd_pending(ctx: Ctx) -> None:
-    page = ctx.admin.pending(ctx.args.queue, min_idle_s=ctx.args.idle or 0,
+    page = ctx.admin.pending(ctx.queue(ctx.args.queue), min_idle_s=ctx.args.idle or 0,
                              consumer=ctx.args.consumer, count=ctx.args.limit,
                              cursor=ctx.args.cursor)
     ctx.out(page, lambda: _table([{**_plain(p), "idle_s": f"{p.idle_s:.1f}"}
@@ -132,15 +154,22 @@ def cmd_pending(ctx: Ctx) -> None:
 
 
 def cmd_job(ctx: Ctx) -> None:
-    info = ctx.admin.job(ctx.args.queue, ctx.args.job_id)
+    check_job_id(ctx.args.job_id)  # the argument first, then the queue
+    info = ctx.admin.job(ctx.queue(ctx.args.queue), ctx.args.job_id)
 
     def human() -> str:
         plain = _plain(info)
         plain["payload"] = json.dumps(info.payload, default=str)
         if not info.max_attempts:
             plain["max_attempts"] = "handler's default"
+        if info.progress is not None:
+            plain["progress"] = json.dumps(info.progress)
         lines = [f"{k:12} {v}" for k, v in plain.items()
-                 if k not in ("envelope", "errors", "error") and v not in (None, "", [])]
+                 if k not in ("envelope", "errors", "error", "logs") and v not in (None, "", [])]
+        for ln in info.logs[-20:]:
+            at = dt.datetime.fromtimestamp(int(ln.get("t", 0)) / 1000).isoformat(
+                timespec="seconds")
+            lines.append(f"{'log':12} {at} {ln.get('m', '')}")
         for e in info.errors:
             lines.append(f"{'attempt ' + str(e.get('attempt')):12} failed with {e.get('type')}")
         if info.error:
@@ -159,6 +188,7 @@ def _filter(args: argparse.Namespace) -> DeadFilter:
 
 def cmd_dead(ctx: Ctx) -> None:
     a = ctx.args
+    ctx.queue(a.queue)
     if a.action == "list":
         page = ctx.admin.dead(a.queue, _filter(a), limit=a.limit, cursor=a.cursor)
         ctx.out(page, lambda: _table(
@@ -188,12 +218,14 @@ def cmd_dead(ctx: Ctx) -> None:
 
 
 def cmd_requeue(ctx: Ctx) -> None:
-    res = ctx.admin.requeue(ctx.args.queue, ctx.args.job_id)
+    check_job_id(ctx.args.job_id)
+    res = ctx.admin.requeue(ctx.queue(ctx.args.queue), ctx.args.job_id)
     ctx.out({"job_id": ctx.args.job_id, "result": res}, lambda: res)
 
 
 def cmd_cancel(ctx: Ctx) -> None:
-    q = Queue(ctx.admin.client, ctx.args.queue, ctx.config)
+    check_job_id(ctx.args.job_id)
+    q = Queue(ctx.admin.client, ctx.queue(ctx.args.queue), ctx.config)
     res = q.cancel(ctx.args.job_id)
     ctx.out(res, lambda: "cancelled" if res.cancelled else f"not cancelled: {res.reason}")
     if not res.cancelled:
@@ -201,7 +233,7 @@ def cmd_cancel(ctx: Ctx) -> None:
 
 
 def cmd_pause(ctx: Ctx) -> None:
-    ctx.admin.stats(ctx.args.queue)  # unknown queue -> error, not a stray key
+    ctx.queue(ctx.args.queue)  # unknown queue -> error, not a stray key
     if ctx.args.command == "pause":
         ctx.admin.pause(ctx.args.queue)
     else:
@@ -211,6 +243,7 @@ def cmd_pause(ctx: Ctx) -> None:
 
 
 def cmd_consumers(ctx: Ctx) -> None:
+    ctx.queue(ctx.args.queue)
     if ctx.args.prune:
         ctx.confirm(f"prune dead consumers of {ctx.args.queue!r}")
         pruned = ctx.admin.prune(ctx.args.queue, ctx.args.dead_after)
@@ -224,30 +257,124 @@ def cmd_consumers(ctx: Ctx) -> None:
 
 
 def cmd_purge(ctx: Ctx) -> None:
+    ctx.queue(ctx.args.queue)
     ctx.confirm(f"delete every {ctx.args.state} job of {ctx.args.queue!r}")
     n = ctx.admin.purge(ctx.args.queue, ctx.args.state)
     ctx.out({"purged": n, "state": ctx.args.state}, lambda: f"purged {n} {ctx.args.state} jobs")
 
 
-def cmd_enqueue(ctx: Ctx) -> None:
+def _payload(text: str) -> Any:
+    """JSON from the argument, from a file (``@path``) or from stdin (``-``)."""
+    where = "payload"
+    if text == "-":
+        text, where = sys.stdin.read(), "payload from stdin"
+    elif text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read the payload file {path!r}: {exc.strerror}"
+                                  ) from None
+        where = f"payload in {path}"
     try:
-        payload = json.loads(ctx.args.payload)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"payload is not valid JSON: {exc}") from None
-    q = Queue(ctx.admin.client, ctx.args.queue, ctx.config)
+        raise InvalidArgument(f"{where} is not valid JSON: {exc}") from None
+
+
+def _instant(text: str) -> dt.datetime:
+    """An ISO 8601 time; without an offset it is UTC."""
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {text!r} (e.g. 2030-01-31T09:00:00+01:00)") from None
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def _header(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"a header is KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def cmd_enqueue(ctx: Ctx) -> None:
+    a = ctx.args
+    payload = _payload(a.payload) if a.payload is not None else None
+    if not a.create:
+        try:
+            ctx.queue(a.queue)
+        except UnknownQueue as exc:
+            raise UnknownQueue(f"{exc} (--create enqueues on a new queue)") from None
+    q = Queue(ctx.admin.client, a.queue, ctx.config)
     options: dict[str, Any] = {}
-    if ctx.args.delay is not None:
-        options["delay"] = ctx.args.delay
-    if ctx.args.id:
-        options["job_id"] = ctx.args.id
-    res = q.enqueue(ctx.args.type, payload, **options)
-    ctx.out(res, lambda: f"{res.job_id}: {res.status}")
+    for name in ("delay", "run_at", "max_attempts", "result_ttl", "idempotency_key",
+                 "version"):
+        if getattr(a, name) is not None:
+            options[name] = getattr(a, name)
+    if a.deadline is not None:
+        options["deadline"] = a.deadline
+    if a.id:
+        options["job_id"] = a.id
+    if a.header:
+        options["headers"] = dict(a.header)
+    res = q.enqueue(a.type, payload, **options)
+    ctx.out(res, lambda: f"{res.job_id}: {res.status}"
+            + (f" (existing job is {res.state})" if res.status == "duplicate" else ""))
+
+
+def cmd_queues(ctx: Ctx) -> None:
+    if ctx.args.action == "list":
+        names = ctx.admin.queues()
+        ctx.out(names, lambda: "\n".join(names) or "(none)")
+        return
+    name = ctx.args.queue
+    if not name:
+        raise InvalidArgument("queues forget needs a queue name")
+    removed = forget(ctx.admin.client, Keys(name, ctx.config.key_prefix), force=ctx.args.force)
+    if not removed:
+        ctx.queue(name)  # not known at all: the usual "did you mean"
+    ctx.out({"queue": name, "forgotten": removed},
+            lambda: f"{name}: forgotten" if removed else f"{name}: was not in the known queues")
+
+
+def _ms_iso(ms: Any) -> str | None:
+    if not isinstance(ms, int | float) or ms <= 0:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
+
+
+def cmd_cron(ctx: Ctx) -> None:
+    queues = [ctx.queue(q) for q in ctx.args.queues] or ctx.admin.queues()
+    rows: list[dict[str, Any]] = []
+    for qname in queues:
+        raw: Any = ctx.admin.client.hgetall(Keys(qname, ctx.config.key_prefix).cron)
+        for field, value in sorted(raw.items()):
+            name = field.decode()
+            if name.endswith(":last"):
+                continue
+            try:
+                info = json.loads(value)
+            except ValueError:
+                continue
+            last = _ms_iso(info.get("last_tick_ms"))
+            rows.append({"name": name, "queue": info.get("queue", qname),
+                         "schedule": info.get("expr") or (f"every {info['every']:g}s"
+                                                          if info.get("every") else ""),
+                         "tz": info.get("tz"), "job_type": info.get("job_type"),
+                         "last": last, "last_job": info.get("last_job"),
+                         "next": _ms_iso(info.get("next_tick_ms"))})
+    ctx.out(rows, lambda: _table(rows, ["name", "queue", "schedule", "tz", "job_type", "last",
+                                        "next", "last_job"]))
 
 
 COMMANDS: dict[str, Callable[[Ctx], None]] = {
     "stats": cmd_stats, "pending": cmd_pending, "job": cmd_job, "dead": cmd_dead,
     "requeue": cmd_requeue, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause,
     "consumers": cmd_consumers, "purge": cmd_purge, "enqueue": cmd_enqueue,
+    "queues": cmd_queues, "cron": cmd_cron,
 }
 
 
@@ -295,6 +422,24 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
     p.add_argument("queue")
     p.add_argument("type")
-    p.add_argument("payload", help="JSON")
-    p.add_argument("--delay", type=_duration)
-    p.add_argument("--id")
+    p.add_argument("payload", nargs="?", help="JSON, @file with JSON, or - to read stdin")
+    p.add_argument("--id", help="job id (an existing one answers as a duplicate)")
+    p.add_argument("--delay", type=_duration, help="run no earlier than now + D")
+    p.add_argument("--run-at", type=_instant, help="ISO 8601 time (UTC without an offset)")
+    p.add_argument("--deadline", type=_duration, help="dead-letter if not started within D")
+    p.add_argument("--max-attempts", type=int)
+    p.add_argument("--result-ttl", type=_duration)
+    p.add_argument("--idempotency-key")
+    p.add_argument("--header", action="append", type=_header, metavar="KEY=VALUE")
+    p.add_argument("--version", type=int)
+    p.add_argument("--create", action="store_true",
+                   help="allow a queue that does not exist yet (else refused as a typo)")
+    p = sub.add_parser("queues", parents=[common], help="known queues: list, forget")
+    p.add_argument("action", choices=["list", "forget"])
+    p.add_argument("queue", nargs="?")
+    p.add_argument("--force", action="store_true",
+                   help="forget even while the queue has jobs or live workers")
+    p = sub.add_parser("cron", parents=[common],
+                       help="cron entries of the scheduler: schedule, last and next fire")
+    p.add_argument("action", choices=["list"])
+    p.add_argument("queues", nargs="*")

@@ -60,6 +60,12 @@ class QueueConfig:
     """Approximate cap of the lifecycle events stream; 0 turns events off."""
     key_prefix: str = "streamq"
     serde: Serde = attrs.field(factory=JsonSerde)
+    require_handler: bool = False
+    """Producers refuse (UnknownJobType) job types no worker of the queue has published a
+    handler for; off by default (a producer may run before any worker)."""
+
+
+_STALL_WARN_S: float | None = 1.0
 
 
 @attrs.frozen
@@ -86,11 +92,23 @@ class WorkerConfig:
     sync_threads: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(_positive_int))
     """Thread pool size for sync handlers; None = concurrency."""
+    max_abandoned_threads: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive_int))
+    """Extra threads for sync handlers that outlived their timeout (a thread cannot be
+    interrupted): up to this many hung handlers never delay other sync jobs; past it, new sync
+    jobs wait for a thread and a warning names the stuck jobs. None = the pool size."""
     default_max_attempts: int = attrs.field(default=3, validator=_positive_int)
     default_timeout_s: float | None = attrs.field(
         default=None, validator=_optional_positive_seconds
     )
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
+    log_dead_tracebacks: bool = True
+    """Log the handler's traceback with the ERROR line of a dead-lettered job (every failed
+    attempt is a WARNING line without it)."""
+    loop_stall_warn_s: float | None = attrs.field(
+        default=_STALL_WARN_S, validator=_optional_positive_seconds)
+    """A watchdog thread logs a WARNING, with the blocking job and its stack, when the event
+    loop does not answer for this long (a handler blocking it); None turns it off."""
     promote: bool = True
     """Promote due delayed/retry jobs from this worker (on unless a scheduler daemon does it)."""
     trace_parent: bool = True

@@ -36,6 +36,15 @@ class PayloadTooLarge(InvalidArgument):
 class SerializationError(InvalidArgument):
     """A payload, result or header could not be serialised (or deserialised) by the serde."""
 
+    def __init__(self, message: str = "", *, path: tuple[str | int, ...] | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        """Key path of the value that could not be encoded, when known."""
+
+
+class UnknownJobType(InvalidArgument):
+    """With ``QueueConfig.require_handler``: no worker of the queue has a handler for this type."""
+
 
 class QueueFull(StreamqError):
     """The queue holds ``max_depth`` jobs (ready + in flight + delayed); the job was rejected."""
@@ -84,7 +93,7 @@ class WaitTimeout(StreamqError, TimeoutError):
 
 
 class RegistryError(StreamqError):
-    """A handler was registered twice, or under an invalid name."""
+    """A handler was registered twice, under an invalid name, or cannot take a Job."""
 
 
 class ScriptError(StreamqError):

@@ -98,9 +98,24 @@ class Keys:
         return f"{self.base}:workers"
 
     @property
+    def types(self) -> str:
+        """HASH: job type -> when a worker of this queue last published a handler for it."""
+        return f"{self.base}:types"
+
+    @property
     def wake_channel(self) -> str:
         """Pub/sub channel told when a delayed job becomes the earliest due."""
         return f"{self.base}:wake"
+
+    @property
+    def series_minutes(self) -> str:
+        """HASH: epoch minute -> that minute's outcomes (JSON), kept 6 hours (timeseries.lua)."""
+        return f"{self.base}:ts:m"
+
+    @property
+    def series_hours(self) -> str:
+        """HASH: epoch hour -> that hour's outcomes (JSON), kept 30 days."""
+        return f"{self.base}:ts:h"
 
     def worker_info(self, consumer: str) -> str:
         return f"{self.base}:worker:{consumer}"
@@ -109,5 +124,21 @@ class Keys:
         return f"{self.prefix}:{{{self.queue}}}:job:{job_id}"
 
     def done_channel(self, job_id: str) -> str:
-        """Pub/sub channel told when this job reaches a terminal state."""
+        """Pub/sub channel told when this job reaches a terminal state (releases before the
+        shared waiter channel used one per job; their waiters still work)."""
         return f"{self.base}:done:{job_id}"
+
+    def waiter_channel(self, tag: str) -> str:
+        """Pub/sub channel of one producer object's waiters: every job it waits on names it
+        as its 'notify' channel; messages are '<state> <job id>'."""
+        return f"{self.base}:wait:{tag}"
+
+
+def notify_allowed(keys: Keys, channel: str, job_id: str) -> bool:
+    """A notify channel a producer may give a job: the job's own done channel or a waiter
+    channel of its queue (nothing else: notifications stay inside the queue)."""
+    if channel == keys.done_channel(job_id):
+        return True
+    prefix = keys.waiter_channel("")
+    tag = channel[len(prefix):]
+    return channel.startswith(prefix) and 0 < len(tag) <= 64 and tag.isalnum()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json as serde_json
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Literal
 
 import attrs
@@ -120,6 +121,24 @@ class Job:
     headers: dict[str, str] = attrs.field(factory=dict)
     trace: dict[str, str] = attrs.field(factory=dict)
     deadline_ms: int = 0
+    _reporter: Callable[[str, Any], Awaitable[None]] | None = attrs.field(
+        default=None, repr=False, eq=False)
+
+    def progress(self, value: Any) -> Awaitable[None]:
+        """Report progress: a number (e.g. percent done), a string, or a small dict/list of
+        plain JSON data (at most 2 KB). The job record keeps the latest (``JobInfo.progress``,
+        ``streamq job``), the events stream gets a ``progress`` event, and a caller waiting in
+        ``enqueue_and_wait`` is told. Returns at once, from async and sync handlers alike;
+        ``await job.progress(v)`` also waits (at most 2 s) until it is written."""
+        if self._reporter is None:
+            return _done()
+        return self._reporter("progress", value)
+
+    def log(self, message: str) -> None:
+        """Add a line (at most 1,000 characters) to the job's log, kept in its record (the
+        last 100 lines: ``JobInfo.logs``, ``streamq job``) and in the events stream."""
+        if self._reporter is not None:
+            self._reporter("log", message)
 
 
 @attrs.frozen
@@ -185,6 +204,10 @@ class JobInfo:
     envelope: Envelope | None
     errors: list[dict[str, Any]] = attrs.field(factory=list)
     """Failed attempts, oldest first (at most 10): attempt, error type, time (ms)."""
+    progress: Any = None
+    """The latest ``job.progress(...)`` value reported by a handler, None if none."""
+    logs: list[dict[str, Any]] = attrs.field(factory=list)
+    """Lines from ``job.log(...)``, oldest first (the last 100): ``{"n", "t" (ms), "m"}``."""
 
     @property
     def finished(self) -> bool:
@@ -218,15 +241,15 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
             error = err if isinstance(err, dict) else {"message": str(err)}
         except SerializationError:
             error = {"message": s("error")}
-    errors: list[dict[str, Any]] = []
-    if h.get(b"errors"):
+    errors = _json_list(h.get(b"errors"))
+    progress: Any = None
+    if h.get(b"progress"):
         try:
-            errs = serde_json.loads(h[b"errors"])
-            errors = errs if isinstance(errs, list) else []
+            progress = serde_json.loads(h[b"progress"])
         except (ValueError, RecursionError):
-            errors = []
+            progress = s("progress")
     return JobInfo(
-        errors=errors,
+        errors=errors, progress=progress, logs=_json_list(h.get(b"logs")),
         id=job_id, queue=queue, type=s("type"), state=s("state"),
         attempts=_int(h.get(b"attempts")), max_attempts=_int(h.get(b"max_attempts")),
         payload=payload, created_at=_ms_to_dt(h.get(b"created")),
@@ -235,3 +258,26 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
         owner=s("owner") or None, result=result, error=error, reason=s("reason"),
         envelope=env,
     )
+
+
+def _json_list(raw: bytes | None) -> list[Any]:
+    """A JSON list kept in a record by a script (errors, logs); [] when absent or damaged."""
+    if not raw:
+        return []
+    try:
+        value = serde_json.loads(raw)
+    except (ValueError, RecursionError):
+        return []
+    return value if isinstance(value, list) else []
+
+
+class _Done:
+    """An awaitable that is already done (a Job without a worker behind it)."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator: awaiting it finishes at once
+
+
+def _done() -> Awaitable[None]:
+    return _Done()

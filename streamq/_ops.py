@@ -15,7 +15,7 @@ import attrs
 
 from ._config import QueueConfig
 from ._errors import InvalidArgument, JobNotFound, UnknownQueue
-from ._keys import GROUP, Keys, check_job_id
+from ._keys import GROUP, Keys, check_job_id, queues_key
 from ._model import JobInfo, decode_record
 from ._scripts import Arg
 
@@ -371,16 +371,15 @@ def consumers(keys: Keys, alive_within_ms: int = 30_000) -> Op[list[ConsumerInfo
 
 
 def prune(keys: Keys, dead_after_s: float) -> Op[list[str]]:
-    """Delete consumers whose heartbeat is older than dead_after_s and whose PEL is empty."""
+    """Delete consumers whose heartbeat is older than dead_after_s and whose PEL is empty,
+    and forget workers whose heartbeat is that old and that never became a consumer."""
     found = yield from consumers(keys)
-    stale = [c for c in found if c.pending == 0 and
+    stale = [c.name for c in found if c.pending == 0 and
              (c.heartbeat_age_s is None or c.heartbeat_age_s >= dead_after_s)
              and c.idle_s >= dead_after_s]
-    if not stale:
-        return []
-    res = yield [Call("prune", [keys.stream, keys.workers],
-                      [GROUP, c.name, int(dead_after_s * 1000)]) for c in stale]
-    return [c.name for c, x in zip(stale, res, strict=True) if ok(x) == 1]
+    (res,) = yield [Call("prune", [keys.stream, keys.workers],
+                         [GROUP, int(dead_after_s * 1000), *stale])]
+    return [_s(x) for x in ok(res)]
 
 
 def set_paused(keys: Keys, paused: bool) -> Op[bool]:
@@ -396,3 +395,67 @@ def server_version() -> Op[tuple[int, ...]]:
                next((ln.split(":", 1)[1] for ln in text.splitlines()
                      if ln.startswith("redis_version:")), "0"))
     return tuple(int(x) for x in str(version).strip().split(".")[:3] if x.isdigit())
+
+
+# ------------------------------------------------------------------ queue names and job types
+
+
+def exists(keys: Keys) -> Op[bool]:
+    """Whether any key of the queue that jobs or workers leave behind exists."""
+    (n,) = yield [Cmd.of("EXISTS", keys.stream, keys.delayed, keys.dead, keys.stats)]
+    return bool(ok(n))
+
+
+def forget(keys: Keys, force: bool) -> Op[bool]:
+    """Drop the queue from the set of known queues (``streamq stats`` lists them). Refused
+    while the queue holds jobs or has live workers, unless ``force``; its keys stay."""
+    if not force:
+        (present,) = yield [Cmd.of("EXISTS", keys.stream, keys.delayed, keys.dead, keys.stats)]
+        if ok(present):
+            s = yield from stats(keys)
+            jobs = s.ready + s.pending + s.scheduled + s.retrying + s.dead
+            if jobs or s.workers_alive:
+                raise InvalidArgument(
+                    f"queue {keys.queue!r} still has {jobs} jobs ({s.ready} ready,"
+                    f" {s.pending} running, {s.scheduled} scheduled, {s.retrying} retrying,"
+                    f" {s.dead} dead) and {s.workers_alive} live workers; purge them first,"
+                    " or forget it anyway with --force (its keys stay)")
+    (n,) = yield [Cmd.of("SREM", queues_key(keys.prefix), keys.queue)]
+    return bool(ok(n))
+
+
+def publish_types(keys: Keys, names: Sequence[str]) -> Op[None]:
+    """Record that a worker of this queue has handlers for these job types (server time)."""
+    if not names:
+        return None
+    (t,) = yield [Cmd.of("TIME")]
+    now = _server_ms(ok(t))
+    args: list[Any] = []
+    for n in names:
+        args += [n, now]
+    (r,) = yield [Cmd.of("HSET", keys.types, *args)]
+    ok(r)
+    return None
+
+
+def registered_types(keys: Keys) -> Op[dict[str, int]]:
+    """Job type -> when a worker of the queue last published a handler for it (epoch ms)."""
+    (h,) = yield [Cmd.of("HGETALL", keys.types)]
+    return {_s(k): int(v) for k, v in _dict(ok(h)).items()}
+
+
+def unknown_queue(keys: Keys, known: Sequence[str]) -> UnknownQueue:
+    """The error for a queue none of whose keys exist, with the closest known names."""
+    import difflib
+
+    close = difflib.get_close_matches(keys.queue, list(known), n=3, cutoff=0.6)
+    if close:
+        hint = "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    elif known:
+        shown = sorted(known)[:10]
+        hint = "known queues: " + ", ".join(shown) + (", ..." if len(known) > 10 else "")
+    else:
+        hint = "no queue is known yet (workers and producers add theirs to " \
+               f"{queues_key(keys.prefix)})"
+    return UnknownQueue(
+        f"queue {keys.queue!r} does not exist (no keys under {keys.base}); {hint}")

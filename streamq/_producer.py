@@ -12,8 +12,15 @@ from typing import Any, NamedTuple
 
 from . import _telemetry as tel
 from ._config import QueueConfig
-from ._errors import InvalidArgument, JobFailed, PayloadTooLarge, QueueFull, ResultNotReady
-from ._keys import GROUP, Keys, check_job_id
+from ._errors import (
+    InvalidArgument,
+    JobFailed,
+    PayloadTooLarge,
+    QueueFull,
+    ResultNotReady,
+    SerializationError,
+)
+from ._keys import GROUP, Keys, check_job_id, notify_allowed
 from ._model import (
     TERMINAL,
     CancelResult,
@@ -23,7 +30,7 @@ from ._model import (
     plain_envelope,
 )
 from ._scripts import Arg
-from ._serde import JsonSerde, dumps_str_keys
+from ._serde import JsonSerde, dumps_str_keys, render_path
 
 _TYPE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,199}")
 _TYPES_SEEN: set[str] = set()  # job types already validated (most producers use a handful)
@@ -103,7 +110,7 @@ def prepare(
     if type(job_type) is not str or job_type not in _TYPES_SEEN:
         check_type(job_type)
     jid = new_job_id() if job_id is None else check_job_id(job_id)
-    if notify and notify != keys.done_channel(jid):  # only enqueue_and_wait's own channel
+    if notify and not notify_allowed(keys, notify, jid):  # only enqueue_and_wait's channels
         raise InvalidArgument("notify is set by enqueue_and_wait; it cannot be given")
     delay_ms = 0
     run_at_ms = 0
@@ -128,7 +135,8 @@ def prepare(
         attempts = max_attempts
     ttl_s = cfg.default_result_ttl_s
     if result_ttl is not None:
-        ttl_s = max(1, math.ceil(_seconds("result_ttl", result_ttl, allow_zero=False)))
+        seconds = _seconds("result_ttl", result_ttl, allow_zero=True)
+        ttl_s = 0 if seconds == 0 else max(1, math.ceil(seconds))  # 0: fire-and-forget
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise InvalidArgument(f"version must be a positive integer, got {version!r}")
     if idempotency_key is not None and not isinstance(idempotency_key, str):
@@ -138,12 +146,26 @@ def prepare(
     hdrs = dict(headers or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in hdrs.items()):
         raise InvalidArgument("headers must map str to str")
-    data = cfg.serde.dumps(plain_envelope(
-        jid, job_type, payload, version, attempts, int(time.time() * 1000), run_at_ms,
-        deadline_arg if deadline_arg > 0 else 0, idempotency_key, dict(trace or {}), ttl_s, hdrs,
-    ))
+    try:
+        data = cfg.serde.dumps(plain_envelope(
+            jid, job_type, payload, version, attempts, int(time.time() * 1000), run_at_ms,
+            deadline_arg if deadline_arg > 0 else 0, idempotency_key, dict(trace or {}), ttl_s,
+            hdrs,
+        ))
+    except SerializationError as exc:
+        raise _in_payload(exc) from exc
     return _sealed(keys, cfg, jid, data, (jid, job_type, data, attempts, ttl_s, deadline_arg,
                                          delay_ms, run_at_ms, notify))
+
+
+def _in_payload(exc: SerializationError) -> SerializationError:
+    """Name the key path from the payload (the envelope keeps it under "p")."""
+    path = exc.path
+    if not path or path[0] != "p":
+        return exc
+    inner = tuple(path[1:])
+    return SerializationError(str(exc).replace(render_path(path), "payload" + render_path(inner),
+                                               1), path=inner)
 
 
 def _sealed(keys: Keys, cfg: QueueConfig, jid: str, data: bytes, args: tuple[Arg, ...]
@@ -234,13 +256,23 @@ def chunks(prepared: Sequence[Prepared]) -> list[Sequence[Prepared]]:
 
 
 def enqueue_call(
-    keys: Keys, cfg: QueueConfig, batch: Sequence[Prepared]
+    keys: Keys, cfg: QueueConfig, batch: Sequence[Prepared],
+    tags: Sequence[str] | None = None,
 ) -> tuple[list[str], list[Arg]]:
+    """enqueue.lua's keys and arguments for ``batch``. ``tags``: one writer tag per job (the
+    Spark path: it identifies the row, see enqueue.lua); without, a repeated call is told by
+    its envelopes."""
     k = [keys.stream, keys.delayed, keys.stats, keys.events]
     k.extend(p.key for p in batch)
     args: list[Arg] = [cfg.events_maxlen, cfg.max_depth, keys.wake_channel, len(batch)]
-    for p in batch:
-        args.extend(p.args)
+    if tags is None:
+        for p in batch:
+            args.extend(p.args)
+            args.append("")
+    else:
+        for p, tag in zip(batch, tags, strict=True):
+            args.extend(p.args)
+            args.append(tag)
     return k, args
 
 
@@ -280,6 +312,15 @@ def count(queue: str, results: list[EnqueueResult]) -> list[EnqueueResult]:
     if dup:
         tel.DUPLICATES.add(dup, attrs)
     return results
+
+
+def check_waitable(options: Mapping[str, Any]) -> None:
+    """enqueue_and_wait needs the job's record when it completes."""
+    ttl = options.get("result_ttl")
+    if ttl is not None and not isinstance(ttl, bool) and (
+            ttl == 0 or (isinstance(ttl, dt.timedelta) and ttl.total_seconds() == 0)):
+        raise InvalidArgument("enqueue_and_wait needs the result: result_ttl=0 (fire-and-forget)"
+                              " deletes it on completion; use enqueue, or a positive result_ttl")
 
 
 def single(queue: str, results: list[EnqueueResult]) -> EnqueueResult:

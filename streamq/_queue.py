@@ -2,24 +2,43 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import redis
 import redis.asyncio as aredis
 
 from . import _producer as prod
+from . import _queues
 from . import _telemetry as tel
+from ._autobatch import AsyncBatcher, SyncBatcher
 from ._config import QueueConfig
 from ._conn import async_client, sync_client
-from ._errors import JobNotFound, ResultNotReady, WaitTimeout
+from ._errors import JobNotFound, ResultNotReady, UnknownJobType, WaitTimeout
 from ._keys import Keys, check_job_id
 from ._model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from ._retry import acall, call
 from ._scripts import SCRIPTS
+from ._waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters
 
-_POLL_MAX_S = 0.5
+_TYPES_TTL_S = 30.0
+"""With QueueConfig.require_handler: how long the published job types are cached."""
+
+
+def unknown_job_type(queue: str, job_type: str, known: Iterable[str]) -> UnknownJobType:
+    import difflib
+
+    names = sorted(known)
+    close = difflib.get_close_matches(job_type, names, n=3, cutoff=0.6)
+    hint = ("did you mean " + " or ".join(repr(c) for c in close) + "?" if close else
+            "registered: " + ", ".join(names[:20]) if names else
+            "no worker of this queue has published its handlers yet")
+    return UnknownJobType(f"no worker of queue {queue!r} has a handler for job type"
+                          f" {job_type!r}; {hint}")
 
 
 class _Base:
@@ -27,6 +46,25 @@ class _Base:
         self.config = config or QueueConfig()
         self.keys = Keys(name, self.config.key_prefix)
         self.name = name
+        self._noted = False
+        """Added to the known queues (once per object, on the first enqueue)."""
+        self._types: frozenset[str] = frozenset()
+        self._types_at = -1e9
+
+    def _unknown_types(self, job_types: Sequence[Any]) -> set[str]:
+        """With ``require_handler``: the job types not in the cached published set."""
+        if not self.config.require_handler:
+            return set()
+        wanted = {t for t in job_types if isinstance(t, str)} - self._types
+        if wanted or time.monotonic() - self._types_at > _TYPES_TTL_S:
+            return wanted or {""}
+        return set()
+
+    def _check_types(self, job_types: Sequence[Any], published: dict[str, int]) -> None:
+        self._types, self._types_at = frozenset(published), time.monotonic()
+        missing = sorted({t for t in job_types if isinstance(t, str)} - self._types)
+        if missing:
+            raise unknown_job_type(self.name, missing[0], self._types)
 
 
 class Queue(_Base):
@@ -35,6 +73,9 @@ class Queue(_Base):
     def __init__(self, client: redis.Redis, name: str, config: QueueConfig | None = None) -> None:
         super().__init__(name, config)
         self.client = client
+        self._waiters: SyncWaiters | None = None
+        self._waiters_lock = threading.Lock()
+        self._batcher: SyncBatcher[prod.Prepared, EnqueueResult] = SyncBatcher(self._enqueue)
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
@@ -42,6 +83,8 @@ class Queue(_Base):
         return cls(sync_client(url, **client_kwargs), name, config)
 
     def close(self) -> None:
+        if self._waiters is not None:
+            self._waiters.close()
         self.client.close()
 
     def __enter__(self) -> Queue:
@@ -60,13 +103,25 @@ class Queue(_Base):
                 return prod.parse_enqueue(self.config, b, reply, retried=retried)
 
             out.extend(call(once))
+        self._note()
         return out
+
+    def _note(self) -> None:
+        if not self._noted:  # after the first accepted enqueue: `streamq stats` shows the queue
+            _queues.note_queue(self.client, self.keys)
+            self._noted = True
+
+    def _before(self, job_types: Sequence[Any]) -> None:
+        if self._unknown_types(job_types):
+            self._check_types(job_types, _queues.registered_types(self.client, self.keys))
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
         """Enqueue one job now or later. Options: see ``docs/getting-started.md``."""
+        self._before((job_type,))
         with tel.publish(self.name, 1, options.get("job_id")) as carrier:
-            return prod.single(self.name, self._enqueue([prod.prepare(
-                self.keys, self.config, job_type, payload, trace=carrier, **options)]))
+            # concurrent calls from several threads gather into one script call
+            return prod.single(self.name, [self._batcher.submit(prod.prepare(
+                self.keys, self.config, job_type, payload, trace=carrier, **options))])
 
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         """Enqueue many jobs in pipelined batches; each dict takes enqueue's argument names.
@@ -75,6 +130,7 @@ class Queue(_Base):
         so one full queue never hides which jobs were accepted.
         """
         jobs = list(jobs)
+        self._before([j.get("type") for j in jobs if isinstance(j, Mapping)])
         with tel.publish(self.name, len(jobs), None) as carrier:
             return prod.count(self.name, self._enqueue_many(
                 prod.prepare_many(self.keys, self.config, jobs, carrier)))
@@ -90,7 +146,9 @@ class Queue(_Base):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
             return out
 
-        return call(once)
+        out = call(once)
+        self._note()
+        return out
 
     def get(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (never enqueued, or expired)."""
@@ -125,37 +183,60 @@ class Queue(_Base):
             job_id, SCRIPTS["cancel"](self.client, keys, args), retried=retried))
 
     def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
+                         on_progress: Callable[[Any], None] | None = None,
                          **options: Any) -> Any:
-        """Enqueue, then wait for the result; raises JobFailed or WaitTimeout (job goes on)."""
+        """Enqueue, then wait for the result; raises JobFailed or WaitTimeout (job goes on).
+        ``on_progress(value)`` is called with each new ``job.progress(...)`` value seen.
+        Every waiter of this queue object shares one subscriber connection."""
         prod._seconds("timeout", timeout, allow_zero=False)
+        prod.check_waitable(options)
         job_id = options.pop("job_id", None) or prod.new_job_id()
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        waiters = self._started_waiters()
+        event = waiters.register(job_id)
         try:
-            channel = self.keys.done_channel(job_id)
-            pubsub.subscribe(channel)
-            r = self.enqueue(job_type, payload, job_id=job_id, notify=channel, **options)
+            r = self.enqueue(job_type, payload, job_id=job_id, notify=waiters.channel,
+                             **options)
             if r.status == "duplicate" and r.state in TERMINAL:
                 return prod.outcome(self._info(job_id))
-            return self._wait(job_id, timeout, pubsub)
+            return self._wait(job_id, timeout, event, on_progress)
         finally:
-            pubsub.close()
+            waiters.unregister(job_id, event)
 
-    def _wait(self, job_id: str, timeout: float, pubsub: Any) -> Any:
+    def _started_waiters(self) -> SyncWaiters:
+        with self._waiters_lock:
+            if self._waiters is None:
+                self._waiters = SyncWaiters(self.client, self.keys)
+        self._waiters.start()
+        return self._waiters
+
+    def _wait(self, job_id: str, timeout: float, event: threading.Event | None,
+              on_progress: Callable[[Any], None] | None = None) -> Any:
         end = time.monotonic() + timeout
         poll = 0.01
+        seen: list[Any] = [None]
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0:
                 raise WaitTimeout(job_id, timeout)
-            if pubsub is not None:
-                pubsub.get_message(timeout=min(remaining, _POLL_MAX_S))
+            if event is not None:  # woken by the shared subscriber, or a poll at the latest
+                event.wait(min(remaining, POLL_MAX_S))
+                event.clear()
             else:
                 time.sleep(min(remaining, poll))
-                poll = min(poll * 2, _POLL_MAX_S)
+                poll = min(poll * 2, POLL_MAX_S)
+            info = self._info(job_id)
             try:
-                return prod.outcome(self._info(job_id))
+                return prod.outcome(info)
             except ResultNotReady:
+                _progressed(info, seen, on_progress)
                 continue
+
+
+def _progressed(info: JobInfo, seen: list[Any], on_progress: Callable[[Any], None] | None
+                ) -> None:
+    if on_progress is not None and info.progress is not None and info.progress != seen[0]:
+        seen[0] = info.progress
+        on_progress(info.progress)
 
 
 class AsyncQueue(_Base):
@@ -164,6 +245,8 @@ class AsyncQueue(_Base):
     def __init__(self, client: aredis.Redis, name: str, config: QueueConfig | None = None) -> None:
         super().__init__(name, config)
         self.client = client
+        self._waiters: AsyncWaiters | None = None
+        self._batcher: AsyncBatcher[prod.Prepared, EnqueueResult] = AsyncBatcher(self._enqueue)
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
@@ -171,6 +254,8 @@ class AsyncQueue(_Base):
         return cls(async_client(url, **client_kwargs), name, config)
 
     async def close(self) -> None:
+        if self._waiters is not None:
+            await self._waiters.close()
         await self.client.aclose()
 
     async def __aenter__(self) -> AsyncQueue:
@@ -189,16 +274,28 @@ class AsyncQueue(_Base):
                 return prod.parse_enqueue(self.config, b, reply, retried=retried)
 
             out.extend(await acall(once))
+        await self._note()
         return out
 
+    async def _note(self) -> None:
+        if not self._noted:
+            await _queues.anote_queue(self.client, self.keys)
+            self._noted = True
+
+    async def _before(self, job_types: Sequence[Any]) -> None:
+        if self._unknown_types(job_types):
+            self._check_types(job_types, await _queues.aregistered_types(self.client, self.keys))
+
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
+        await self._before((job_type,))
         with tel.publish(self.name, 1, options.get("job_id")) as carrier:
-            return prod.single(self.name, await self._enqueue(
-                [prod.prepare(self.keys, self.config, job_type, payload, trace=carrier,
-                              **options)]))
+            # concurrent calls from several coroutines gather into one script call
+            return prod.single(self.name, [await self._batcher.submit(prod.prepare(
+                self.keys, self.config, job_type, payload, trace=carrier, **options))])
 
     async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         jobs = list(jobs)
+        await self._before([j.get("type") for j in jobs if isinstance(j, Mapping)])
         with tel.publish(self.name, len(jobs), None) as carrier:
             return prod.count(self.name, await self._enqueue_many(
                 prod.prepare_many(self.keys, self.config, jobs, carrier)))
@@ -214,7 +311,9 @@ class AsyncQueue(_Base):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
             return out
 
-        return await acall(once)
+        out = await acall(once)
+        await self._note()
+        return out
 
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
@@ -252,35 +351,44 @@ class AsyncQueue(_Base):
         return await acall(once)
 
     async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
+                               on_progress: Callable[[Any], None] | None = None,
                                **options: Any) -> Any:
         prod._seconds("timeout", timeout, allow_zero=False)
+        prod.check_waitable(options)
         job_id = options.pop("job_id", None) or prod.new_job_id()
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        if self._waiters is None:
+            self._waiters = AsyncWaiters(self.client, self.keys)
+        waiters = self._waiters
+        await waiters.start()
+        event = waiters.register(job_id)
         try:
-            channel = self.keys.done_channel(job_id)
-            await pubsub.subscribe(channel)
-            r = await self.enqueue(job_type, payload, job_id=job_id, notify=channel, **options)
+            r = await self.enqueue(job_type, payload, job_id=job_id, notify=waiters.channel,
+                                   **options)
             if r.status == "duplicate" and r.state in TERMINAL:
                 return prod.outcome(await self._info(job_id))
-            return await self._wait(job_id, timeout, pubsub)
+            return await self._wait(job_id, timeout, event, on_progress)
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            waiters.unregister(job_id, event)
 
-    async def _wait(self, job_id: str, timeout: float, pubsub: Any) -> Any:
-        import asyncio
-
+    async def _wait(self, job_id: str, timeout: float, event: asyncio.Event | None,
+                    on_progress: Callable[[Any], None] | None = None) -> Any:
         end = time.monotonic() + timeout
         poll = 0.01
+        seen: list[Any] = [None]
         while True:
             remaining = end - time.monotonic()
             if remaining <= 0:
                 raise WaitTimeout(job_id, timeout)
-            if pubsub is not None:
-                await pubsub.get_message(timeout=min(remaining, _POLL_MAX_S))
+            if event is not None:  # woken by the shared subscriber, or a poll at the latest
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(remaining, POLL_MAX_S))
+                event.clear()
             else:
                 await asyncio.sleep(min(remaining, poll))
-                poll = min(poll * 2, _POLL_MAX_S)
+                poll = min(poll * 2, POLL_MAX_S)
+            info = await self._info(job_id)
             try:
-                return prod.outcome(await self._info(job_id))
+                return prod.outcome(info)
             except ResultNotReady:
+                _progressed(info, seen, on_progress)
                 continue

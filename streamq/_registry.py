@@ -5,7 +5,10 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from ._tasks import TaskDecorator
 
 import attrs
 
@@ -28,6 +31,27 @@ class HandlerSpec:
     retry: RetryPolicy | None = None
 
 
+def check_handler(name: str, fn: Any) -> None:
+    """Refuse what cannot be called with one ``Job``, at registration rather than at run time."""
+    if not callable(fn):
+        raise RegistryError(
+            f"the handler of {name!r} must be a function taking a Job, got"
+            f" {type(fn).__name__} {fn!r}: write registry.register({name!r}, my_function)")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or extension callable without a signature: judged at run time
+    try:
+        sig.bind(None)
+    except TypeError:
+        fn_name = getattr(fn, "__name__", type(fn).__name__)
+        params = ", ".join(str(p.replace(annotation=p.empty)) for p in sig.parameters.values())
+        raise RegistryError(
+            f"the handler of {name!r} cannot be called with one Job: {fn_name}({params});"
+            f" write def {fn_name}(job: Job) -> ... and read the arguments from job.payload"
+        ) from None
+
+
 class Registry:
     """Maps job types to handlers.
 
@@ -47,8 +71,14 @@ class Registry:
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
     ) -> HandlerSpec:
+        if callable(name) and isinstance(fn, str):
+            raise RegistryError(
+                f"register() takes the job type first: write registry.register({fn!r},"
+                f" {getattr(name, '__name__', 'handler')})")
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-            raise RegistryError(f"invalid job type name {name!r}")
+            raise RegistryError(f"invalid job type name {name!r}: 1-200 of A-Z a-z 0-9 . _ : / -,"
+                                " starting with a letter, digit or _")
+        check_handler(name, fn)
         if (name, version) in self._handlers:
             raise RegistryError(f"a handler for {name!r} (version {version}) is already registered")
         if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
@@ -70,6 +100,13 @@ class Registry:
         retry: RetryPolicy | None = None,
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`; async functions run on the loop, sync in threads."""
+        if callable(name):
+            fn_name = getattr(name, "__name__", "handler")
+            raise RegistryError(
+                f"@registry.handler needs the job type: write @registry.handler({fn_name!r})"
+                f" above def {fn_name}(job), not @registry.handler")
+        if not isinstance(name, str):
+            raise RegistryError(f"@registry.handler takes the job type (a str), got {name!r}")
 
         def deco(fn: F) -> F:
             self.register(name, fn, version=version, max_attempts=max_attempts, timeout=timeout,
@@ -78,8 +115,25 @@ class Registry:
 
         return deco
 
+    def task(self, name: str, *, version: int | None = None, max_attempts: int | None = None,
+             timeout: float | None = None, retry: RetryPolicy | None = None) -> TaskDecorator:
+        """Register a function with typed parameters as a typed task (``Task``): enqueue it
+        with its own arguments, get its return type back. A parameter annotated ``Job`` (or
+        named ``job``) receives the Job."""
+        from ._tasks import TaskDecorator
+
+        if callable(name):
+            fn_name = getattr(name, "__name__", "task")
+            raise RegistryError(f"@registry.task needs the job type: write"
+                                f" @registry.task({fn_name!r})")
+        return TaskDecorator(self, name, {"version": version, "max_attempts": max_attempts,
+                                          "timeout": timeout, "retry": retry})
+
     def get(self, name: str, version: int = 1) -> HandlerSpec | None:
         return self._handlers.get((name, version)) or self._handlers.get((name, None))
 
     def names(self) -> list[str]:
         return sorted({n for n, _ in self._handlers})
+
+    def specs(self) -> list[HandlerSpec]:
+        return list(self._handlers.values())

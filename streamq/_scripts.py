@@ -21,7 +21,7 @@ from ._errors import ScriptError
 Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
-          "prune", "fire", "requeue", "redrive", "purge")
+          "prune", "fire", "requeue", "redrive", "purge", "progress")
 
 
 _pack: Any

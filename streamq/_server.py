@@ -29,8 +29,8 @@ class RedisServer:
     """Start, kill and restart one redis-server process owned by the caller."""
 
     def __init__(self, *, aof: bool = False, directory: str | None = None,
-                 extra: tuple[str, ...] = ()) -> None:
-        self.binary = os.environ.get("STREAMQ_REDIS_SERVER", "redis-server")
+                 extra: tuple[str, ...] = (), binary: str | None = None) -> None:
+        self.binary = binary or os.environ.get("STREAMQ_REDIS_SERVER", "redis-server")
         if shutil.which(self.binary) is None:
             raise RuntimeError(f"redis server binary {self.binary!r} not found on PATH; install"
                                " Redis (apt-get install redis-server) or set STREAMQ_REDIS_SERVER")

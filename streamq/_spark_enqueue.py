@@ -1,7 +1,9 @@
 """The executor side of ``streamq.spark.enqueue_dataframe``: one task per partition, fed Arrow
 record batches by ``DataFrame.mapInArrow`` (no Row objects), enqueueing through enqueue.lua in
 pipelined batches. It yields one small record batch of counts per task; the driver sums what
-the successful tasks returned (exact, whatever Spark retries)."""
+the successful tasks returned. Each row carries a writer tag that names it (run, partition,
+task attempt, offset), so those counts are exact whatever Spark retries and however often an
+id repeats (see enqueue.lua)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 
 import attrs
 import pyarrow as pa
+from pyspark import TaskContext
 
 from . import _producer as prod
 from ._config import QueueConfig
@@ -65,11 +68,15 @@ class EnqueueTask:
     has_delay: bool
     batch_size: int
     created_ms: int
-    """The envelopes' creation time: when enqueue_dataframe was called. A retried task
-    builds byte-identical envelopes, so enqueue.lua tells its rows from a re-run's
-    ('mine'), and a row a failed attempt enqueued still counts as enqueued."""
+    """The envelopes' creation time: when enqueue_dataframe was called."""
     str_keys_only: bool
     """Every mapping a payload can hold has str keys (no map columns): no key walk."""
+    run: str
+    """Names this enqueue_dataframe call (random, made on the driver). Every row is sent
+    with a writer tag '<run>:<partition>:<task attempt id>:<row offset>' that a job it
+    creates keeps: enqueue.lua tells a row whose job an earlier attempt of its task wrote
+    (counted as enqueued, once) from a repeat of an id (a duplicate), whether the two rows
+    are equal or not."""
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         keys = Keys(self.queue, self.cfg.key_prefix)
@@ -82,7 +89,7 @@ class EnqueueTask:
             while at < n:
                 status = reply[at]
                 if status == b"duplicate":
-                    if reply[at + 4] == 1:  # this very call went through before
+                    if reply[at + 4] == 1:  # this row, from a retried call or attempt
                         status = b"queued"
                     at += 5
                 else:
@@ -93,17 +100,24 @@ class EnqueueTask:
         def reject(why: str) -> None:
             counts["rejected:" + why] = counts.get("rejected:" + why, 0) + 1
 
+        ctx = TaskContext.get()  # None only when called outside a Spark task
+        writer = (f"{self.run}:{ctx.partitionId()}:{ctx.taskAttemptId()}:" if ctx is not None
+                  else f"{self.run}:0:0:")
         try:
             with Pipelined(SCRIPTS["enqueue"], client, tally) as pipe:
                 pending: list[prod.Prepared] = []
+                tags: list[str] = []
+                offset = 0  # of the row in the partition, rejected rows included
                 for rb in batches:
-                    for p in self._prepare(keys, rb, reject):
+                    for at, p in self._prepare(keys, rb, reject, offset):
                         pending.append(p)
+                        tags.append(writer + str(at))
                         if len(pending) >= self.batch_size:
-                            pipe.send(pending, *prod.enqueue_call(keys, self.cfg, pending))
-                            pending = []
+                            pipe.send(pending, *prod.enqueue_call(keys, self.cfg, pending, tags))
+                            pending, tags = [], []
+                    offset += rb.num_rows
                 if pending:
-                    pipe.send(pending, *prod.enqueue_call(keys, self.cfg, pending))
+                    pipe.send(pending, *prod.enqueue_call(keys, self.cfg, pending, tags))
         finally:
             client.close()
         yield pa.RecordBatch.from_pydict({"outcome": list(counts), "n": list(counts.values())})
@@ -116,8 +130,10 @@ class EnqueueTask:
         cols = [rb.column(1 + i).to_pylist(maps_as_pydicts="lossy") for i in range(len(names))]
         return [dict(zip(names, v, strict=True)) for v in zip(*cols, strict=True)]
 
-    def _prepare(self, keys: Keys, rb: pa.RecordBatch, reject: Callable[[str], None]
-                 ) -> Iterator[prod.Prepared]:
+    def _prepare(self, keys: Keys, rb: pa.RecordBatch, reject: Callable[[str], None],
+                 offset: int) -> Iterator[tuple[int, prod.Prepared]]:
+        """Each row of ``rb`` that can become a job, with its offset in the partition (the
+        batch starts at ``offset``)."""
         ids = rb.column(0).to_pylist()
         payloads = self._payloads(rb)
         delays = rb.column(rb.num_columns - 1).to_pylist() if self.has_delay else [None] * len(ids)
@@ -125,7 +141,8 @@ class EnqueueTask:
         tpl = prod.row_template(cfg, job_type, self.created_ms) if self.payload == "json" \
             else None
         parse_json = self.payload == "value"
-        for raw_id, payload, delay in zip(ids, payloads, delays, strict=True):
+        for at, (raw_id, payload, delay) in enumerate(zip(ids, payloads, delays, strict=True),
+                                                      offset):
             if raw_id is None:
                 reject("null_id")
                 continue
@@ -133,8 +150,8 @@ class EnqueueTask:
                 if tpl is not None:
                     if payload is None:  # to_json of a null struct, map or array
                         payload = "null"
-                    yield prod.prepare_row_json(keys, cfg, tpl, job_type, str(raw_id), payload,
-                                                delay)
+                    yield at, prod.prepare_row_json(keys, cfg, tpl, job_type, str(raw_id),
+                                                    payload, delay)
                     continue
                 if parse_json and isinstance(payload, str):
                     try:
@@ -142,7 +159,7 @@ class EnqueueTask:
                     except ValueError:
                         reject("invalid_json")
                         continue
-                yield prod.prepare_row(keys, cfg, job_type, payload, str(raw_id), delay,
-                                       self.created_ms, str_keys_only=self.str_keys_only)
+                yield at, prod.prepare_row(keys, cfg, job_type, payload, str(raw_id), delay,
+                                           self.created_ms, str_keys_only=self.str_keys_only)
             except InvalidArgument as exc:
                 reject(reason(exc))

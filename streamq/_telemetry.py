@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -39,12 +40,20 @@ RETRIED = _counter("retried", "attempts that failed and were scheduled for a ret
 FAILED = _counter("failed", "jobs dead-lettered")
 RECLAIMED = _counter("reclaimed", "entries taken over from a worker whose lease lapsed")
 LEASE_LOST = _counter("lease_lost", "results discarded because the lease had been taken over")
-QUEUE_WAIT = _meter.create_histogram("streamq.job.queue_wait", unit="s",
-                                     description="time from (re)entering the stream to start")
-DURATION = _meter.create_histogram("streamq.job.duration", unit="s",
-                                   description="handler run time of one attempt")
-END_TO_END = _meter.create_histogram("streamq.job.end_to_end", unit="s",
-                                     description="time from enqueue to the end of the attempt")
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0, 600.0, 1800.0, 3600.0, 21600.0, 86400.0)
+"""Bucket boundaries advised for the histograms (in seconds: the SDK's default boundaries,
+0 to 10,000, are meant for milliseconds). A View of your own still overrides them."""
+
+
+def _seconds(name: str, description: str) -> Any:
+    return _meter.create_histogram(name, unit="s", description=description,
+                                   explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+
+
+QUEUE_WAIT = _seconds("streamq.job.queue_wait", "time from (re)entering the stream to start")
+DURATION = _seconds("streamq.job.duration", "handler run time of one attempt")
+END_TO_END = _seconds("streamq.job.end_to_end", "time from enqueue to the end of the attempt")
 
 
 def tracing() -> bool:
@@ -78,13 +87,22 @@ def publish(queue: str, n: int, job_id: str | None) -> Iterator[dict[str, str]]:
         yield carrier
 
 
-class Attempt:
-    """The consumer span of one attempt (or nothing, when tracing is off)."""
+_running: dict[str, int] = {}
+"""Handlers running in this process, by queue (the in-flight gauge)."""
+_running_lock = threading.Lock()  # workers on several threads' event loops share it
 
-    __slots__ = ("_scope", "span", "trace_id")
+
+class Attempt:
+    """The consumer span of one attempt (or nothing, when tracing is off); counts the attempt
+    as in flight until ``end``."""
+
+    __slots__ = ("_queue", "_scope", "span", "trace_id")
 
     def __init__(self, queue: str, job_id: str, job_type: str, attempt: int,
                  carrier: dict[str, str], parent: bool) -> None:
+        with _running_lock:
+            _running[queue] = _running.get(queue, 0) + 1
+        self._queue: str | None = queue
         self.span: Any = None
         self._scope: Any = None
         self.trace_id = _carrier_trace_id(carrier)
@@ -104,6 +122,10 @@ class Attempt:
         self._scope.__enter__()
 
     def end(self, outcome: str, exc: BaseException | None = None, detail: str = "") -> None:
+        if self._queue is not None:
+            with _running_lock:
+                _running[self._queue] -= 1
+            self._queue = None
         if self.span is None:
             return
         self._scope.__exit__(None, None, None)
@@ -155,9 +177,21 @@ for _field, _unit, _desc in [
     ("delayed", "{job}", "scheduled and retrying jobs"),
     ("dead", "{job}", "dead-lettered jobs"),
     ("oldest_ready_age", "s", "age of the oldest undelivered entry"),
+    ("workers", "{worker}", "workers with a recent heartbeat"),
 ]:
     _meter.create_observable_gauge(f"streamq.queue.{_field}", [_observe(_field)], unit=_unit,
                                    description=_desc)
+
+
+def _in_flight(_options: CallbackOptions) -> Iterable[Observation]:
+    with _running_lock:
+        running = list(_running.items())
+    for queue, n in running:
+        yield Observation(n, attrs_for(queue))
+
+
+_meter.create_observable_gauge("streamq.worker.in_flight", [_in_flight], unit="{job}",
+                               description="handlers running in this process")
 
 
 # ------------------------------------------------------------------ structured logs

@@ -10,17 +10,19 @@ import os
 import socket
 from collections.abc import Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
 from . import _ops
+from . import _ops_browse as _browse
 from ._config import QueueConfig
 from ._conn import async_client, sync_client
 from ._errors import ServerTooOld
 from ._keys import Keys, queues_key
-from ._model import JobInfo
+from ._model import CancelResult, JobInfo
 from ._ops import (
     ConsumerInfo,
     DeadEntry,
@@ -29,13 +31,16 @@ from ._ops import (
     PendingEntry,
     QueueStats,
 )
+from ._ops_browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
 from ._scripts import SCRIPTS
+from ._timeseries import Point
 
 T = TypeVar("T")
 MIN_VERSION = (6, 2)
 
-__all__ = ["Admin", "AsyncAdmin", "ConsumerInfo", "DeadEntry", "DeadFilter", "Page",
-           "PendingEntry", "QueueStats"]
+__all__ = ["Admin", "AsyncAdmin", "ConsumerInfo", "CronInfo", "DeadEntry", "DeadFilter", "Event",
+           "JobRow", "Lease", "ListFilter", "Page", "PendingEntry", "Point", "QueueStats",
+           "Timeline", "WorkerInfo"]
 
 
 def _who() -> str:
@@ -152,8 +157,9 @@ class Admin:
     def job(self, queue: str, job_id: str) -> JobInfo:
         return drive(self.client, _ops.job(self._k(queue), self.config, job_id))
 
-    def requeue(self, queue: str, job_id: str) -> str:
-        return drive(self.client, _ops.requeue(self._k(queue), self.config, job_id, _who()))
+    def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
+        return drive(self.client, _ops.requeue(self._k(queue), self.config, job_id,
+                                               who or _who()))
 
     def dead(self, queue: str, flt: DeadFilter | None = None, *, limit: int = 100,
              cursor: str | None = None, oldest_first: bool = False) -> Page:
@@ -161,9 +167,11 @@ class Admin:
                                                  limit=limit, cursor=cursor,
                                                  oldest_first=oldest_first))
 
-    def redrive(self, queue: str, entries: Sequence[DeadEntry]) -> dict[str, int]:
+    def redrive(self, queue: str, entries: Sequence[DeadEntry], *, who: str | None = None
+                ) -> dict[str, int]:
         """Re-drive these dead entries (from :meth:`dead`); safe to re-run."""
-        return drive(self.client, _ops.redrive(self._k(queue), self.config, entries, _who()))
+        return drive(self.client, _ops.redrive(self._k(queue), self.config, entries,
+                                               who or _who()))
 
     def redrive_matching(self, queue: str, flt: DeadFilter | None = None,
                          max_jobs: int = 100_000) -> dict[str, int]:
@@ -197,6 +205,69 @@ class Admin:
     def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
         return drive(self.client, _ops.prune(self._k(queue), dead_after_s))
 
+    def ready(self, queue: str, flt: ListFilter | None = None, *, limit: int = 50,
+              cursor: str | None = None) -> Page:
+        """Ready jobs not yet delivered, oldest first (:class:`JobRow` items)."""
+        return drive(self.client, _browse.ready(self._k(queue), flt, limit=limit, cursor=cursor))
+
+    def delayed(self, queue: str, state: str | None = None, flt: ListFilter | None = None, *,
+                limit: int = 50, cursor: str | None = None) -> Page:
+        """Scheduled and retrying jobs by due time (``state`` keeps one of them)."""
+        return drive(self.client, _browse.delayed(self._k(queue), state, flt, limit=limit,
+                                                  cursor=cursor))
+
+    def recent(self, queue: str, event: str, flt: ListFilter | None = None, *,
+               limit: int = 50, cursor: str | None = None) -> Page:
+        """Jobs with a recent ``event`` (completed, cancelled, ...) from the events stream."""
+        return drive(self.client, _browse.recent(self._k(queue), event, flt, limit=limit,
+                                                 cursor=cursor))
+
+    def timeline(self, queue: str, job_id: str, since_ms: int = 0,
+                 at_ms: Sequence[int] = ()) -> Timeline:
+        """The job's events: those at the times ``at_ms`` and the newest 1,000 since
+        ``since_ms`` (see :class:`Timeline`)."""
+        return drive(self.client, _browse.timeline(self._k(queue), job_id, since_ms, at_ms))
+
+    def count_dead(self, queue: str, flt: DeadFilter | None = None) -> tuple[int, bool]:
+        """Dead jobs matching ``flt``, reading at most 100,000 entries: (count, exact)."""
+        return drive(self.client, _browse.count_dead(self._k(queue), flt or DeadFilter()))
+
+    def last_minute(self, queue: str) -> tuple[int, int] | None:
+        """Completed and failed in the last full minute, from the time series."""
+        return drive(self.client, _browse.last_minute(self._k(queue)))
+
+    def series(self, queue: str, hours: bool = False) -> list[Point]:
+        """The queue's time series: minute buckets (6 hours) or hour buckets (30 days)."""
+        return drive(self.client, _browse.series(self._k(queue), hours))
+
+    def lease(self, queue: str, job_id: str) -> Lease | None:
+        return drive(self.client, _browse.lease(self._k(queue), job_id))
+
+    def find_dead(self, queue: str, job_id: str, around_ms: int) -> DeadEntry | None:
+        """A failed job's dead entry, looked up near its finish time (for :meth:`redrive`)."""
+        return drive(self.client, _browse.find_dead(self._k(queue), job_id, around_ms))
+
+    def workers(self, queue: str) -> list[WorkerInfo]:
+        return drive(self.client, _browse.workers(self._k(queue)))
+
+    def cron(self, queue: str) -> list[CronInfo]:
+        return drive(self.client, _browse.cron_entries(self._k(queue)))
+
+    def run_now(self, queue: str, job_id: str, *, who: str | None = None) -> str:
+        """Make a scheduled or retrying job due now ('due now' or 'not run: job is ...')."""
+        return drive(self.client, _browse.run_now(self._k(queue), self.config, job_id,
+                                                  who or _who()))
+
+    def cancel(self, queue: str, job_id: str, *, who: str | None = None) -> CancelResult:
+        return drive(self.client, _browse.cancel(self._k(queue), self.config, job_id,
+                                                 who or _who()))
+
+    def audit(self, queue: str, action: str, *, job_id: str = "", outcome: str = "",
+              who: str | None = None) -> None:
+        """Record an operator action in the queue's events stream (``ev`` = ``admin``)."""
+        drive(self.client, _browse.audit(self._k(queue), self.config, who or _who(), action,
+                                         job_id, outcome))
+
 
 class AsyncAdmin:
     """The same operations as :class:`Admin`, awaitable."""
@@ -204,13 +275,50 @@ class AsyncAdmin:
     def __init__(self, client: aredis.Redis, config: QueueConfig | None = None) -> None:
         self.client = client
         self.config = config or QueueConfig()
+        self._cluster_url: str | None = None
+        self._cluster_kwargs: dict[str, Any] = {}
+        self._nodes: dict[tuple[str, int], aredis.Redis] = {}
 
     @classmethod
     def from_url(cls, url: str, config: QueueConfig | None = None, **kwargs: Any
                  ) -> AsyncAdmin:
         return cls(async_client(url, **kwargs), config)
 
+    @classmethod
+    def for_cluster(cls, url: str, config: QueueConfig | None = None, **kwargs: Any
+                    ) -> AsyncAdmin:
+        """Over Redis Cluster (``url`` names any node): a queue's operations go to a plain
+        client of the node that holds its slot, as every key of a queue shares one slot."""
+        from redis.asyncio.cluster import RedisCluster
+
+        admin = cls(RedisCluster.from_url(url, protocol=2, decode_responses=False),  # type: ignore[arg-type]
+                    config)
+        admin._cluster_url, admin._cluster_kwargs = url, kwargs
+        return admin
+
+    async def client_for(self, queue: str) -> aredis.Redis:
+        """The client that runs ``queue``'s operations: ``client``, or on a cluster the
+        node holding the queue's slot (looked up from the cluster client's slot map)."""
+        if self._cluster_url is None:
+            return self.client
+        cluster: Any = self.client
+        await cluster.initialize()
+        node = cluster.get_node_from_key(self._k(queue).stream)
+        where = (node.host, int(node.port))
+        if where not in self._nodes:
+            parts = urlsplit(self._cluster_url)
+            userinfo = parts.netloc.rpartition("@")[0]
+            netloc = f"{userinfo}@{where[0]}:{where[1]}" if userinfo else f"{where[0]}:{where[1]}"
+            self._nodes[where] = async_client(urlunsplit(parts._replace(netloc=netloc)),
+                                              **self._cluster_kwargs)
+        return self._nodes[where]
+
+    async def _run(self, queue: str, op: _ops.Op[T]) -> T:
+        return await adrive(await self.client_for(queue), op)
+
     async def close(self) -> None:
+        for node in self._nodes.values():
+            await node.aclose()
         await self.client.aclose()
 
     def _k(self, queue: str) -> Keys:
@@ -222,29 +330,30 @@ class AsyncAdmin:
         return version
 
     async def stats(self, queue: str) -> QueueStats:
-        return await adrive(self.client, _ops.stats(self._k(queue)))
+        return await self._run(queue, _ops.stats(self._k(queue)))
 
     async def pending(self, queue: str, *, min_idle_s: float = 0, consumer: str | None = None,
                       count: int = 100, cursor: str | None = None) -> Page:
-        return await adrive(self.client, _ops.pending(
+        return await self._run(queue, _ops.pending(
             self._k(queue), min_idle_s=min_idle_s, consumer=consumer, count=count, cursor=cursor))
 
     async def job(self, queue: str, job_id: str) -> JobInfo:
-        return await adrive(self.client, _ops.job(self._k(queue), self.config, job_id))
+        return await self._run(queue, _ops.job(self._k(queue), self.config, job_id))
 
-    async def requeue(self, queue: str, job_id: str) -> str:
-        return await adrive(self.client, _ops.requeue(self._k(queue), self.config, job_id,
-                                                      _who()))
+    async def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
+        return await self._run(queue, _ops.requeue(self._k(queue), self.config, job_id,
+                                                      who or _who()))
 
     async def dead(self, queue: str, flt: DeadFilter | None = None, *, limit: int = 100,
                    cursor: str | None = None, oldest_first: bool = False) -> Page:
-        return await adrive(self.client, _ops.dead_list(
+        return await self._run(queue, _ops.dead_list(
             self._k(queue), flt or DeadFilter(), limit=limit, cursor=cursor,
             oldest_first=oldest_first))
 
-    async def redrive(self, queue: str, entries: Sequence[DeadEntry]) -> dict[str, int]:
-        return await adrive(self.client, _ops.redrive(self._k(queue), self.config, entries,
-                                                      _who()))
+    async def redrive(self, queue: str, entries: Sequence[DeadEntry], *, who: str | None = None
+                      ) -> dict[str, int]:
+        return await self._run(queue, _ops.redrive(self._k(queue), self.config, entries,
+                                                      who or _who()))
 
     async def queues(self) -> list[str]:
         names: Any = await self.client.smembers(queues_key(self.config.key_prefix))
@@ -266,17 +375,73 @@ class AsyncAdmin:
         return total
 
     async def purge(self, queue: str, state: str, max_jobs: int = 100_000) -> int:
-        return await adrive(self.client, _ops.purge(self._k(queue), self.config, state,
+        return await self._run(queue, _ops.purge(self._k(queue), self.config, state,
                                                     max_jobs=max_jobs))
 
     async def pause(self, queue: str) -> None:
-        await adrive(self.client, _ops.set_paused(self._k(queue), True))
+        await self._run(queue, _ops.set_paused(self._k(queue), True))
 
     async def resume(self, queue: str) -> None:
-        await adrive(self.client, _ops.set_paused(self._k(queue), False))
+        await self._run(queue, _ops.set_paused(self._k(queue), False))
 
     async def consumers(self, queue: str) -> list[ConsumerInfo]:
-        return await adrive(self.client, _ops.consumers(self._k(queue)))
+        return await self._run(queue, _ops.consumers(self._k(queue)))
 
     async def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
-        return await adrive(self.client, _ops.prune(self._k(queue), dead_after_s))
+        return await self._run(queue, _ops.prune(self._k(queue), dead_after_s))
+
+    async def ready(self, queue: str, flt: ListFilter | None = None, *, limit: int = 50,
+                    cursor: str | None = None) -> Page:
+        return await self._run(queue, _browse.ready(self._k(queue), flt, limit=limit,
+                                                       cursor=cursor))
+
+    async def delayed(self, queue: str, state: str | None = None,
+                      flt: ListFilter | None = None, *, limit: int = 50,
+                      cursor: str | None = None) -> Page:
+        return await self._run(queue, _browse.delayed(self._k(queue), state, flt,
+                                                         limit=limit, cursor=cursor))
+
+    async def recent(self, queue: str, event: str, flt: ListFilter | None = None, *,
+                     limit: int = 50, cursor: str | None = None) -> Page:
+        return await self._run(queue, _browse.recent(self._k(queue), event, flt,
+                                                        limit=limit, cursor=cursor))
+
+    async def timeline(self, queue: str, job_id: str, since_ms: int = 0,
+                       at_ms: Sequence[int] = ()) -> Timeline:
+        return await self._run(queue, _browse.timeline(self._k(queue), job_id, since_ms,
+                                                          at_ms))
+
+    async def count_dead(self, queue: str, flt: DeadFilter | None = None) -> tuple[int, bool]:
+        return await self._run(queue, _browse.count_dead(self._k(queue), flt or DeadFilter()))
+
+    async def last_minute(self, queue: str) -> tuple[int, int] | None:
+        return await self._run(queue, _browse.last_minute(self._k(queue)))
+
+    async def series(self, queue: str, hours: bool = False) -> list[Point]:
+        return await self._run(queue, _browse.series(self._k(queue), hours))
+
+    async def lease(self, queue: str, job_id: str) -> Lease | None:
+        return await self._run(queue, _browse.lease(self._k(queue), job_id))
+
+    async def find_dead(self, queue: str, job_id: str, around_ms: int) -> DeadEntry | None:
+        return await self._run(queue, _browse.find_dead(self._k(queue), job_id, around_ms))
+
+    async def workers(self, queue: str) -> list[WorkerInfo]:
+        return await self._run(queue, _browse.workers(self._k(queue)))
+
+    async def cron(self, queue: str) -> list[CronInfo]:
+        return await self._run(queue, _browse.cron_entries(self._k(queue)))
+
+    async def run_now(self, queue: str, job_id: str, *, who: str | None = None) -> str:
+        return await self._run(queue, _browse.run_now(self._k(queue), self.config, job_id,
+                                                         who or _who()))
+
+    async def cancel(self, queue: str, job_id: str, *, who: str | None = None
+                     ) -> CancelResult:
+        return await self._run(queue, _browse.cancel(self._k(queue), self.config, job_id,
+                                                        who or _who()))
+
+    async def audit(self, queue: str, action: str, *, job_id: str = "", outcome: str = "",
+                    who: str | None = None) -> None:
+        await self._run(queue, _browse.audit(self._k(queue), self.config, who or _who(),
+                                                action, job_id, outcome))

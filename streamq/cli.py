@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,41 +17,87 @@ from ._config import QueueConfig, WorkerConfig
 from ._registry import Registry
 
 
-def _import_attr(spec: str, what: str) -> Any:
+def _where(exc: BaseException) -> str:
+    """'at path/to/module.py line N' for the deepest frame outside importlib and streamq."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" at {exc.filename} line {exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "importlib" not in f.filename and not f.filename.startswith("<frozen")
+              and os.path.dirname(f.filename) != os.path.dirname(__file__)]
+    if not frames:
+        return ""
+    return f" at {frames[-1].filename} line {frames[-1].lineno}"
+
+
+def _import_attr(spec: str, what: str, debug: bool = False) -> Any:
     """Import ``module:attribute`` named on the command line (code comes from code, never from
-    data in Redis)."""
+    data in Redis). Errors name the module, the file and line (the traceback with --debug)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise SystemExit(f"streamq: {what} must be given as module:attribute, got {spec!r}")
+        raise SystemExit(f"streamq: {what} must be given as module:attribute (e.g."
+                         f" myapp.tasks:registry), got {spec!r}")
     sys.path.insert(0, os.getcwd())
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"streamq: cannot load {what} {spec!r}: {exc}") from exc
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise SystemExit(
+                f"streamq: cannot load {what} {spec!r}: no module named {exc.name!r} (looked"
+                f" in {os.getcwd()} and on sys.path; run from your project's directory or"
+                " set PYTHONPATH)") from None
+        if debug:
+            traceback.print_exc()
+        raise SystemExit(f"streamq: cannot load {what} {spec!r}: importing {module_name}"
+                         f" failed{_where(exc)}: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - SyntaxError, NameError, ...: the module's own
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (--debug shows the traceback)"
+        raise SystemExit(f"streamq: cannot load {what} {spec!r}: importing {module_name}"
+                         f" failed{_where(exc)}: {type(exc).__name__}: {exc}{hint}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        found = sorted(n for n in vars(module) if not n.startswith("_"))[:10]
+        raise SystemExit(f"streamq: cannot load {what} {spec!r}: module {module_name}"
+                         f" ({getattr(module, '__file__', '?')}) has no attribute {attr!r};"
+                         f" it has {', '.join(found) or 'nothing public'}") from None
 
 
-def load_registry(spec: str) -> Registry:
-    obj = _import_attr(spec, "registry")
+def load_registry(spec: str, debug: bool = False) -> Registry:
+    obj = _import_attr(spec, "registry", debug)
     if not isinstance(obj, Registry):
         raise SystemExit(f"streamq: {spec!r} is a {type(obj).__name__}, not a streamq.Registry")
     return obj
 
 
+def _serve_metrics(args: argparse.Namespace, service: str) -> None:
+    """--metrics-port: before the user's modules load (the first MeterProvider stays)."""
+    if args.metrics_interval <= 0:
+        raise SystemExit("streamq: --metrics-interval must be more than 0 seconds")
+    if args.metrics_port is not None:
+        from ._metrics import serve
+
+        serve(args.metrics_host, args.metrics_port, service)
+
+
 def _worker(args: argparse.Namespace) -> int:
     from ._worker import Worker
 
-    registry = load_registry(args.registry)
+    _serve_metrics(args, "streamq-worker")
+    registry = load_registry(args.registry, args.debug)
     cfg = WorkerConfig(concurrency=args.concurrency, visibility_timeout_s=args.visibility_timeout,
-                       grace_period_s=args.grace_period, promote=not args.no_promote)
+                       grace_period_s=args.grace_period, promote=not args.no_promote,
+                       gauges_interval_s=args.metrics_interval)
     qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen)
     Worker(args.url, args.queue, registry, cfg, qcfg).run()
     return 0
 
 
-def _load_cron(spec: str) -> list[Any]:
+def _load_cron(spec: str, debug: bool = False) -> list[Any]:
     from schedulers import Cron
 
-    obj = _import_attr(spec, "cron schedule")
+    obj = _import_attr(spec, "cron schedule", debug)
     entries = list(obj) if isinstance(obj, (list, tuple)) else [obj]
     if not all(isinstance(e, Cron) for e in entries):
         raise SystemExit(f"streamq: {spec!r} must be a schedulers.Cron or a list of them")
@@ -60,13 +107,18 @@ def _load_cron(spec: str) -> list[Any]:
 def _scheduler(args: argparse.Namespace) -> int:
     from schedulers import Scheduler, SchedulerConfig
 
-    cron = [e for spec in args.cron or [] for e in _load_cron(spec)]
+    from ._metrics import run_scheduler
+
+    _serve_metrics(args, "streamq-scheduler")
+    cron = [e for spec in args.cron or [] for e in _load_cron(spec, args.debug)]
     if not args.queue and not cron:
         raise SystemExit("streamq scheduler: give at least one --queue or --cron")
     cfg = SchedulerConfig(poll_interval_s=args.poll_interval,
                           visibility_timeout_s=args.visibility_timeout)
     qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen)
-    asyncio.run(Scheduler(args.url, args.queue or [], cron, cfg, qcfg).run())
+    scheduler = Scheduler(args.url, args.queue or [], cron, cfg, qcfg)
+    interval = args.metrics_interval if args.metrics_port is not None else None
+    asyncio.run(run_scheduler(scheduler, interval))
     return 0
 
 
@@ -99,27 +151,63 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.web:
+        from ._demo_web import run_web_demo
+
+        return run_web_demo(args.url, args.host, args.port, args.prefix)
     from ._demo import run_demo
 
     return run_demo(args.url, args.jobs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("STREAMQ_URL", "redis://localhost:6379/0"),
+def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The options every command takes, before or after the command name: the main parser
+    holds the defaults, each subcommand the same options with defaults suppressed (so an
+    option given before the command is not reset by the subcommand)."""
+
+    def d(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument("--url", default=d(None),
                         help="redis://[user:password@]host:port/db, rediss:// for TLS,"
-                        " unix:///path.sock; default $STREAMQ_URL")
-    common.add_argument("--prefix", default=os.environ.get("STREAMQ_PREFIX", "streamq"),
+                        " unix:///path.sock; default $STREAMQ_URL, else"
+                        " redis://localhost:6379/0")
+    parser.add_argument("--prefix", default=d(os.environ.get("STREAMQ_PREFIX", "streamq")),
                         help="key prefix (default streamq)")
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    common.add_argument("--yes", "-y", action="store_true",
+    parser.add_argument("--json", action="store_true", default=d(False),
+                        help="machine-readable output")
+    parser.add_argument("--yes", "-y", action="store_true", default=d(False),
                         help="do not ask before bulk or destructive changes")
-    common.add_argument("--debug", action="store_true", help="show tracebacks")
-    common.add_argument("--events-maxlen", type=int, default=QueueConfig().events_maxlen,
+    parser.add_argument("--debug", action="store_true", default=d(False),
+                        help="show tracebacks")
+    parser.add_argument("--log-level", default=d(os.environ.get("STREAMQ_LOG_LEVEL", "INFO")),
+                        help="DEBUG, INFO, WARNING, ERROR (worker and scheduler; default"
+                        " $STREAMQ_LOG_LEVEL, else INFO)")
+    parser.add_argument("--log-format", choices=("text", "json"),
+                        default=d(os.environ.get("STREAMQ_LOG_FORMAT", "text")),
+                        help="text, or json: one JSON object per line with the job's fields"
+                        " (worker and scheduler; default $STREAMQ_LOG_FORMAT, else text)")
+    parser.add_argument("--events-maxlen", type=int, default=d(QueueConfig().events_maxlen),
                         help="approximate cap of the lifecycle events stream (0 = no events);"
                         " keep it the same for producers, workers and schedulers")
+
+
+def _metrics_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs the"
+                        " metrics extra; 0 picks a free port, logged at start)")
+    parser.add_argument("--metrics-host", default="127.0.0.1",
+                        help="address the metrics endpoint binds (default loopback)")
+    parser.add_argument("--metrics-interval", type=float, default=10.0, metavar="SECONDS",
+                        help="re-read the queue gauges from Redis at most this often while"
+                        " scraped (default 10)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    _common_options(common, suppress=True)
     p = argparse.ArgumentParser(prog="streamq", description="streamq job engine")
-    p.add_argument("--log-level", default=os.environ.get("STREAMQ_LOG_LEVEL", "INFO"))
+    _common_options(p, suppress=False)
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("worker", parents=[common], help="run a worker process")
     w.add_argument("registry", help="module:attribute of a streamq.Registry")
@@ -129,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--grace-period", type=float, default=10.0, help="seconds")
     w.add_argument("--no-promote", action="store_true",
                    help="leave promotion of delayed jobs to a scheduler daemon")
+    _metrics_options(w)
     w.set_defaults(func=_worker)
     s = sub.add_parser("scheduler", parents=[common],
                        help="run the scheduler daemon (delayed jobs, cron, sweeps)")
@@ -136,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cron", action="append", help="module:attribute of Cron entries (repeatable)")
     s.add_argument("--poll-interval", type=float, default=30.0, help="seconds")
     s.add_argument("--visibility-timeout", type=float, default=30.0, help="seconds")
+    _metrics_options(s)
     s.set_defaults(func=_scheduler)
     e = sub.add_parser("export", parents=[common],
                        help="append new lifecycle events to Parquet (needs the spark extra)")
@@ -147,9 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=_export)
     d = sub.add_parser("demo", parents=[common],
                        help="a self-contained tour (starts its own Redis without --url)")
-    d.set_defaults(url=os.environ.get("STREAMQ_URL"))
     d.add_argument("--jobs", type=int, default=2000)
+    d.add_argument("--web", action="store_true",
+                   help="the dashboard with a demo panel (needs the dashboard extra)")
+    d.add_argument("--host", default="127.0.0.1", help="--web: address to bind")
+    d.add_argument("--port", type=int, default=8080, help="--web: port (default 8080)")
     d.set_defaults(func=_demo)
+    from ._cli_dashboard import add_parser as add_dashboard
+
+    add_dashboard(sub, common)
     from ._cli_ops import add_parsers
 
     add_parsers(sub, common)
@@ -181,10 +277,22 @@ def _explain(exc: BaseException, url: str) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def _configure_logging(args: argparse.Namespace) -> None:
+    from ._telemetry import JsonFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper() if args.command in ("worker", "scheduler")
+                        else "ERROR", handlers=[handler])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper() if args.command in ("worker", "scheduler")
-                        else "ERROR", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.url is None:  # demo starts a private server when neither is given
+        args.url = os.environ.get("STREAMQ_URL") or (
+            None if args.command == "demo" else "redis://localhost:6379/0")
+    _configure_logging(args)
     try:
         if hasattr(args, "func"):
             rc: int = args.func(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -148,7 +149,7 @@ def enqueue_dataframe(
         values = [_as_json_value(df[c], dt) for c, dt in zip(cols, types, strict=True)]
     task = EnqueueTask(url, cluster, queue, cfg, job_type, mode, tuple(cols),
                        delay_col is not None, batch_size, int(time.time() * 1000),
-                       not any(_has_map(dt) for dt in types))
+                       not any(_has_map(dt) for dt in types), os.urandom(4).hex())
     picked = df.select(df[id_col], *values, *delay)
     total: dict[str, int] = {}
     for row in picked.mapInArrow(task, COUNTS_SCHEMA).collect():

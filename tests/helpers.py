@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
+import redis
 
-from streamq import WorkerConfig
+from streamq import Keys, QueueConfig, WorkerConfig
+from streamq._scripts import SCRIPTS
+from streamq._worker import start_call
 
 
 async def eventually(pred: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition"
@@ -43,3 +47,15 @@ def fast(**overrides: Any) -> WorkerConfig:
     base = WorkerConfig(concurrency=16, block_ms=200, promote_interval_s=0.05,
                         heartbeat_interval_s=0.5, grace_period_s=2.0, visibility_timeout_s=30.0)
     return attrs.evolve(base, **overrides)
+
+
+_tokens = itertools.count(1)
+
+
+def start_entries(r: redis.Redis, keys: Keys, consumer: str, pairs: list[tuple[str, str]],
+                  token: str | None = None) -> Any:
+    """Call start.lua as a worker would for (stream entry, job id) pairs; each start gets a
+    fresh lease token unless ``token`` is given (the same token repeats the same start)."""
+    part = [(e, j, token or f"test-{next(_tokens)}") for e, j in pairs]
+    k, a = start_call(keys, consumer, QueueConfig(), part, [])
+    return SCRIPTS["start"](r, k, a)

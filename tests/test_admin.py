@@ -3,11 +3,13 @@ requeue, pause, consumers, purge; --json shapes and the error paths a person mee
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -15,7 +17,8 @@ from helpers import eventually, fast
 
 from streamq import Fail, InvalidArgument, Job, JobNotFound, Queue, Registry, UnknownQueue, Worker
 from streamq._keys import GROUP
-from streamq.admin import Admin, AsyncAdmin, DeadFilter
+from streamq._ops_browse import count_dead, timeline
+from streamq.admin import Admin, AsyncAdmin, DeadFilter, ListFilter, drive
 
 TESTS = Path(__file__).parent
 
@@ -169,6 +172,7 @@ async def test_cli_confirms_bulk_changes(url: str, qname: str) -> None:
 
 
 def test_cli_errors_are_one_line_with_a_nonzero_exit(url: str, qname: str) -> None:
+    Queue.from_url(url, qname).enqueue("t")  # the queue exists: each error is about its case
     cases = [
         (("stats", "no-such-queue"), "does not exist"),
         (("enqueue", qname, "t", "{not json"), "not valid JSON"),
@@ -208,3 +212,120 @@ def test_redact_hides_passwords() -> None:
 
     assert redact("redis://user:s3cret@h:1/0") == "redis://user:***@h:1/0"
     assert "s3cret" not in redact("unix:///tmp/r.sock?db=0&password=s3cret")
+
+
+# ------------------------------------------------------------------ listings, timeline, actions
+
+
+async def test_listings_by_state_page_with_cursors(url: str, qname: str, r: redis.Redis) -> None:
+    await settled_queue(url, qname)
+    q = Queue.from_url(url, qname)
+    admin = Admin.from_url(url)
+    admin.pause(qname)
+    q.enqueue_many([{"type": "ok" if i % 2 else "bad", "job_id": f"r{i}"} for i in range(7)])
+    first = admin.ready(qname, limit=3)
+    assert [j.job_id for j in first.items] == ["r0", "r1", "r2"] and first.cursor
+    rest = admin.ready(qname, limit=10, cursor=first.cursor)
+    assert [j.job_id for j in rest.items] == ["r3", "r4", "r5", "r6"] and rest.cursor is None
+    assert rest.items[0].state == "queued" and rest.items[0].type == "ok"
+    only_bad = admin.ready(qname, ListFilter(type="bad"))
+    assert [j.job_id for j in only_bad.items] == ["r0", "r2", "r4", "r6"]
+    # ten delayed jobs due at the same millisecond page through the ties
+    when = dt.datetime(2100, 1, 1, tzinfo=dt.UTC)
+    q.enqueue_many([{"type": "ok", "job_id": f"d{i}", "run_at": when} for i in range(10)])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = admin.delayed(qname, "scheduled", limit=4, cursor=cursor)
+        seen += [j.job_id for j in page.items]
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    assert seen == ["later", *sorted(f"d{i}" for i in range(10))]
+    assert admin.delayed(qname, "retrying").items == []
+    done = admin.recent(qname, "completed")
+    assert len(done.items) == 5 and all(j.state == "completed" for j in done.items)
+    assert len(admin.recent(qname, "completed", limit=2).items) == 2
+    assert admin.recent(qname, "failed", ListFilter(type="timeout")).items[0].type == "timeout"
+    for bad in ("nope", "1-2-3", "';--"):
+        with pytest.raises(InvalidArgument):
+            admin.ready(qname, cursor=bad)
+        with pytest.raises(InvalidArgument):
+            admin.delayed(qname, cursor=bad)
+    with pytest.raises(InvalidArgument):
+        admin.recent(qname, "enqueued")
+    # paging past the end is an empty page, not an error
+    assert admin.ready(qname, cursor="99999999999999-0").items == []
+
+
+async def test_timeline_workers_cron_run_now_cancel_audit(url: str, qname: str,
+                                                          r: redis.Redis) -> None:
+    q = await settled_queue(url, qname)
+    admin = Admin.from_url(url)
+    info = admin.job(qname, "t0")
+    assert info.created_at is not None
+    tl = admin.timeline(qname, "t0", int(info.created_at.timestamp() * 1000))
+    assert [e.ev for e in tl.events] == ["enqueued", "started", "failed"] and tl.complete
+    assert admin.timeline(qname, "t0", 0).events  # from the start of the stream
+    ws = admin.workers(qname)
+    assert len(ws) == 1 and ws[0].concurrency == 16 and ws[0].pid is not None
+    r.hset(q.keys.cron, mapping={
+        "nightly": json.dumps({"name": "nightly", "expr": "0 3 * * *", "tz": "UTC",
+                               "job_type": "ok", "next_tick_ms": 1, "last_tick_ms": 0,
+                               "last_job": "cron:nightly:0"}),
+        "nightly:last": "0", "broken": "{not json"})
+    (cron,) = admin.cron(qname)
+    assert (cron.name, cron.schedule, cron.next_tick_ms) == ("nightly", "0 3 * * * (UTC)", 1)
+    assert admin.run_now(qname, "later", who="ops@test") == "due now"
+    assert r.zscore(q.keys.delayed, "later") == 0
+    assert admin.run_now(qname, "t1").startswith("not run: job is failed")
+    q.enqueue("ok", job_id="c1", delay=600)
+    assert admin.cancel(qname, "c1", who="ops@test").cancelled
+    assert not admin.cancel(qname, "c1").cancelled
+    with pytest.raises(JobNotFound):
+        admin.run_now(qname, "missing")
+    admin.audit(qname, "pause", who="ops@test")
+    events: Any = r.xrange(q.keys.events)
+    audits = [f for _, f in events if f[b"ev"] == b"admin"]
+    details = [a[b"d"].decode() for a in audits]
+    assert details[0] == "run-now by ops@test: due now"
+    assert "cancel by ops@test: cancelled" in details and details[-1] == "pause by ops@test"
+    tl = admin.timeline(qname, "c1", 0)
+    assert [e.ev for e in tl.events] == ["enqueued", "cancelled", "admin", "admin"]
+    # found at the record's own times even when the newest-events scan misses them
+    t0 = admin.job(qname, "t0")
+    assert t0.finished_at is not None and t0.created_at is not None
+    times = [int(t.timestamp() * 1000) for t in (t0.created_at, t0.finished_at)]
+    r.xadd(q.keys.events, {"job": "other", "ev": "enqueued", "d": ""})
+    narrow = drive(admin.client, timeline(q.keys, "t0", times[0], times, scan=1))
+    # exactly the events written in those milliseconds ('started' too when it shared one)
+    full = admin.timeline(qname, "t0", 0).events
+    assert [e.ev for e in narrow.events] == [e.ev for e in full if e.at_ms in times]
+    assert [e.ev for e in narrow.events][::len(narrow.events) - 1] == ["enqueued", "failed"]
+    assert not narrow.complete
+    dead = admin.find_dead(qname, "t0", times[1])
+    assert dead is not None and dead.job_id == "t0" and dead.error_type == "TimeoutError"
+    assert admin.find_dead(qname, "t0", times[1] + 3_600_000) is None
+    assert admin.count_dead(qname, DeadFilter(error_type="TimeoutError")) == (2, True)
+    assert drive(admin.client, count_dead(q.keys, DeadFilter(), max_scan=1000)) == (5, True)
+    assert admin.lease(qname, "t0") is None  # not in the stream
+    q.enqueue("ok", job_id="l1")
+    lease = admin.lease(qname, "l1")
+    assert lease is not None and lease.consumer == "" and lease.idle_s is None
+
+
+async def test_async_listings_match(url: str, qname: str) -> None:
+    await settled_queue(url, qname)
+    admin = AsyncAdmin.from_url(url)
+    try:
+        assert (await admin.delayed(qname)).items[0].job_id == "later"
+        assert len((await admin.recent(qname, "completed")).items) == 5
+        assert (await admin.ready(qname)).items == []
+        assert len(await admin.workers(qname)) == 1 and await admin.cron(qname) == []
+        assert await admin.run_now(qname, "later") == "due now"
+        assert not (await admin.cancel(qname, "t0")).cancelled
+        await admin.audit(qname, "resume")
+        events = (await admin.timeline(qname, "t0")).events
+        assert [e.ev for e in events][-2:] == ["failed", "admin"]
+    finally:
+        await admin.close()

@@ -9,7 +9,10 @@ the Markdown file's own line numbers.
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -21,8 +24,10 @@ from streamq._server import RedisServer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = ("index.md", "getting-started.md", "delivery-semantics.md", "errors.md", "key-layout.md",
-         "scheduling.md", "operations.md")
+         "scheduling.md", "operations.md", "testing.md", "fastapi.md")
 NOT_RUN = "# not run"
+FILE = "# file: "
+"""A block that is a file of an example project: written out and run with pytest."""
 PENDING_PAGES = frozenset({"performance.md"})
 """Pages that may be linked before they are written."""
 
@@ -49,7 +54,7 @@ def _examples() -> list[Example]:
         text = page.read_text(encoding="utf-8")
         for index, match in enumerate(_FENCE.finditer(text)):
             code = match.group(1)
-            if code.lstrip().startswith(NOT_RUN):
+            if code.lstrip().startswith((NOT_RUN, FILE)):
                 continue
             out.append(Example(page, index, text.count("\n", 0, match.start(1)), code))
     return out
@@ -66,6 +71,38 @@ def test_example(redis_server: RedisServer, example: Example) -> None:
     module = "docs_example_" + re.sub(r"\W", "_", example.page.stem)
     namespace: dict[str, object] = {"__name__": module, "REDIS_URL": redis_server.url}
     exec(compiled, namespace)
+
+
+def _project_files(page: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for match in _FENCE.finditer(page.read_text(encoding="utf-8")):
+        code = match.group(1)
+        if code.startswith(FILE):
+            name, _, body = code.partition("\n")
+            out[name.removeprefix(FILE).strip()] = body
+    return out
+
+
+PROJECTS = [p for p in sorted(DOCS.glob("*.md")) if _project_files(p)]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("page", PROJECTS, ids=[p.name for p in PROJECTS])
+def test_example_projects_pass_their_own_tests(page: Path, tmp_path: Path) -> None:
+    """The `# file:` blocks of a page, written out as a project, pass
+    `pytest -p streamq.testing` (the way a user runs them)."""
+    for name, body in _project_files(page).items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+        if path.parent != tmp_path:
+            (path.parent / "__init__.py").touch()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "streamq.testing", "-q",
+                           "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " passed" in proc.stdout
 
 
 def test_pages_exist_and_have_examples() -> None:
@@ -108,7 +145,7 @@ def test_every_config_field_is_documented() -> None:
 def test_every_key_is_documented() -> None:
     text = _page("key-layout.md")
     keys = streamq.Keys("Q")
-    placeholders = {"job_id": "<id>", "consumer": "<consumer>"}
+    placeholders = {"job_id": "<id>", "consumer": "<consumer>", "tag": "<tag>"}
     for name, member in inspect.getmembers(streamq.Keys):
         if name.startswith("_") or name in ("base", "queue", "prefix"):
             continue

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import eventually
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sec_support import keys_of
@@ -111,7 +112,7 @@ def test_run_at_in_the_past_queues_now_and_future_schedules(q: Queue) -> None:
         ({"run_at": dt.datetime(2030, 1, 1)}, InvalidArgument),  # naive
         ({"delay": 1, "run_at": dt.datetime(2030, 1, 1, tzinfo=dt.UTC)},
          InvalidArgument),
-        ({"result_ttl": 0}, InvalidArgument),
+        ({"result_ttl": -0.5}, InvalidArgument),  # (0 is fire-and-forget)
         ({"result_ttl": -5}, InvalidArgument),
         ({"result_ttl": math.inf}, InvalidArgument),
         ({"result_ttl": math.nan}, InvalidArgument),
@@ -357,3 +358,177 @@ def test_row_envelope_template_builds_the_same_bytes_as_prepare() -> None:
     assert prod.row_template(QueueConfig(serde=MsgpackSerde()), "t", 1) is None
     with pytest.raises(InvalidArgument):
         prod.prepare_row_json(keys, cfg, tpl, "t", "bad id", "1", None)
+
+
+async def test_concurrent_waiters_share_one_subscription(url: str, qname: str,
+                                                        r: redis.Redis) -> None:
+    """enqueue_and_wait opens no subscription per call: every waiter of a queue object is woken
+    through one channel and one connection."""
+    from streamq import AsyncQueue, Job, Registry, Worker
+
+    reg = Registry()
+
+    @reg.handler("double")
+    async def double(job: Job) -> int:
+        await asyncio.sleep(0.05)
+        return int(job.payload) * 2
+
+    async with AsyncQueue.from_url(url, qname) as aq, Worker(url, [qname], reg):
+        waits = [asyncio.create_task(aq.enqueue_and_wait("double", i, timeout=30))
+                 for i in range(500)]
+        pattern = f"streamq:{{{qname}}}:*"
+        await eventually(lambda: r.pubsub_channels(pattern), what="the shared subscription")
+        assert await asyncio.gather(*waits) == [2 * i for i in range(500)]
+        channels: Any = r.pubsub_channels(pattern)
+        assert len(channels) == 1 and b":wait:" in channels[0]
+        numsub: Any = r.pubsub_numsub(channels[0])
+        assert numsub[0][1] == 1  # one subscriber connection for 500 waiters
+
+
+def test_sync_waiters_from_many_threads_share_one_subscription(url: str, qname: str,
+                                                               r: redis.Redis) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    q = Queue.from_url(url, qname)
+    with echo_worker(url, qname), ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda i: q.enqueue_and_wait("echo", i, timeout=30),
+                                range(200)))
+        channels: Any = r.pubsub_channels(f"streamq:{{{qname}}}:*")
+        assert len(channels) == 1
+    assert results == list(range(200))
+    q.close()
+    assert r.pubsub_channels(f"streamq:{{{qname}}}:*") == []  # closed with the queue
+
+
+async def test_a_waiter_survives_its_subscription_being_killed(url: str, qname: str,
+                                                               r: redis.Redis) -> None:
+    from streamq import AsyncQueue, Job, Registry, Worker
+
+    reg = Registry()
+    gate = asyncio.Event()
+
+    @reg.handler("slow")
+    async def slow(job: Job) -> str:
+        await gate.wait()
+        return "done"
+
+    async with AsyncQueue.from_url(url, qname) as aq, Worker(url, [qname], reg):
+        wait = asyncio.create_task(aq.enqueue_and_wait("slow", timeout=30))
+        await asyncio.sleep(0.1)
+        r.client_kill_filter(_type="pubsub")  # every subscriber connection of this server
+        gate.set()
+        assert await wait == "done"
+        assert await aq.enqueue_and_wait("slow", timeout=30) == "done"  # subscribed again
+
+
+def test_a_waiter_of_the_previous_release_is_still_woken(url: str, qname: str,
+                                                         r: redis.Redis) -> None:
+    """Rolling upgrade: an old producer subscribes to the job's own done channel; the new
+    scripts publish '<state> <id>' there, which wakes it like before."""
+    q = Queue.from_url(url, qname)
+    ps = r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    ps.subscribe(q.keys.done_channel("old-1"))
+    q.enqueue("echo", 7, job_id="old-1", notify=q.keys.done_channel("old-1"))
+    with echo_worker(url, qname):
+        msg = None
+        for _ in range(100):
+            msg = ps.get_message(timeout=0.1)
+            if msg:
+                break
+    assert msg is not None and msg["data"] == b"completed old-1"
+    assert q.result("old-1") == 7
+    ps.close()
+    q.close()
+
+
+def echo_worker(url: str, qname: str) -> Any:
+    """A worker with an ``echo`` handler on a thread of its own (for the sync tests)."""
+    from helpers import fast
+    from sec_support import ThreadWorker
+
+    from streamq import Job, Registry
+
+    reg = Registry()
+
+    @reg.handler("echo")
+    async def echo(job: Job) -> Any:
+        return job.payload
+
+    return ThreadWorker(url, [qname], reg, fast())
+
+
+def _evalsha_calls(r: redis.Redis) -> int:
+    stats: Any = r.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_concurrent_enqueues_gather_into_few_script_calls(url: str, qname: str,
+                                                                r: redis.Redis) -> None:
+    """100 coroutines enqueueing at once share script calls; each gets its own job's answer,
+    a refusal included (a full queue fails only the jobs it refuses)."""
+    from streamq import AsyncQueue, QueueFull
+
+    async with AsyncQueue.from_url(url, qname, QueueConfig(max_depth=150)) as aq:
+        await aq.enqueue("t", job_id="dup")
+        before = _evalsha_calls(r)
+
+        async def one(i: int) -> Any:
+            try:
+                return await aq.enqueue("t", {"i": i}, job_id="dup" if i == 7 else f"j{i}")
+            except QueueFull as exc:
+                return exc
+
+        results = await asyncio.gather(*(one(i) for i in range(200)))
+        calls = _evalsha_calls(r) - before
+    assert calls <= 20, f"{calls} script calls for 200 concurrent enqueues"
+    assert results[7].status == "duplicate"
+    accepted = [x for x in results if not isinstance(x, QueueFull) and x.status == "queued"]
+    refused = [x for x in results if isinstance(x, QueueFull)]
+    assert len(accepted) == 149 and len(refused) == 50  # 150 deep: "dup" and 149 new ones
+    assert {x.job_id for x in accepted} <= {f"j{i}" for i in range(200)}
+    assert r.xlen(Keys(qname).stream) == 150
+
+
+def test_concurrent_sync_enqueues_from_threads_gather_too(url: str, qname: str,
+                                                          r: redis.Redis) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    q = Queue.from_url(url, qname)
+    q.enqueue("t", job_id="warm")
+    before = _evalsha_calls(r)
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda i: q.enqueue("t", i, job_id=f"s{i}"), range(640)))
+    calls = _evalsha_calls(r) - before
+    q.close()
+    assert [x.job_id for x in results] == [f"s{i}" for i in range(640)]
+    assert all(x.status == "queued" for x in results)
+    assert calls < 640, "threads enqueueing at once must share script calls"
+    assert r.xlen(Keys(qname).stream) == 641
+
+
+async def test_a_fire_and_forget_job_leaves_nothing_behind(url: str, qname: str,
+                                                           r: redis.Redis) -> None:
+    from helpers import fast
+
+    from streamq import Job, Registry, Worker
+
+    reg = Registry()
+    ran: list[str] = []
+
+    @reg.handler("ping")
+    async def ping(job: Job) -> str:
+        ran.append(job.id)
+        return "pong"
+
+    q = Queue.from_url(url, qname)
+    q.enqueue("ping", job_id="ff", result_ttl=0)
+    q.enqueue("ping", job_id="kept")
+    with pytest.raises(InvalidArgument, match="result_ttl=0"):
+        q.enqueue_and_wait("ping", timeout=1, result_ttl=0)
+    async with Worker(url, [qname], reg, fast()):
+        await eventually(lambda: q.get("kept") is not None
+                         and q.get("kept").state == "completed"  # type: ignore[union-attr]
+                         and "ff" in ran, what="both jobs to run")
+        await eventually(lambda: not r.exists(q.keys.job("ff")), what="the record deleted")
+    assert r.xlen(q.keys.stream) == 0 and q.get("ff") is None
+    q.close()

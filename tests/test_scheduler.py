@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, wait_until
+from helpers import eventually, start_entries, wait_until
 
 from schedulers import Cron, Scheduler, SchedulerConfig
 from streamq import InvalidArgument, Queue
 from streamq._keys import GROUP
-from streamq._scripts import SCRIPTS
 
 TESTS = Path(__file__).parent
 
@@ -142,8 +141,7 @@ async def test_sweep_hands_back_lapsed_entries_when_no_worker_is_alive(
     r.xreadgroup(GROUP, "dead-worker", {k.stream: ">"}, count=10)
     for jid in ("started", "last-try"):
         entry: Any = r.hget(k.job(jid), "entry")
-        SCRIPTS["start"](r, [k.stream, k.dead, k.stats, k.events, k.lease_seq, k.job(jid)],
-                         [GROUP, "dead-worker", 100, 3600, 1000, 1, entry.decode(), jid, 0])
+        start_entries(r, k, "dead-worker", [(entry.decode(), jid)])
     r.zadd(k.workers, {"dead-worker": 1})  # its last heartbeat was long ago
     sched = Scheduler(url, [qname], config=fast_sched(visibility_timeout_s=0.05))
     async with sched:

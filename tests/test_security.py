@@ -212,6 +212,8 @@ def test_an_acl_tenant_runs_its_queue_with_the_documented_rule(acl: AclServer) -
                              timeout_s=20, what="tenant-a's jobs")
             waited = await asyncio.to_thread(q.enqueue_and_wait, "echo", "hi", timeout=10)
             assert waited == "hi"
+            await eventually(lambda: w.stats.completed >= 1_205,  # the bulk ones settle too
+                             timeout_s=20, what="every job of tenant-a to be counted")
             assert w.stats.completed >= 1_205 and w._leases.renewed >= 1
         sched = Scheduler(url, ["tenant-a"],
                           [Cron("tick", every=1, job_type="echo", queue="tenant-a")],
@@ -537,6 +539,10 @@ async def test_job_types_naming_code_are_unknown_types_and_nothing_is_imported(
         async with Worker(url, [qname], registry(), fast(), qcfg) as w:
             await eventually(lambda: all(state_of(q, i) == "failed" for i in ids)
                              and state_of(q, "fine") == "completed", what="all settled")
+            # the worker counts an outcome when finish.lua's reply arrives, just after Redis
+            # shows the state: wait for that reply rather than race it
+            await eventually(lambda: w.stats.failed + w.stats.completed == len(ids) + 1,
+                             what="the worker to count every outcome")
             assert w.stats.failed == len(ids)
         for jid in ids:
             info = q.get(jid)

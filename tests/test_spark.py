@@ -1,5 +1,6 @@
 """The Spark pipeline on a real local Spark (local[2]) and a real redis-server: bulk enqueue
-with duplicates and bad rows, workers drain it, Parquet export read back, filtered re-drive."""
+with duplicates and bad rows, workers drain it, Parquet export read back, filtered re-drive;
+exact counts for repeated rows and for a task Spark retries."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
@@ -40,7 +41,8 @@ def spark() -> Iterator[SparkSession]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    session = (SparkSession.builder.master("local[2]").appName("streamq-tests")
+    # local[2, 4]: 2 threads, and a failed task is tried up to 4 times, as on a cluster
+    session = (SparkSession.builder.master("local[2,4]").appName("streamq-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "4")
                .config("spark.sql.session.timeZone", "UTC")
@@ -233,3 +235,129 @@ def test_payload_forms_reach_the_handler_as_json(spark: SparkSession, url: str, 
     assert mp.enqueued == 2
     info = Queue.from_url(url, mq, cfg).get("r1")
     assert info is not None and info.payload == {"s": 'a"é', "n": None}
+
+
+def test_identical_repeated_rows_count_as_duplicates(spark: SparkSession, url: str,
+                                                     qname: str) -> None:
+    """The same record twice in a source: the second row is a duplicate, although its job
+    would be byte for byte the one the first row made."""
+    distinct = [(f"d-{i}", i) for i in range(20_000)]
+    repeats = [(f"d-{i}", i) for i in range(0, 20_000, 200)]  # 100 rows seen before, as they were
+    df = spark.createDataFrame(distinct + repeats, "id string, n int").repartition(4)
+    counts = enqueue_dataframe(df, url=url, queue=qname, job_type="t", id_col="id",
+                               payload_cols=["n"])  # the JSON fast path
+    assert (counts.enqueued, counts.duplicates, counts.rejected) == (20_000, 100, {})
+    # the per-row path (payload_col of a plain column), repeats next to their first row, in
+    # the same partition and often the same script call
+    rows = [r for i in range(2000) for r in ([(f"v-{i}", i)] * (2 if i % 20 == 0 else 1))]
+    df = spark.createDataFrame(rows, "id string, n int")
+    counts = enqueue_dataframe(df, url=url, queue=qname, job_type="t", id_col="id",
+                               payload_col="n", batch_size=50)
+    assert (counts.enqueued, counts.duplicates, counts.rejected) == (2000, 100, {})
+
+
+def test_differing_repeated_rows_count_as_duplicates(spark: SparkSession, url: str,
+                                                     qname: str) -> None:
+    """Rows that share an id but differ, in the payload or only in the delay (which is not
+    part of the job's envelope), are duplicates whichever of them comes first."""
+    rows: list[tuple[Any, ...]] = [(f"d-{i}", i, None) for i in range(4000)]
+    rows += [(f"d-{i}", -1, None) for i in range(0, 4000, 40)]  # 100: another payload
+    rows += [(f"d-{i}", i, 60.0) for i in range(1, 4000, 40)]  # 100: the same one, delayed
+    df = spark.createDataFrame(rows, "id string, n int, delay double").repartition(4)
+    counts = enqueue_dataframe(df, url=url, queue=qname, job_type="t", id_col="id",
+                               payload_cols=["n"], delay_col="delay")
+    assert (counts.enqueued, counts.duplicates, counts.rejected) == (4000, 200, {})
+
+
+def test_a_retried_task_counts_its_rows_once(spark: SparkSession, url: str, qname: str,
+                                             tmp_path: Path) -> None:
+    """The first attempt of partition 0 fails after its first 1,000 rows were enqueued; the
+    retry sees the same rows again. The rows the failed attempt wrote count as enqueued, once
+    (by the attempt that succeeded); repeats, inside and across partitions, as duplicates."""
+    marker = tmp_path / "failed-once"
+    job_key = f"streamq:{{{qname}}}:job:"
+    pad = "x" * 400  # big rows: the Python workers' streams are flushed in 64 KiB blocks
+
+    def part(k: int) -> list[tuple[str, int, str]]:
+        own = [(f"p{k}-{i}", i, pad) for i in range(2000)]
+        again = [(f"p{k}-{i}", i, pad) for i in range(0, 400, 16)]  # 25, within the first 1,000
+        other = [(f"p{(k + 1) % 4}-{i}", i, pad) for i in range(1, 1000, 40)]  # 25
+        return own[:400] + again + own[400:] + other
+
+    rows = [r for k in range(4) for r in part(k)]  # 4 x 2,050 rows, one partition each
+
+    def fail_once(batches: Iterable[Any]) -> Iterator[Any]:
+        """Partition 0, first attempt: pass 2,000 rows on, wait until the first 1,000 are
+        jobs, then fail."""
+        import time as _time
+
+        import redis as _redis
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        first = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+        ids: list[str] = []
+        for i, rb in enumerate(batches):  # 500 rows each
+            yield rb
+            if not first:
+                continue
+            ids += rb.column(0).to_pylist()
+            if i == 3:
+                want = set(ids[:1000])
+                client = _redis.Redis.from_url(url)
+                end, n = _time.monotonic() + 60, 0
+                while _time.monotonic() < end and n < len(want):
+                    n = client.exists(*(job_key + s for s in want))
+                    _time.sleep(0.05)
+                client.close()
+                marker.write_text(f"{n} of {len(want)}")
+                raise RuntimeError("the first attempt of partition 0 fails")
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "500")
+    try:
+        df = spark.sparkContext.parallelize(rows, 4).toDF("id string, n int, pad string")
+        df = df.mapInArrow(fail_once, df.schema)
+        counts = enqueue_dataframe(df, url=url, queue=qname, job_type="t", id_col="id",
+                                   payload_cols=["n", "pad"], batch_size=100)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert marker.read_text() == "975 of 975"  # the failed attempt had enqueued them
+    assert (counts.enqueued, counts.duplicates, counts.rejected) == (8000, 200, {})
+
+
+def test_writer_tags_tell_a_retried_row_from_a_repeat(r: Any, qname: str) -> None:
+    """enqueue.lua's writer-tag rules call by call, including orders a local Spark rarely
+    produces: a retry that reads its rows in another order (rows after a shuffle), a
+    repeated call after a lost reply, a speculative copy running alongside."""
+    from streamq import _producer as prod
+    from streamq._keys import Keys
+    from streamq._scripts import SCRIPTS
+
+    keys, cfg = Keys(qname), QueueConfig()
+
+    def send(*rows: tuple[str, str]) -> list[str]:
+        """(job id, writer tag) rows in one call -> 'ok' (created, or this very row's) or
+        'dup' for each."""
+        batch = [prod.prepare_row(keys, cfg, "t", {"n": 1}, jid, None, 1) for jid, _ in rows]
+        reply = SCRIPTS["enqueue"](r, *prod.enqueue_call(keys, cfg, batch,
+                                                         [tag for _, tag in rows]))
+        return ["dup" if x.status == "duplicate" else "ok"
+                for x in prod.parse_enqueue(cfg, batch, reply, retried=True)]
+
+    # run R, partition 0, task attempt 7: a, b, a again
+    assert send(("a", "R:0:7:0"), ("b", "R:0:7:1"), ("a", "R:0:7:2")) == ["ok", "ok", "dup"]
+    assert send(("a", "R:0:7:0"), ("b", "R:0:7:1"), ("a", "R:0:7:2")) == ["ok", "ok", "dup"]
+    # its retry (attempt 9) reads the rows in another order: each id is its own once
+    assert send(("b", "R:0:9:0"), ("a", "R:0:9:1"), ("a", "R:0:9:2")) == ["ok", "ok", "dup"]
+    assert r.hget(keys.job("a"), "w") == b"R:0:9:1"
+    # another partition, another run: someone else's job, however equal the rows
+    assert send(("a", "R:1:9:1"), ("a", "S:0:9:1")) == ["dup", "dup"]
+    # a speculative copy (attempt 11) alongside attempt 10, rows in the same order
+    assert send(("c", "R:2:10:0")) == ["ok"]
+    assert send(("c", "R:2:11:0"), ("d", "R:2:11:1"), ("c", "R:2:11:3")) == ["ok", "ok", "dup"]
+    assert send(("d", "R:2:10:1"), ("c", "R:2:10:3")) == ["ok", "dup"]
+    # one short field, only for tagged jobs
+    prod_q = prod.prepare(keys, cfg, "t", {"n": 1}, job_id="plain")
+    SCRIPTS["enqueue"](r, *prod.enqueue_call(keys, cfg, [prod_q]))
+    assert r.hexists(keys.job("plain"), "w") is False
+    assert r.hexists(keys.job("d"), "w") is True

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast
+from helpers import eventually, fast, start_entries
 
 from streamq import (
     Fail,
@@ -299,24 +299,22 @@ async def test_stale_completion_is_rejected_and_counted(url: str, q: Queue,
         entry: Any = r.hget(k.job("j"), "entry")
         assert entry is not None
         r.xclaim(k.stream, GROUP, "other", 0, [entry], justid=True)
-        reply: Any = SCRIPTS["start"](r, [k.stream, k.dead, k.stats, k.events, k.lease_seq,
-                                          k.job("j")],
-                                      [GROUP, "other", 100, 3600, 1000, 1, entry.decode(), "j", 0])
+        reply: Any = start_entries(r, k, "other", [(entry.decode(), "j")])
         assert reply[0] == b"run" and reply[2] == 2
         release.set()
         await eventually(lambda: w.stats.lost == 1, what="stale finish to be rejected")
     rec = r.hgetall(k.job("j"))
     assert rec[b"state"] == b"active" and rec[b"owner"] == b"other"
-    assert rec[b"token"] == str(reply[1]).encode() and b"result" not in rec
+    assert rec[b"token"] == reply[1] and b"result" not in rec
     assert r.hget(k.stats, "lease_lost") == b"1"
     # the new owner settles normally
     done = SCRIPTS["finish"](r, [k.stream, k.delayed, k.dead, k.stats, k.events, k.job("j")],
-                             [GROUP, 100, 3600, 1000, "", 1, "j", entry.decode(), str(reply[1]),
+                             [GROUP, 100, 3600, 1000, "", 1, "j", entry.decode(), reply[1],
                               "ok", b'"new result"', 0, ""])
     assert done == [b"completed"] and q.result("j") == "new result"
     # settling twice (a client retry) answers with the state and changes nothing
     again = SCRIPTS["finish"](r, [k.stream, k.delayed, k.dead, k.stats, k.events, k.job("j")],
-                              [GROUP, 100, 3600, 1000, "", 1, "j", entry.decode(), str(reply[1]),
+                              [GROUP, 100, 3600, 1000, "", 1, "j", entry.decode(), reply[1],
                                "ok", b'"other"', 0, ""])
     assert again == [b"completed"] and q.result("j") == "new result"
     assert r.hget(k.stats, "completed") == b"1"
@@ -405,8 +403,7 @@ async def test_lapsed_leases_are_reclaimed_and_counted(url: str, q: Queue,
     for jid in ("once", "j0"):
         entry: Any = r.hget(k.job(jid), "entry")
         assert entry is not None
-        SCRIPTS["start"](r, [k.stream, k.dead, k.stats, k.events, k.lease_seq, k.job(jid)],
-                         [GROUP, "dead-consumer", 100, 3600, 1000, 1, entry.decode(), jid, 0])
+        start_entries(r, k, "dead-consumer", [(entry.decode(), jid)])
     reg = Registry()
 
     @reg.handler("t")
@@ -536,11 +533,11 @@ def test_prune_keeps_consumers_with_pending_entries(q: Queue, r: redis.Redis) ->
     r.zadd(k.workers, {"alive-empty": int(time.time() * 1000)})
 
     def prune(name: str) -> Any:
-        return SCRIPTS["prune"](r, [k.stream, k.workers], [GROUP, name, 60_000])
+        return SCRIPTS["prune"](r, [k.stream, k.workers], [GROUP, 60_000, name])
 
-    assert prune("holding") == 0
-    assert prune("alive-empty") == 0
-    assert prune("empty") == 1
+    assert prune("holding") == []
+    assert prune("alive-empty") == []
+    assert prune("empty") == [b"empty"]
     names = {c["name"] for c in r.xinfo_consumers(k.stream, GROUP)}
     assert names == {b"holding", b"alive-empty"}
 
@@ -644,15 +641,14 @@ def test_a_stale_delivery_cannot_restart_a_job_under_a_live_lease(q: Queue,
     r.xclaim(k.stream, GROUP, "A", 0, [entry])
 
     def start(consumer: str) -> Any:
-        return SCRIPTS["start"](r, [k.stream, k.dead, k.stats, k.events, k.lease_seq, k.job("s")],
-                                [GROUP, consumer, 100, 3600, 1000, 1, entry.decode(), "s", 0])
+        return start_entries(r, k, consumer, [(entry.decode(), "s")])
 
     a = start("A")
     assert a[0] == b"run"
     assert start("B")[0] == b"skip"  # not B's entry any more
     rec = r.hgetall(k.job("s"))
     assert rec[b"owner"] == b"A" and rec[b"attempts"] == b"1"
-    assert rec[b"token"] == str(a[1]).encode()
+    assert rec[b"token"] == a[1]
 
 
 def test_a_batch_start_runs_exactly_the_callers_own_entries(q: Queue, r: redis.Redis) -> None:
@@ -669,11 +665,7 @@ def test_a_batch_start_runs_exactly_the_callers_own_entries(q: Queue, r: redis.R
     stale = {"j500", f"j{n - 2}"}
     r.xclaim(k.stream, GROUP, "B", 0, [entries[j] for j in stale])
     batch = ["j0", "j500", "j999", f"j{n - 2}", f"j{n - 1}"]
-    argv: list[Any] = [GROUP, "A", 100, 3600, 1000, len(batch)]
-    for j in batch:
-        argv += [entries[j], j]
-    out = SCRIPTS["start"](r, [k.stream, k.dead, k.stats, k.events, k.lease_seq,
-                               *(k.job(j) for j in batch)], [*argv, 0])
+    out = start_entries(r, k, "A", [(entries[j], j) for j in batch])
     codes = dict(zip(batch, out[::7], strict=True))
     assert codes == {j: (b"skip" if j in stale else b"run") for j in batch}
     for j in batch:

@@ -1,4 +1,6 @@
 -- cancel.lua: cancel a job that has not started (scheduled, queued or retrying).
+-- Safe to repeat: a repeat finds the job 'cancelled' and answers not_cancellable with that
+-- state, which the client reads as its own earlier cancel when it is retrying.
 -- KEYS[1]   job record HASH
 -- KEYS[2]   ready stream
 -- KEYS[3]   delayed ZSET
@@ -25,8 +27,12 @@ end
 local now = now_ms()
 redis.call('HSET', jobkey, 'state', 'cancelled', 'finished', now, 'entry', '')
 local ttl = tonumber(r[3]) or 0
-if ttl > 0 then redis.call('EXPIRE', jobkey, ttl) end
+if r[3] == '0' then  -- fire-and-forget: kept a minute (a repeated cancel still sees it)
+  redis.call('EXPIRE', jobkey, 60)
+elseif ttl > 0 then
+  redis.call('EXPIRE', jobkey, ttl)
+end
 redis.call('HINCRBY', stats, 'cancelled', 1)
 emit(events, events_maxlen, id, 'cancelled', now, state)
-notify(r[4], 'cancelled')
+notify(r[4], 'cancelled', id)
 return {'cancelled', state}

@@ -1,4 +1,6 @@
 -- enqueue.lua: accept N jobs (N >= 1) atomically per job, with dedup by id and backpressure.
+-- Safe to repeat: a repeat finds its own jobs and answers 'duplicate' with mine = 1 (the same
+-- writer tag and offset, or without tags the same envelope), writing nothing new.
 -- KEYS[1]   ready stream
 -- KEYS[2]   delayed ZSET
 -- KEYS[3]   stats HASH
@@ -8,13 +10,17 @@
 -- ARGV[2]   max queue depth, ready + in flight + delayed (0 = unlimited)
 -- ARGV[3]   wake channel published when a delayed job becomes the earliest ('' = none)
 -- ARGV[4]   N, the number of jobs
--- ARGV[5 + 9*(i-1) ..] per job i: id, type, envelope, max_attempts, result_ttl_s,
+-- ARGV[5 + 10*(i-1) ..] per job i: id, type, envelope, max_attempts, result_ttl_s,
 --           deadline_ms (0 = none; negative = that many ms after the server's now),
---           delay_ms, run_at_ms (0 = none), notify channel ('' = none)
+--           delay_ms, run_at_ms (0 = none), notify channel ('' = none), writer tag ('' =
+--           none; Spark rows: '<run>:<partition>:<task attempt id>:<row offset>', stored as
+--           the record's 'w' field; _lib.lua's writer_mine)
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
 --           (queued|scheduled|full); 5 for a duplicate: 'duplicate', its state, result
---           ('' unless completed), error ('' unless failed), 1 when it carries this very
---           envelope (a retried call) else 0.
+--           ('' unless completed), error ('' unless failed), mine: 1 when this very row
+--           wrote it (with a writer tag: by writer_mine's rules, a retried call or a row of
+--           an earlier task attempt; without: it carries this very envelope, a retried
+--           call) else 0.
 local stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events_maxlen = ARGV[1]
 local max_depth = tonumber(ARGV[2])
@@ -27,16 +33,38 @@ if max_depth > 0 then
   depth = redis.call('XLEN', stream) + redis.call('ZCARD', delayed)
 end
 local enqueued, duplicates, rejected = 0, 0, 0
+-- Every key is checked before anything is written: a key of the wrong type (overwritten by
+-- hand) refuses the whole call, never half of it.
+local function expect(key, cmd, want, arg)
+  local r
+  if arg then r = redis.pcall(cmd, key, arg) else r = redis.pcall(cmd, key) end
+  if type(r) == 'table' and r.err then
+    if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE ' .. key .. ' is not a ' .. want
+        .. ': nothing was enqueued')
+    end
+    return r  -- any other refusal (NOPERM, ...) as the server said it
+  end
+end
+local bad = expect(stream, 'XLEN', 'stream') or expect(delayed, 'ZCARD', 'zset')
+  or expect(stats, 'HGET', 'hash', 'enqueued') or expect(events, 'XLEN', 'stream')
+if bad then return bad end
 -- One EXISTS over the batch: when no record exists yet (a fresh bulk load, the common case)
 -- no job needs its own check, except an id that comes again within this call.
-local none_exist = n > 1 and redis.call('EXISTS', unpack(KEYS, 5, 4 + n)) == 0
+local none_exist = redis.call('EXISTS', unpack(KEYS, 5, 4 + n)) == 0
+if not none_exist then
+  for i = 1, n do
+    bad = expect(KEYS[4 + i], 'HGET', 'hash', 'state')
+    if bad then return bad end
+  end
+end
 local seen = {}
 for i = 1, n do
-  local b = 5 + 9 * (i - 1)
+  local b = 5 + 10 * (i - 1)
   local jobkey = KEYS[4 + i]
   local status, state, result, err, mine = accept(jobkey, stream, delayed, events,
     events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
-    none_exist and not seen[jobkey])
+    none_exist and not seen[jobkey], ARGV[b + 9])
   seen[jobkey] = true
   if status == 'duplicate' then
     duplicates = duplicates + 1

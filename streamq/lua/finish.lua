@@ -1,7 +1,10 @@
 -- finish.lua: settle a batch of finished attempts (complete, retry or dead-letter), fenced.
 -- An outcome is applied only while the job is 'active' under the caller's lease token; a stale
--- token yields 'lost' (counted, nothing written). Re-running the same call (a client retry)
--- answers with the outcome already applied and writes nothing more.
+-- token yields 'lost' (counted, nothing written). Safe to repeat: re-running the same call (a
+-- client retry after a lost reply) answers with the outcome already applied and writes nothing
+-- more, even when the job has moved on since (a retry promoted or started again, a dead letter
+-- re-driven): a retry or dead outcome leaves 'ft' = '<state>:<token>' in the record for that.
+-- A lapsed-lease dead letter (error type LeaseExpired) is not added to the errors history.
 -- KEYS[1]   ready stream
 -- KEYS[2]   delayed ZSET
 -- KEYS[3]   dead STREAM
@@ -32,14 +35,26 @@ for i = 1, n do
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
   local r = redis.pcall('HMGET', jobkey, 'state', 'token', 'attempts', 'max_attempts',
-    'result_ttl', 'notify')
+    'result_ttl', 'notify', 'ft')
   local state, cur = r[1], r[2]
-  if r.err or cur ~= token or not state then  -- (a corrupted record is settled by a reclaim)
+  if r.err or not state then  -- (a corrupted record is settled by a reclaim)
     lost = lost + 1
     emit(events, events_maxlen, id, 'lease_lost', now, token)
     out[i] = 'lost'
-  elseif state ~= 'active' then
-    out[i] = state  -- already applied by an earlier run of this same call
+  elseif cur == token and state ~= 'active' then
+    -- applied by an earlier run of this same call (every other path that ends a lease
+    -- changes the token); a retry may have been promoted or cancelled since
+    if state == 'completed' or state == 'failed' then out[i] = state else out[i] = 'retrying' end
+  elseif cur ~= token then
+    if r[7] == 'retrying:' .. token then
+      out[i] = 'retrying'
+    elseif r[7] == 'failed:' .. token then
+      out[i] = 'failed'
+    else
+      lost = lost + 1
+      emit(events, events_maxlen, id, 'lease_lost', now, token)
+      out[i] = 'lost'
+    end
   else
     if entry ~= '' then settled[#settled + 1] = entry end
     local max_attempts = tonumber(r[4]) or 0
@@ -47,16 +62,21 @@ for i = 1, n do
       redis.call('HSET', jobkey, 'state', 'completed', 'result', data, 'finished', now,
         'entry', '')
       local ttl = tonumber(r[5]) or 0
-      if ttl > 0 then redis.call('EXPIRE', jobkey, ttl) end
+      if r[5] == '0' then  -- fire-and-forget: nothing is kept once the job completed
+        redis.call('DEL', jobkey)
+      elseif ttl > 0 then
+        redis.call('EXPIRE', jobkey, ttl)
+      end
       completed = completed + 1
       emit(events, events_maxlen, id, 'completed', now, '')
-      notify(r[6], 'completed')
+      notify(r[6], 'completed', id)
       out[i] = 'completed'
     elseif outcome == 'retry' and (max_attempts == 0 or (tonumber(r[3]) or 0) < max_attempts) then
       local due = now + tonumber(extra)
       wake_if_sooner(delayed, wake, due)
       redis.call('ZADD', delayed, due, id)
-      redis.call('HSET', jobkey, 'state', 'retrying', 'due', due, 'error', data, 'entry', '')
+      redis.call('HSET', jobkey, 'state', 'retrying', 'due', due, 'error', data, 'entry', '',
+        'ft', 'retrying:' .. token)
       remember_error(jobkey, r[3], etype, now)
       retried = retried + 1
       emit(events, events_maxlen, id, 'retrying', now, etype)
@@ -64,9 +84,10 @@ for i = 1, n do
     else
       local reason = extra
       if outcome == 'retry' then reason = 'attempts exhausted' end
-      remember_error(jobkey, r[3], etype, now)
+      if etype ~= 'LeaseExpired' then remember_error(jobkey, r[3], etype, now) end
       bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
-        events_maxlen)
+        events_maxlen, false)
+      redis.call('HSET', jobkey, 'ft', 'failed:' .. token)
       failed = failed + 1
       out[i] = 'failed'
     end

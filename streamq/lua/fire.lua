@@ -14,14 +14,22 @@
 -- ARGV[5]   ops info (JSON text) stored under '<name>' when the tick fires
 -- ARGV[6..14] the job: id, type, envelope, max_attempts, result_ttl_s, deadline_ms, delay_ms,
 --           run_at_ms, notify channel (as in enqueue.lua)
--- Returns {status, state}: status 'queued' | 'scheduled' | 'duplicate' | 'stale' (an equal or
---           later tick already fired; nothing written)
+-- ARGV[15]  mode: 'fire' (enqueue the tick's job) or 'skip' (a missed tick: only mark it fired)
+-- Returns {status, state}: status 'queued' | 'scheduled' | 'duplicate' | 'skipped' | 'stale'
+--           (an equal or later tick already fired; nothing written) | 'future' (the tick is
+--           still in the server's future: the caller's clock is ahead; nothing written)
+-- Safe to repeat: a repeat finds its own tick already fired ('stale').
 local stream, delayed, stats, events, jobkey, cron = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6]
 local name, tick = ARGV[3], tonumber(ARGV[4])
 local last = tonumber(redis.call('HGET', cron, name .. ':last') or '-1')
 if last >= tick then return {'stale', ''} end
 local now = now_ms()
+if tick > now then return {'future', ''} end  -- ticks are decided by the server's clock
+if ARGV[15] == 'skip' then
+  redis.call('HSET', cron, name .. ':last', tick)
+  return {'skipped', ''}
+end
 local status, state = accept(jobkey, stream, delayed, events, ARGV[1], ARGV[2], now, ARGV, 6,
   false)
 redis.call('HSET', cron, name .. ':last', tick, name, ARGV[5])

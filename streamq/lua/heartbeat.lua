@@ -1,4 +1,5 @@
 -- heartbeat.lua: record that a worker process is alive, stamped with the server's clock.
+-- Safe to repeat: a repeat stamps the heartbeat again.
 -- KEYS[1]   workers ZSET (consumer name -> last heartbeat ms)
 -- KEYS[2]   worker info HASH of this consumer
 -- ARGV[1]   consumer name

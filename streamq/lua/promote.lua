@@ -1,6 +1,7 @@
 -- promote.lua: move due jobs from the delayed ZSET into the ready stream (one capped batch).
 -- The caller passes candidate ids (the lowest scores it read); this script re-checks each one
 -- against the server clock, so concurrent promoters move every job exactly once.
+-- Safe to repeat: a repeat finds its candidates no longer in the delayed ZSET and moves nothing.
 -- KEYS[1]   delayed ZSET
 -- KEYS[2]   ready stream
 -- KEYS[3]   dead STREAM (for ids whose job record is missing)

@@ -1,5 +1,6 @@
 -- purge.lua: delete jobs in one state, with their index entries. Active jobs are never purged
 -- (a worker holds them); completed and cancelled records have no index and expire on their own.
+-- Safe to repeat: a repeat finds the records gone and answers 'skipped'.
 -- KEYS[1]   ready stream
 -- KEYS[2]   delayed ZSET
 -- KEYS[3]   dead STREAM

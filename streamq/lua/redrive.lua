@@ -1,6 +1,7 @@
 -- redrive.lua: send dead-lettered jobs back to the queue with fresh attempts.
 -- Each dead entry is consumed atomically (checked, then deleted), so two operators re-driving
 -- the same selection at once re-drive every job exactly once; re-running is harmless.
+-- Safe to repeat: a repeat finds its dead entries gone and answers 'gone'.
 -- KEYS[1]   ready stream
 -- KEYS[2]   dead STREAM
 -- KEYS[3]   stats HASH

@@ -1,6 +1,7 @@
 -- release.lua: hand jobs back to the queue at once (graceful stop, operator requeue).
 -- A started job is released only under the caller's token; its interrupted attempt is
 -- refunded and the token cleared, so a handler still running somewhere is fenced out.
+-- Safe to repeat: a released job's record points at its new entry, so a repeat answers 0.
 -- A delivered-but-unstarted entry is released when the record still points at it.
 -- The old entry is acked and deleted and a fresh entry is appended, so any worker can take it.
 -- KEYS[1]   ready stream

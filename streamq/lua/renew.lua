@@ -1,6 +1,7 @@
 -- renew.lua: extend the leases of running jobs by resetting their idle time in the PEL.
 -- Only entries whose job is still 'active' under the caller's token are touched, so a worker
 -- whose lease was reclaimed can never take the entry back from its new owner.
+-- Safe to repeat: resetting an idle time twice is resetting it once.
 -- KEYS[1]   ready stream
 -- KEYS[1+i] job record HASH of lease i (i = 1..N)
 -- ARGV[1]   consumer group

@@ -12,9 +12,12 @@
 -- ARGV[3]   dead-letter retention in seconds
 -- ARGV[4]   dead stream max length
 -- ARGV[5]   who requeues (recorded in the event)
--- ARGV[6..] per entry i: stream entry id, job id (pairs)
+-- ARGV[6..] per entry i: stream entry id, job id ('' when the entry has none) (pairs)
 -- Returns per entry: 'requeued' | 'failed' (dead-lettered) | 'skipped' (not pending work of
---           this job: acked and deleted as a ghost) | 'missing' (no record: dead-lettered)
+--           this job: acked and deleted as a ghost) | 'missing' (no record, or an empty job id:
+--           a malformed stream entry; dead-lettered)
+-- Safe to repeat: a dead letter is written only while the entry is still in the stream, and a
+-- requeued job's record points at its new entry, so a repeat skips it.
 local stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, events_maxlen, dead_ttl, dead_maxlen, who = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5]
@@ -25,20 +28,32 @@ local n = (#ARGV - 5) / 2
 for i = 1, n do
   local entry, id = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
   local jobkey = KEYS[4 + i]
-  local r = redis.call('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts')
+  redis.call('XACK', stream, group, entry)
+  local present = redis.call('XDEL', stream, entry) == 1  -- a repeated call finds it gone
+  local r = {}
+  if id ~= '' then r = redis.call('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts') end
   local state = r[1]
-  ack_del(stream, group, entry)
-  if not state then
-    redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
-      'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
-    failed = failed + 1
+  if id == '' then  -- an entry without a job id
+    if present then
+      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', '', 'reason',
+        'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', now,
+        'entry', entry, 'raw', 'no job id')
+      failed = failed + 1
+    end
+    out[i] = 'missing'
+  elseif not state then
+    if present then
+      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
+        'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
+      failed = failed + 1
+    end
     out[i] = 'missing'
   elseif r[2] ~= entry or (state ~= 'queued' and state ~= 'active') then
     out[i] = 'skipped'
   elseif state == 'active' and (tonumber(r[4]) or 0) > 0
       and (tonumber(r[3]) or 0) >= tonumber(r[4]) then
     bury(jobkey, dead, events, id, 'attempts exhausted (lease lapsed)', '', 'LeaseExpired',
-      now, dead_ttl, dead_maxlen, events_maxlen)
+      now, dead_ttl, dead_maxlen, events_maxlen, true)
     failed = failed + 1
     out[i] = 'failed'
   else

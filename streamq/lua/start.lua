@@ -1,14 +1,19 @@
 -- start.lua: start a batch of delivered (or reclaimed) stream entries, one lease each.
 -- Only entries in the caller's own pending list are started (a stale delivery is skipped).
--- Each startable job gets a fresh lease token from the queue's sequence (never reused), its
--- attempt counted,
--- owner set. Entries that must not run are settled here: ghosts and finished or cancelled
--- jobs are acked and deleted; expired or exhausted jobs and malformed entries are dead-lettered.
+-- Each startable job gets the lease token the caller chose for it (unique per start: a worker
+-- prefix and a counter), its attempt counted, owner set, and its entry's idle time in the PEL
+-- reset (XCLAIM ... JUSTID), so a lease never begins half-spent. Entries that must not run
+-- are settled here: ghosts and finished or cancelled jobs are acked and deleted; expired or
+-- exhausted jobs and malformed entries are dead-lettered. While the queue is paused, startable
+-- entries are handed back as fresh stream entries with no attempt counted (pause is atomic).
+-- Safe to repeat: a job already 'active' under the very token of this call and owned by the
+-- caller is the same start seen again (a lost reply): it answers 'run' with the same lease and
+-- attempt and writes nothing new.
 -- KEYS[1]   ready stream
 -- KEYS[2]   dead STREAM
 -- KEYS[3]   stats HASH
 -- KEYS[4]   events STREAM
--- KEYS[5]   lease token sequence (STRING counter)
+-- KEYS[5]   pause flag (STRING; exists while the queue is paused)
 -- KEYS[5+i] job record HASH of entry i (i = 1..N)
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name
@@ -16,21 +21,21 @@
 -- ARGV[4]   dead-letter retention in seconds
 -- ARGV[5]   dead stream max length
 -- ARGV[6]   N, the number of entries with a job id
--- ARGV[7 + 2*(i-1) ..] per entry i: stream entry id, job id
--- ARGV[7 + 2*N]        M, the number of malformed entries (no usable job id)
--- ARGV[8 + 2*N + 2*(j-1) ..] per malformed entry j: stream entry id, description
--- Returns a flat array, 7 per job entry: code ('run' | 'skip' | 'dead'), token, attempt,
---           envelope ('' unless run) or the reason (for skip and dead), deadline ms (0 = none),
---           ms since the job (re)entered the stream, ms since it was created.
-local stream, dead, stats, events, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- ARGV[7 + 3*(i-1) ..] per entry i: stream entry id, job id, lease token for this start
+-- ARGV[7 + 3*N]        M, the number of malformed entries (no usable job id)
+-- ARGV[8 + 3*N + 2*(j-1) ..] per malformed entry j: stream entry id, description
+-- Returns a flat array, 7 per job entry: code ('run' | 'skip' | 'dead' | 'paused'), token,
+--           attempt, envelope ('' unless run) or the reason (for skip and dead), deadline ms
+--           (0 = none), ms since the job (re)entered the stream, ms since it was created.
+local stream, dead, stats, events, paused = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, consumer = ARGV[1], ARGV[2]
 local events_maxlen, dead_ttl, dead_maxlen = ARGV[3], ARGV[4], ARGV[5]
 local n = tonumber(ARGV[6])
 local now = now_ms()
 local out = {}
-local started, reclaimed, failed = 0, 0, 0
-local token = 0
-if n > 0 then token = redis.call('INCRBY', seq, n) - n end  -- tokens token+1 .. token+n
+local fresh = {}  -- entries whose lease starts now: their idle time is reset below
+local started, reclaimed, failed, handed = 0, 0, 0, 0
+local is_paused = redis.call('EXISTS', paused) == 1
 local KNOWN = {scheduled = true, queued = true, active = true, retrying = true,
                completed = true, failed = true, cancelled = true}
 local function push(a, b, c, d, e, f, g)
@@ -38,11 +43,11 @@ local function push(a, b, c, d, e, f, g)
   out[#out + 1] = e or 0; out[#out + 1] = f or 0; out[#out + 1] = g or 0
 end
 for i = 1, n do
-  local entry, id = ARGV[7 + 2 * (i - 1)], ARGV[8 + 2 * (i - 1)]
+  local b = 7 + 3 * (i - 1)
+  local entry, id, token = ARGV[b], ARGV[b + 1], ARGV[b + 2]
   local jobkey = KEYS[5 + i]
-  token = token + 1
   local r = redis.pcall('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts',
-    'deadline', 'env', 'enqueued', 'created')
+    'deadline', 'env', 'enqueued', 'created', 'token', 'owner')
   local state = r[1]
   -- Only the consumer whose pending list holds the entry may start it: a stale delivery (the
   -- caller stalled after XREADGROUP and another worker took the entry over) is left alone.
@@ -66,13 +71,26 @@ for i = 1, n do
     -- a record without a usable state or stream entry is damaged, not a ghost: bury it
     ack_del(stream, group, entry)
     bury(jobkey, dead, events, id, 'job record corrupted', '', 'CorruptRecord', now,
-      dead_ttl, dead_maxlen, events_maxlen)
+      dead_ttl, dead_maxlen, events_maxlen, true)
     failed = failed + 1
     push('dead', 0, 0, 'job record corrupted')
   elseif r[2] ~= entry or (state ~= 'queued' and state ~= 'active') then
     -- a ghost of an older delivery, or a job already finished or cancelled
     ack_del(stream, group, entry)
     push('skip', 0, 0, state)
+  elseif state == 'active' and r[9] == token and r[10] == consumer then
+    -- this very start ran before (its reply was lost): the same lease, the same attempt
+    fresh[#fresh + 1] = entry
+    local deadline = tonumber(r[5]) or 0
+    push('run', token, tonumber(r[3]) or 1, r[6] or '', deadline,
+      now - (tonumber(r[7]) or now), now - (tonumber(r[8]) or now))
+  elseif is_paused then
+    -- hand it back untouched (no attempt counted); a lapsed lease's owner is fenced out
+    ack_del(stream, group, entry)
+    local new = redis.call('XADD', stream, '*', 'id', id)
+    redis.call('HSET', jobkey, 'state', 'queued', 'entry', new, 'token', '', 'enqueued', now)
+    handed = handed + 1
+    push('paused', 0, 0, 'queue paused')
   else
     local attempts = tonumber(r[3]) or 0
     local max_attempts = tonumber(r[4]) or 0  -- 0: the handler's setting decides
@@ -80,13 +98,13 @@ for i = 1, n do
     if deadline > 0 and now > deadline then
       ack_del(stream, group, entry)
       bury(jobkey, dead, events, id, 'deadline passed', '', 'DeadlineExceeded', now,
-        dead_ttl, dead_maxlen, events_maxlen)
+        dead_ttl, dead_maxlen, events_maxlen, true)
       failed = failed + 1
       push('dead', 0, attempts, 'deadline passed')
     elseif max_attempts > 0 and attempts >= max_attempts then
       ack_del(stream, group, entry)
       bury(jobkey, dead, events, id, 'attempts exhausted (lease lapsed)', '',
-        'LeaseExpired', now, dead_ttl, dead_maxlen, events_maxlen)
+        'LeaseExpired', now, dead_ttl, dead_maxlen, events_maxlen, true)
       failed = failed + 1
       push('dead', 0, attempts, 'attempts exhausted (lease lapsed)')
     else
@@ -98,22 +116,31 @@ for i = 1, n do
         emit(events, events_maxlen, id, 'reclaimed', now, consumer)
       end
       started = started + 1
+      fresh[#fresh + 1] = entry
       emit(events, events_maxlen, id, 'started', now, attempts)
       push('run', token, attempts, r[6] or '', deadline, now - (tonumber(r[7]) or now),
         now - (tonumber(r[8]) or now))
     end
   end
 end
-local m = tonumber(ARGV[7 + 2 * n])
+if #fresh > 0 then
+  fresh[#fresh + 1] = 'JUSTID'  -- idle time back to 0; JUSTID keeps the delivery count
+  redis.call('XCLAIM', stream, group, consumer, 0, unpack(fresh))
+end
+local m = tonumber(ARGV[7 + 3 * n])
 for j = 1, m do
-  local b = 8 + 2 * n + 2 * (j - 1)
-  ack_del(stream, group, ARGV[b])
-  redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', '', 'reason',
-    'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', now,
-    'entry', ARGV[b], 'raw', ARGV[b + 1])
-  failed = failed + 1
+  local b = 8 + 3 * n + 2 * (j - 1)
+  local owner = redis.call('XPENDING', stream, group, ARGV[b], ARGV[b], 1)
+  if owner[1] ~= nil and owner[1][2] == consumer then  -- (a repeated call finds it gone)
+    ack_del(stream, group, ARGV[b])
+    redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', '', 'reason',
+      'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', now,
+      'entry', ARGV[b], 'raw', ARGV[b + 1])
+    failed = failed + 1
+  end
 end
 count(stats, 'started', started)
 count(stats, 'reclaimed', reclaimed)
 count(stats, 'failed', failed)
+count(stats, 'released', handed)
 return out

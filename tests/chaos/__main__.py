@@ -25,11 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=Options.workers)
     p.add_argument("--fault-every", type=float, default=Options.fault_every_s,
                    help="mean seconds between two faults")
+    p.add_argument("--filler-keys", type=int, default=Options.filler_keys,
+                   help="filler keys that make each Redis restart spend a while LOADING")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else int(time.time()) % 100_000
     opts = Options(minutes=a.minutes, seed=seed, out=a.out, workdir=a.workdir, rate=a.rate,
-                   workers=a.workers, fault_every_s=a.fault_every, verbose=not a.quiet)
+                   workers=a.workers, fault_every_s=a.fault_every, filler_keys=a.filler_keys,
+                   verbose=not a.quiet)
     # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C: the harness stops what it started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rep = run(opts)

@@ -7,8 +7,12 @@ connection, one line each, and answers one JSON line:
 - ``cut``: abort every proxied connection at once, both sides (bytes in flight are lost, so a
   client may see a command fail whose effect the server applied: a lost reply);
 - ``delay MS``: hold every chunk MS milliseconds before forwarding it (0 = off);
+- ``drop P MS``: for the next MS milliseconds, each request (a chunk from a client) is, with
+  probability P, forwarded to the server and its reply dropped: the proxy waits for the
+  server's answer (so the server has run the command) and then aborts that connection instead
+  of passing the answer on. The client sees a command fail that the server applied;
 - ``target PORT``: forward new connections to another port (a server that had to move);
-- ``stats``: counters.
+- ``stats``: counters (``dropped``: replies dropped so far).
 
 While the target is down, a new client connection is accepted and closed at once.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import sys
 from typing import Any
@@ -32,6 +37,12 @@ class Proxy:
         self.accepted = 0
         self.refused = 0
         self.cut_total = 0
+        self.drop_p = 0.0
+        self.drop_until = 0.0
+        """Loop time until which requests may have their reply dropped."""
+        self.doomed: set[Pair] = set()
+        """Connections whose next reply from the server is dropped (and the connection cut)."""
+        self.dropped = 0
 
     async def serve_client(self, reader: asyncio.StreamReader,
                            writer: asyncio.StreamWriter) -> None:
@@ -46,20 +57,34 @@ class Proxy:
         pair = (writer, up_w)
         self.conns.add(pair)
         try:
-            await asyncio.gather(self._pump(reader, up_w, pair), self._pump(up_r, writer, pair))
+            await asyncio.gather(self._pump(reader, up_w, pair, request=True),
+                                 self._pump(up_r, writer, pair, request=False))
         finally:
             self.conns.discard(pair)
+            self.doomed.discard(pair)
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    pair: Pair) -> None:
+                    pair: Pair, *, request: bool) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 data = await src.read(1 << 16)
                 if not data:
                     dst.close()  # orderly close: what is buffered still goes out
                     return
+                if not request and pair in self.doomed:
+                    # the server answered a request whose reply is to be lost: drop the answer
+                    # and the connection (the client cannot tell whether the command ran)
+                    self.doomed.discard(pair)
+                    self.dropped += 1
+                    for w in pair:
+                        w.transport.abort()
+                    return
                 if self.delay_s > 0:
                     await asyncio.sleep(self.delay_s)
+                if (request and loop.time() < self.drop_until
+                        and random.random() < self.drop_p):
+                    self.doomed.add(pair)  # before the request goes out: its answer is lost
                 dst.write(data)
                 await dst.drain()
         except (OSError, RuntimeError):  # the other side is gone (or was cut)
@@ -84,12 +109,16 @@ class Proxy:
         elif len(words) == 2 and words[0] == "delay":
             self.delay_s = float(words[1]) / 1000
             reply = {"delay_ms": float(words[1])}
+        elif len(words) == 3 and words[0] == "drop":
+            self.drop_p = float(words[1])
+            self.drop_until = asyncio.get_running_loop().time() + float(words[2]) / 1000
+            reply = {"drop_p": self.drop_p, "drop_ms": float(words[2]), "dropped": self.dropped}
         elif len(words) == 2 and words[0] == "target":
             self.target_port = int(words[1])
             reply = {"target": self.target_port}
         elif words == ["stats"]:
             reply = {"open": len(self.conns), "accepted": self.accepted,
-                     "refused": self.refused, "cut": self.cut_total}
+                     "refused": self.refused, "cut": self.cut_total, "dropped": self.dropped}
         else:
             reply = {"error": f"unknown command {words!r}"}
         writer.write(json.dumps(reply).encode() + b"\n")

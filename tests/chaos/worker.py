@@ -16,8 +16,13 @@ cannot leave half a line):
 - ``{"ev": "stall", "w", "pid", "t0", "t1"}`` when a watchdog thread overslept by more than
   half a second (the process was frozen by SIGSTOP or starved of CPU): evidence for a lapse.
 
+Every ``t`` is the host's real clock (``clock_gettime(CLOCK_REALTIME)``), even when the harness
+runs this process under a stepped ``time.time()`` (``fakeclock.py``): the ledger and the
+harness's fault log share one clock.
+
 Job types (``chaos.<kind>``): ``instant`` and ``delayed`` return at once; ``retry`` raises
-``Retry`` while ``attempt <= payload["fails"]``; ``slow`` sleeps ``payload["s"]`` seconds on the
+``Retry`` while ``attempt <= payload["fails"]``; ``cron`` (fired by the schedulers' cron
+entries, ``cron_entries.py``) returns at once; ``slow`` sleeps ``payload["s"]`` seconds on the
 event loop, ``slow_sync`` in the thread pool; ``fail`` raises ``Fail`` (its reason carries the
 execution id). Every value returned is ``{"x", "w", "a"}``: it identifies the execution.
 """
@@ -44,13 +49,18 @@ from worker_proc import dump_state  # tests/procs: SIGUSR1 dumps every stack
 STALL_S = 0.5
 
 
+def wall() -> float:
+    """The host's real clock, whatever ``time.time`` says in this process."""
+    return time.clock_gettime(time.CLOCK_REALTIME)
+
+
 class Ledger:
     def __init__(self, path: str, worker: str) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.worker = worker
         self.pid = os.getpid()
         self._seq = itertools.count(1)
-        self.write({"ev": "boot", "w": worker, "pid": self.pid, "t": time.time()})
+        self.write({"ev": "boot", "w": worker, "pid": self.pid, "t": wall()})
 
     def write(self, rec: dict[str, Any]) -> None:
         os.write(self._fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
@@ -58,12 +68,12 @@ class Ledger:
     def begin(self, job: Job) -> str:
         x = f"{self.worker}/{self.pid}/{next(self._seq)}"
         self.write({"ev": "s", "job": job.id, "a": job.attempt, "w": self.worker,
-                    "pid": self.pid, "x": x, "t": time.time()})
+                    "pid": self.pid, "x": x, "t": wall()})
         return x
 
     def end(self, job: Job, x: str, outcome: str, result: Any = None) -> None:
         self.write({"ev": "e", "job": job.id, "a": job.attempt, "x": x, "o": outcome,
-                    "r": result, "t": time.time()})
+                    "r": result, "t": wall()})
 
     def watch(self) -> None:
         """Record every time this process did not run for more than STALL_S (a thread)."""
@@ -72,7 +82,7 @@ class Ledger:
             time.sleep(0.1)
             late = time.monotonic() - t0 - 0.1
             if late > STALL_S:
-                now = time.time()
+                now = wall()
                 self.write({"ev": "stall", "w": self.worker, "pid": self.pid, "t0": now - late,
                             "t1": now})
 
@@ -90,6 +100,7 @@ def build_registry(ledger: Ledger) -> Registry:
 
     reg.register("chaos.instant", instant)
     reg.register("chaos.delayed", instant)
+    reg.register("chaos.cron", instant)
 
     @reg.handler("chaos.retry")
     async def retry(job: Job) -> dict[str, Any]:

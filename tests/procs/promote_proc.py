@@ -19,7 +19,7 @@ from pathlib import Path
 from streamq import QueueConfig
 from streamq._conn import async_client, sync_client
 from streamq._keys import Keys
-from streamq._promote import Promoter
+from streamq._worker.promote import Promoter
 
 
 async def run(url: str, queue: str, end: float) -> dict[str, int]:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 import attrs
 import redis
 
-from ._keys import GROUP, Keys
-from ._retry import TRANSIENT
-from ._scripts import SCRIPTS
+from .._keys import GROUP, Keys
+from .._scripts import SCRIPTS
+from .._supervise import Outage, Supervised
 
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000
@@ -36,7 +36,7 @@ class LeaseKeeper:
     """Holds the worker's leases; renews those older than ``every_s`` every ``every_s``."""
 
     def __init__(self, client_factory: Callable[[], redis.Redis], consumer: str,
-                 every_s: float) -> None:
+                 every_s: float, outage: Outage | None = None) -> None:
         self._factory = client_factory
         self._consumer = consumer
         self._every_s = every_s
@@ -46,6 +46,9 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self.renewed = 0
         self.lost = 0
+        # after an error, try again soon: renewals must resume as soon as the server answers
+        self.loop = Supervised("lease renewal", log, outage=outage, min_backoff_s=0.02,
+                               max_backoff_s=max(0.05, every_s / 4))
 
     def add(self, lease: Lease) -> None:
         with self._lock:
@@ -55,14 +58,20 @@ class LeaseKeeper:
         with self._lock:
             self._leases.pop((queue, entry), None)
 
-    def remove_many(self, queue: str, entries: list[str]) -> None:
+    def remove_many(self, queue: str, settled: list[tuple[str, str]]) -> None:
+        """Drop the leases of settled (entry, token) pairs; a newer lease of the same entry
+        (taken over again after this one was lost) stays."""
         with self._lock:
-            for entry in entries:
-                self._leases.pop((queue, entry), None)
+            for entry, token in settled:
+                lease = self._leases.get((queue, entry))
+                if lease is not None and lease.token == token:
+                    del self._leases[(queue, entry)]
 
     def holds(self, queue: str, entry: str) -> bool:
+        """True while this worker holds a live (not lost) lease of the entry."""
         with self._lock:
-            return (queue, entry) in self._leases
+            lease = self._leases.get((queue, entry))
+            return lease is not None and not lease.lost
 
     def snapshot(self) -> list[Lease]:
         with self._lock:
@@ -79,19 +88,20 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         client = self._factory()
+
+        def step() -> float:
+            self.renew_once(client)
+            return self._every_s / 2
+
         try:
-            while not self._stop.wait(self._every_s):
-                try:
-                    self.renew_once(client)
-                except TRANSIENT as exc:
-                    log.warning("lease renewal failed, will retry: %s", exc)
-                except Exception:  # keep renewing whatever happens
-                    log.exception("lease renewal failed")
+            if not self._stop.wait(self._every_s / 2):
+                self.loop.run_sync(step, self._stop)
         finally:
             client.close()
 
     def renew_once(self, client: redis.Redis) -> None:
-        cutoff = time.monotonic() - self._every_s
+        cutoff = time.monotonic() - self._every_s / 2  # ticks every half period: a lease is
+        # renewed at most one period (a third of the visibility timeout) after its last renewal
         by_queue: dict[str, list[Lease]] = {}
         for lease in self.snapshot():
             if lease.started <= cutoff and not lease.lost:

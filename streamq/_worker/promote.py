@@ -9,35 +9,49 @@ from typing import Any
 import attrs
 import redis.asyncio as aredis
 
-from ._config import QueueConfig
-from ._keys import Keys
-from ._scripts import SCRIPTS
+from .._config import QueueConfig
+from .._keys import Keys
+from .._scripts import SCRIPTS
 
 log = logging.getLogger("streamq.worker")
 BATCH = 1000
 """Candidates per promote.lua call (loops are capped)."""
 _SLACK_MS = 50
+RESYNC_S = 10.0
+"""Longest time between two readings of the server's clock."""
 
 
 @attrs.define
 class Promoter:
-    """Promotes one queue's due jobs. Tracks the server clock offset to pick candidates;
-    the script re-checks every candidate against the server's own TIME."""
+    """Promotes one queue's due jobs. Picks candidates by an estimate of the server's clock:
+    the offset of the server's TIME to this host's monotonic clock, which no step of the host's
+    wall clock moves; it is refreshed from every script reply and at least every
+    ``RESYNC_S`` seconds. The script re-checks every candidate against the server's own TIME,
+    so an estimate that runs ahead never promotes a job early."""
 
     keys: Keys
     config: QueueConfig
-    offset_ms: float = 0.0
+    offset_ms: float | None = None
     next_due_ms: int = -1
+    synced_at: float = -1e18
 
     async def sync_clock(self, client: aredis.Redis) -> None:
         sec, usec = await client.time()
-        self.offset_ms = sec * 1000 + usec / 1000 - time.time() * 1000
+        self._observe(sec * 1000 + usec / 1000)
+
+    def _observe(self, server_ms: float) -> None:
+        now = time.monotonic()
+        self.offset_ms = server_ms - now * 1000
+        self.synced_at = now
 
     def server_now_ms(self) -> float:
-        return time.time() * 1000 + self.offset_ms
+        assert self.offset_ms is not None, "sync_clock() first"
+        return time.monotonic() * 1000 + self.offset_ms
 
     async def run_once(self, client: aredis.Redis) -> tuple[int, bool]:
         """Promote one batch of due jobs; returns (moved, whether more may be due now)."""
+        if self.offset_ms is None or time.monotonic() - self.synced_at >= RESYNC_S:
+            await self.sync_clock(client)  # the server's clock may have been stepped
         horizon = int(self.server_now_ms()) + _SLACK_MS
         ids: Any = await client.zrangebyscore(
             self.keys.delayed, "-inf", horizon, start=0, num=BATCH)
@@ -63,7 +77,7 @@ class Promoter:
         cfg = self.config
         moved, now, next_due = await SCRIPTS["promote"].run_async(
             client, keys, [cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen, *names])
-        self.offset_ms = now - time.time() * 1000
+        self._observe(now)
         self.next_due_ms = int(next_due)
         return int(moved), len(ids) == BATCH
 

@@ -1,0 +1,168 @@
+"""One subscriber per queue object for every ``enqueue_and_wait`` it runs.
+
+A queue object owns one pub/sub channel (``Keys.waiter_channel``) and one subscriber
+connection, opened on first use. Every job it waits on names that channel as its ``notify``
+channel; finish.lua, cancel.lua, the dead-lettering and progress.lua publish
+``'<state> <job id>'`` there, and the subscriber wakes the waiters of that job id. So a call
+costs no SUBSCRIBE/UNSUBSCRIBE round trips and no connection of its own, and thousands of
+concurrent waiters share one connection.
+
+A message is only a wake-up: a woken waiter reads the job's record (the truth). Messages can be
+lost (a reconnect, a job whose notify channel is someone else's because it was a duplicate), so
+a waiter also re-reads the record at least every ``POLL_MAX_S``. The subscriber's reader runs
+supervised: any error closes its connection, and it subscribes again after a backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+
+from ._keys import Keys
+from ._supervise import Supervised
+
+log = logging.getLogger("streamq.queue")
+POLL_MAX_S = 0.5
+"""A waiter re-reads the record at least this often, message or not."""
+_READY_WAIT_S = 1.0
+
+
+def _job_of(message: Any) -> str | None:
+    data = message.get("data") if isinstance(message, dict) else None
+    if not isinstance(data, bytes):
+        return None
+    _state, _, job_id = data.decode(errors="replace").partition(" ")
+    return job_id or None
+
+
+class AsyncWaiters:
+    """The shared subscriber of one AsyncQueue."""
+
+    def __init__(self, client: aredis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.channel = keys.waiter_channel(secrets.token_hex(8))
+        self._events: dict[str, set[asyncio.Event]] = {}
+        self._subscribed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sup = Supervised(f"waiter subscriber {self.channel}", log)
+
+    async def start(self) -> None:
+        """Start the reader if needed and wait (briefly) until it is subscribed; waiters poll
+        meanwhile, so a slow subscription costs latency, never a result."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._sup.run(self._read, lambda: True))
+        if not self._subscribed.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._subscribed.wait(), _READY_WAIT_S)
+
+    def register(self, job_id: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._events.setdefault(job_id, set()).add(event)
+        return event
+
+    def unregister(self, job_id: str, event: asyncio.Event) -> None:
+        events = self._events.get(job_id)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._events[job_id]
+
+    async def _read(self) -> float:
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.channel)
+            self._subscribed.set()
+            self._sup.ok()
+            while True:
+                message = await pubsub.get_message(timeout=30.0)
+                job_id = _job_of(message)
+                for event in self._events.get(job_id or "", ()):
+                    event.set()
+        finally:
+            self._subscribed.clear()
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except Exception as exc:  # noqa: BLE001 - closing a broken connection
+                log.debug("closing the waiter subscription: %s", exc)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+
+class SyncWaiters:
+    """The shared subscriber of one (sync) Queue: a daemon thread reads the channel."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.channel = keys.waiter_channel(secrets.token_hex(8))
+        self._lock = threading.Lock()
+        self._events: dict[str, set[threading.Event]] = {}
+        self._subscribed = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sup = Supervised(f"waiter subscriber {self.channel}", log)
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(target=self._sup.run_sync,
+                                                args=(self._read, self._stop),
+                                                name="streamq-waiters", daemon=True)
+                self._thread.start()
+        self._subscribed.wait(_READY_WAIT_S)
+
+    def register(self, job_id: str) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            self._events.setdefault(job_id, set()).add(event)
+        return event
+
+    def unregister(self, job_id: str, event: threading.Event) -> None:
+        with self._lock:
+            events = self._events.get(job_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._events[job_id]
+
+    def _read(self) -> float:
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(self.channel)
+            self._subscribed.set()
+            self._sup.ok()
+            while not self._stop.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                job_id = _job_of(message)
+                if job_id is None:
+                    continue
+                with self._lock:
+                    events = list(self._events.get(job_id, ()))
+                for event in events:
+                    event.set()
+            return 0.0
+        finally:
+            self._subscribed.clear()
+            try:
+                pubsub.close()
+            except Exception as exc:  # noqa: BLE001 - closing a broken connection
+                log.debug("closing the waiter subscription: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+
+

@@ -1,0 +1,9 @@
+"""The worker: fetching and starting (worker), one attempt of a job (attempt), settling
+outcomes (settle), leases (lease), housekeeping loops (housekeeping), promotion of due jobs
+(promote, shared with the scheduler), handler invocation (invoke), progress reports (progress),
+the event-loop watchdog (watchdog) and the state its parts share (state)."""
+
+from .state import WorkerStats
+from .worker import Worker, start_call
+
+__all__ = ["Worker", "WorkerStats", "start_call"]

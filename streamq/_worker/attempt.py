@@ -1,0 +1,199 @@
+"""One attempt of a job: decode its envelope, find its handler, call it within its timeout,
+turn what happened into an outcome for settling (finish.lua), and log a failure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+
+from .. import _telemetry as tel
+from .._config import QueueConfig, RetryPolicy, WorkerConfig
+from .._errors import Fail, PayloadTooLarge, Retry, SerializationError
+from .._model import Envelope, Job, envelope_from_plain
+from .._registry import HandlerSpec, Registry
+from .._timeseries import SeriesRecorder
+from .invoke import Expired, SyncRunner, bounded, error_info
+from .lease import Lease
+from .progress import Progress
+from .state import Finish, QState, WorkerStats
+
+log = logging.getLogger("streamq.worker")
+_last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
+    "streamq_last_exc", default=None)
+
+
+class Attempts:
+    """Runs attempts for one worker (``runner`` runs its sync handlers; set at start)."""
+
+    def __init__(self, config: WorkerConfig, queue_config: QueueConfig, registry: Registry,
+                 stats: WorkerStats) -> None:
+        self.config = config
+        self.queue_config = queue_config
+        self.registry = registry
+        self.stats = stats
+        self.runner: SyncRunner | None = None
+        self.progress: Progress | None = None
+        self.series: SeriesRecorder | None = None
+
+    async def run(self, qs: QState, lease: Lease, attempt: int, data: bytes,
+                  times: tuple[int, int, int]) -> Finish:
+        """The attempt's outcome; a bug of ours becomes a retry (not forever), never a lost
+        slot. Raises CancelledError when the worker stops (the job is handed back)."""
+        try:
+            return await self.attempt(qs, lease, attempt, data, times)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("job %s: internal error", lease.job_id)
+            err = self.queue_config.serde.dumps(error_info(exc))
+            if attempt >= self.config.default_max_attempts:
+                return (lease.job_id, lease.entry, lease.token, "dead", err, "internal error",
+                        type(exc).__name__)
+            return (lease.job_id, lease.entry, lease.token, "retry", err, 1000,
+                    type(exc).__name__)
+
+    async def attempt(self, qs: QState, lease: Lease, attempt: int, data: bytes,
+                      times: tuple[int, int, int]) -> Finish:
+        deadline_ms, wait_ms, age_ms = times
+        ident = (lease.job_id, lease.entry, lease.token)
+        serde = self.queue_config.serde
+
+        def dead(etype: str, message: str, reason: str, jtype: str = "?") -> Finish:
+            self._log_outcome(qs.keys.queue, lease.job_id, jtype, attempt, None, reason, etype,
+                              message, None)
+            err = {"type": etype, "message": message, "traceback": ""}
+            return (*ident, "dead", serde.dumps(err), reason, etype)
+
+        try:
+            env = envelope_from_plain(serde.loads(data))
+        except (SerializationError, RecursionError) as exc:
+            return dead("MalformedEnvelope", str(exc)[:500], "malformed envelope")
+        if env.id != lease.job_id:  # never hand a handler another job's id (idempotency key)
+            return dead("MalformedEnvelope", f"the envelope names job {env.id!r}",
+                        "malformed envelope", env.type)
+        spec = self.registry.get(env.type, env.version)
+        if spec is None:
+            return dead("UnknownJobType", f"no handler for {env.type!r} version {env.version}"
+                        f" on this worker (registered: {', '.join(self.registry.names())})",
+                        "unknown job type", env.type)
+        max_attempts = env.max_attempts or spec.max_attempts or self.config.default_max_attempts
+        if attempt > max_attempts:
+            return dead("LeaseExpired", f"attempt {attempt} of {max_attempts}: the previous"
+                        " run's lease lapsed", "attempts exhausted (lease lapsed)", env.type)
+        job = Job(id=env.id, type=env.type, payload=env.payload, attempt=attempt,
+                  max_attempts=max_attempts, queue=qs.keys.queue, version=env.version,
+                  idempotency_key=env.idempotency_key or env.id, headers=env.headers,
+                  trace=env.trace, deadline_ms=deadline_ms,
+                  reporter=self.progress.reporter(lease) if self.progress else None)
+        span = tel.Attempt(qs.keys.queue, job.id, job.type, attempt, env.trace,
+                           self.config.trace_parent)
+        token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
+                             "attempt": attempt, "trace_id": span.trace_id})
+        started = time.perf_counter()
+        exc_seen: BaseException | None = None
+        item: Finish | None = None
+        try:
+            item = await self._call(spec, job, ident, env, attempt, max_attempts)
+        except BaseException as exc:
+            exc_seen = exc
+            raise
+        finally:
+            tel.JOB.reset(token)
+            ran_s = time.perf_counter() - started
+            if item is not None:
+                tel.QUEUE_WAIT.record(wait_ms / 1000, qs.labels)
+                tel.DURATION.record(ran_s, qs.labels)
+                tel.END_TO_END.record(age_ms / 1000 + ran_s, qs.labels)
+                span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "")
+                if self.series is not None and item[3] != "retry":
+                    self.series.observe(qs.keys.queue, completed=item[3] == "ok",
+                                        wait_ms=wait_ms, run_ms=ran_s * 1000)
+                if item[3] != "ok":
+                    exc_now = _last_exc.get()
+                    self._log_outcome(job.queue, job.id, job.type, attempt, max_attempts,
+                                      item[5] if item[3] == "dead" else int(item[5]),
+                                      item[6], str(exc_now) if exc_now else "", exc_now)
+            else:
+                span.end("interrupted", exc_seen, "worker stopping")
+        return item
+
+    def _log_outcome(self, queue: str, job_id: str, jtype: str, attempt: int,
+                     max_attempts: int | None, after: str | int, etype: str, message: str,
+                     exc: BaseException | None) -> None:
+        """A failed attempt is a WARNING naming the job, its type, the attempt, the error and
+        the retry delay; a dead letter an ERROR, with the traceback unless turned off."""
+        extra = {"job_id": job_id, "job_type": jtype, "attempt": attempt, "queue": queue}
+        of = f"/{max_attempts}" if max_attempts else ""
+        what = f"{etype}: {message}" if message else etype
+        if isinstance(after, int):
+            log.warning("job %s (%s) attempt %d%s failed: %s; retrying in %.1f s", job_id,
+                        jtype, attempt, of, what, after / 1000, extra=extra)
+            return
+        tb = exc if exc is not None and self.config.log_dead_tracebacks else None
+        why = "" if after == message else f" ({after})"  # a Fail's reason is its message
+        log.error("job %s (%s) attempt %d%s failed: %s; dead-lettered%s", job_id, jtype,
+                  attempt, of, what, why, exc_info=tb, extra=extra)
+
+    async def _call(self, spec: HandlerSpec, job: Job, ident: tuple[str, str, str],
+                    env: Envelope, attempt: int, max_attempts: int) -> Finish:
+        serde = self.queue_config.serde
+        timeout = spec.timeout_s or self.config.default_timeout_s
+        _last_exc.set(None)
+        try:
+            if spec.is_async:  # without a limit: no Timeout context, no extra task
+                coro = spec.fn(job)
+                result = await (coro if timeout is None else bounded(coro, timeout))
+            else:  # the timeout counts from when a thread starts the handler
+                assert self.runner is not None
+                result = await self.runner.run(spec.fn, job, timeout)
+                self.stats.stuck_threads = len(self.runner.stuck())
+        except BaseException as exc:  # any handler failure is the job's, not ours
+            task = asyncio.current_task()
+            if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling()):
+                raise  # the worker is stopping: hand the job back (a handler's own is a failure)
+            _last_exc.set(exc)
+            if isinstance(exc, Fail):
+                return (*ident, "dead", serde.dumps(error_info(exc)), exc.reason[:500], "Fail")
+            if isinstance(exc, Retry):
+                return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc,
+                                           exc.delay_s)
+            if timeout is not None and isinstance(exc, Expired):
+                if self.runner is not None:
+                    self.stats.stuck_threads = len(self.runner.stuck())
+                ours = TimeoutError(f"handler timed out after {timeout:g} s")
+                ours.__cause__ = None
+                return self._retry_or_bury(ident, env, spec, attempt, max_attempts, ours, None)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                log.warning("handler of job %s raised %s; treated as a job failure",
+                            job.id, type(exc).__name__)
+            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, None)
+        try:
+            payload = serde.dumps(result)
+        except Exception as exc:  # noqa: BLE001 - a custom serde may raise anything
+            err = exc if isinstance(exc, SerializationError) else SerializationError(
+                f"result not serialisable: {exc!r}")
+            _last_exc.set(err)  # the handler's retry policy decides, as for any failure
+            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, err, None,
+                                       exhausted="result not serialisable")
+        limit_bytes = self.queue_config.max_payload_bytes
+        if len(payload) > limit_bytes:
+            big = PayloadTooLarge(f"result is {len(payload)} bytes, over the queue's"
+                                  f" max_payload_bytes of {limit_bytes}")
+            _last_exc.set(big)
+            return (*ident, "dead", serde.dumps(error_info(big)), "result too large",
+                    "PayloadTooLarge")
+        return (*ident, "ok", payload, 0, "")
+
+    def _retry_or_bury(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
+                       attempt: int, max_attempts: int, exc: BaseException,
+                       delay_s: float | None, exhausted: str = "attempts exhausted") -> Finish:
+        data = self.queue_config.serde.dumps(error_info(exc))
+        etype = type(exc).__name__
+        if attempt >= max_attempts:
+            return (*ident, "dead", data, exhausted, etype)
+        if delay_s is None:
+            policy: RetryPolicy = spec.retry or self.config.retry
+            delay_s = policy.delay_s(attempt)
+        return (*ident, "retry", data, max(0, int(delay_s * 1000)), etype)

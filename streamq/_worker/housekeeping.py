@@ -1,0 +1,152 @@
+"""A worker's housekeeping loops: pause flags, heartbeats, gauges, pruning dead workers, and
+promoting its queues' due delayed jobs. Each runs supervised on its own, so one failing (a
+permission refused, a script error) never stops the others."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aredis
+
+from .. import _ops
+from .._config import WorkerConfig
+from .._keys import GROUP
+from .._scripts import SCRIPTS
+from .._supervise import Outage, Supervised
+from .._timeseries import SeriesRecorder
+from .state import QState
+
+log = logging.getLogger("streamq.worker")
+_BATCH = 1000
+SERIES_EVERY_S = 10.0
+"""How often a worker adds its outcome counts to the queues' time series."""
+
+
+class Housekeeper:
+    """The background loops of one worker besides fetching and settling."""
+
+    def __init__(self, client: aredis.Redis, config: WorkerConfig, consumer: str,
+                 queues: list[QState], outage: Outage | None = None) -> None:
+        self.outage = outage
+        self.client = client
+        self.config = config
+        self.consumer = consumer
+        self.queues = queues
+        self.gauges_read = False
+        self.series = SeriesRecorder([q.keys.queue for q in queues])
+        """Outcome counts and wait/run times for the dashboard's charts (timeseries.lua)."""
+        self._keys = {q.keys.queue: q.keys for q in queues}
+        self.loops: dict[str, Supervised] = {}
+        self._info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "concurrency": config.concurrency,
+                                 "queues": [q.keys.queue for q in queues]})
+
+    def tasks(self, running: Callable[[], bool]) -> list[asyncio.Task[None]]:
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("pause flags", self._pause_step), ("heartbeat", self._heartbeat_step),
+            ("gauges", self._gauges_step), ("pruning", self._prune_step),
+            ("charts", self._series_step)]
+        if self.config.promote:  # one loop per queue: one queue's failure stalls no other
+            steps.extend((f"promotion on {qs.keys.queue}", self._promote_step(qs))
+                         for qs in self.queues)
+        out = []
+        for name, step in steps:
+            # cheap calls: back off at most a second, so they resume soon after Redis does
+            sup = self.loops[name] = Supervised(name, log, outage=self.outage, max_backoff_s=1.0)
+            out.append(asyncio.create_task(sup.run(step, running)))
+        return out
+
+    # ------------------------------------------------------------------ steps
+
+    async def _pause_step(self) -> float:
+        await self.refresh_paused()
+        return min(1.0, self.config.heartbeat_interval_s)
+
+    async def refresh_paused(self) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for qs in self.queues:
+            pipe.exists(qs.keys.paused)
+        for qs, flag in zip(self.queues, await pipe.execute(), strict=True):
+            if qs.paused and not flag:
+                qs.own_cursor = "0"  # entries a paused start left pending: look at them again
+            qs.paused = bool(flag)
+
+    async def _heartbeat_step(self) -> float:
+        every = self.config.heartbeat_interval_s
+        for qs in self.queues:
+            await SCRIPTS["heartbeat"].run_async(
+                self.client, [qs.keys.workers, qs.keys.worker_info(self.consumer)],
+                [self.consumer, self._info, int(every * 3) + 1])
+        return every
+
+    def gauge_values(self) -> list[tuple[str, dict[str, float]]]:
+        self.gauges_read = True  # a metrics reader is collecting: keep the cache fresh
+        return [(qs.keys.queue, qs.gauges) for qs in self.queues]
+
+    async def _gauges_step(self) -> float:
+        if self.gauges_read:
+            self.gauges_read = False
+            await self.refresh_gauges()
+        return self.config.gauges_interval_s
+
+    async def refresh_gauges(self) -> None:
+        from ..admin import adrive
+
+        for qs in self.queues:
+            st = await adrive(self.client, _ops.stats(qs.keys))
+            qs.gauges = {"ready": st.ready, "pending": st.pending,
+                         "delayed": st.scheduled + st.retrying, "dead": st.dead,
+                         "oldest_ready_age": st.oldest_ready_age_s or 0.0,
+                         "workers": st.workers_alive}
+
+    async def _series_step(self) -> float:
+        await self.flush_series()
+        return SERIES_EVERY_S
+
+    async def flush_series(self) -> None:
+        await self.series.flush(self.client, self._keys.__getitem__)
+
+    async def _prune_step(self) -> float:
+        for qs in self.queues:
+            await self.prune(qs)
+        return self.config.prune_interval_s
+
+    async def prune(self, qs: QState) -> list[str]:
+        """Forget workers whose heartbeat is stale and whose pending list is empty: those
+        listed as consumers, and those in the workers ZSET that never became one."""
+        keys = qs.keys
+        stale_ms = int(self.config.consumer_dead_after_s * 1000)
+        try:
+            consumers: Any = await self.client.xinfo_consumers(keys.stream, GROUP)
+        except Exception as exc:
+            if "NOGROUP" not in str(exc) and "no such key" not in str(exc):
+                raise
+            consumers = []
+        names: list[str] = []
+        for c in consumers[:_BATCH]:
+            name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+            if name != self.consumer and int(c["pending"]) == 0 and int(c["idle"]) >= stale_ms:
+                names.append(name)
+        pruned: Any = await SCRIPTS["prune"].run_async(
+            self.client, [keys.stream, keys.workers], [GROUP, stale_ms, *names])
+        out = [p.decode() for p in pruned]
+        for name in out:
+            log.info("pruned dead worker %s from %s", name, keys.queue)
+        return out
+
+    def _promote_step(self, qs: QState) -> Callable[[], Any]:
+        promoter = qs.promoter
+        assert promoter is not None
+        every = self.config.promote_interval_s
+
+        async def step() -> float:
+            _moved, more = await promoter.run_once(self.client)
+            return 0.0 if more else promoter.sleep_s(every)
+
+        return step

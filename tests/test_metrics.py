@@ -1,0 +1,168 @@
+"""`--metrics-port` (Prometheus text over HTTP) and `--log-format json` on `streamq worker` and
+`streamq scheduler`: real processes against a private server, scraped as Prometheus would."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamq import Queue
+
+TESTS = Path(__file__).parent
+Samples = dict[str, float]
+"""'name{queue}' (or 'name' for a sample without a queue label) -> value."""
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "streamq", *args], cwd=TESTS, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+
+def metrics_port(log: Path) -> int:
+    """The port logged at start (the tests pass --metrics-port 0: a free one)."""
+    found = wait_until(lambda: re.search(r"/(?:\[[^]]*\]|[\d.]+):(\d+)/metrics",
+                                         log.read_text()) or None, timeout_s=30,
+                       what="the metrics line")
+    return int(found.group(1))
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            queue = s.labels.get("messaging_destination_name")
+            if "le" in s.labels:
+                continue  # histogram buckets: counts and sums are enough here
+            out[f"{s.name}{{{queue}}}" if queue else s.name] = s.value
+    return out
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+def test_worker_serves_prometheus_metrics_and_json_logs(
+        url: str, qname: str, r: redis.Redis, tmp_path: Path,
+        procs: list[subprocess.Popen[bytes]]) -> None:
+    q = Queue.from_url(url, qname)
+    for _ in range(3):
+        q.enqueue("ok")
+    q.enqueue("bad", job_id="bad-1")
+    release = f"{qname}:release"
+    q.enqueue("hold", {"url": url, "key": release})
+    q.enqueue("ok", delay=3600)
+    log = tmp_path / "worker.log"
+    procs.append(start(["worker", "metrics_jobs:registry", "--queue", qname, "--url", url,
+                        "--metrics-port", "0", "--metrics-interval", "0.1",
+                        "--log-format", "json"], log))
+    port = metrics_port(log)
+
+    def c(name: str) -> float:
+        return scrape(port).get(f"{name}{{{qname}}}", -1.0)
+
+    def settled(want: Samples) -> bool:
+        got = scrape(port)
+        return all(got.get(f"{k}{{{qname}}}") == v for k, v in want.items())
+
+    wait_until(lambda: settled({
+        "streamq_jobs_started_total": 5, "streamq_jobs_completed_total": 3,
+        "streamq_jobs_failed_total": 1, "streamq_worker_in_flight": 1,
+        "streamq_job_duration_seconds_count": 4,
+        # the per-queue gauges, re-read from Redis while scraped
+        "streamq_queue_ready": 0, "streamq_queue_pending": 1, "streamq_queue_delayed": 1,
+        "streamq_queue_dead": 1, "streamq_queue_oldest_ready_age_seconds": 0}),
+        timeout_s=20, what="counters and gauges of 3 done, 1 dead, 1 running, 1 delayed")
+    r.rpush(release, 1)
+    wait_until(lambda: settled({"streamq_jobs_completed_total": 4, "streamq_worker_in_flight": 0,
+                                "streamq_queue_pending": 0,
+                                "streamq_job_duration_seconds_count": 5}),
+               timeout_s=20, what="the held job to finish")
+    assert c("streamq_jobs_retried_total") in (-1.0, 0.0)
+    assert scrape(port)["target_info"] == 1  # the resource: service_name="streamq-worker"
+
+    assert stop(procs[0]) == 0
+    lines = [json.loads(line) for line in log.read_text().splitlines()]  # every line is JSON
+    assert lines[0]["logger"] == "streamq.metrics" and "/metrics" in lines[0]["message"]
+    dead = next(rec for rec in lines if rec.get("job_id") == "bad-1")
+    assert dead["level"] == "ERROR" and "dead-lettered" in dead["message"]
+
+
+def test_scheduler_serves_queue_gauges_and_its_counters(
+        url: str, qname: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    q = Queue.from_url(url, qname)
+    q.enqueue("ok")
+    q.enqueue("ok", delay=3600)
+    q.enqueue("ok", delay=0.2)
+    log = tmp_path / "scheduler.log"
+    procs.append(start(["scheduler", "--queue", qname, "--url", url, "--metrics-port", "0",
+                        "--metrics-interval", "0.1", "--poll-interval", "0.2"], log))
+    port = metrics_port(log)
+
+    def ready() -> bool:
+        got = scrape(port)
+        return (got.get("streamq_scheduler_promoted_total", 0) >= 1
+                and got.get(f"streamq_queue_ready{{{qname}}}") == 2
+                and got.get(f"streamq_queue_delayed{{{qname}}}") == 1
+                and got.get(f"streamq_queue_workers{{{qname}}}") == 0)
+
+    wait_until(ready, timeout_s=20, what="the promoted job in the gauges")
+    got = scrape(port)
+    assert got["streamq_scheduler_cron_fired_total"] == 0
+    assert got[f"streamq_queue_oldest_ready_age_seconds{{{qname}}}"] >= 0
+    assert stop(procs[0]) == 0
+    assert "Traceback" not in log.read_text()
+
+
+def test_metrics_refused_without_the_extra_or_with_the_port_taken(url: str) -> None:
+    blocked = ("import sys; sys.modules['opentelemetry.exporter.prometheus'] = None;"
+               " from streamq.cli import main;"
+               f" main(['worker', 'cli_jobs:registry', '--queue', 'x', '--url', '{url}',"
+               " '--metrics-port', '0'])")
+    proc = subprocess.run([sys.executable, "-c", blocked], cwd=TESTS, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("streamq: --metrics-port needs the metrics extra: pip install"
+                                  " 'streamq[metrics]'"), proc.stderr
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "streamq", "scheduler", "--queue", "x",
+                               "--url", url, "--metrics-port", str(port)], cwd=TESTS,
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert f"streamq: cannot serve metrics on 127.0.0.1:{port}: " in proc.stderr, proc.stderr
