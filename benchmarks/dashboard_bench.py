@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from streamq import Fail, Job, Queue, Registry, Worker, WorkerConfig
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 from streamq.dashboard import DashboardConfig, create_app
 
 RESULTS = Path(__file__).parent / "results" / "dashboard.json"

@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 import streamq
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 from .workloads import (
     REPO,

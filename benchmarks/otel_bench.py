@@ -18,14 +18,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 
 def _stub_telemetry() -> None:
     """Replace every telemetry hook with a bare no-op: the baseline for 'what the hooks cost
     when no SDK is installed'."""
-    from streamq import _telemetry as tel
-
+    from streamq._core import telemetry as tel
     class Nop:
         def add(self, *_a: Any, **_k: Any) -> None: ...
 

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from streamq import Queue
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 from .workloads import REPO, _env, _jobs, _last_json, redis_cpu_s, worker_cmd
 

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from streamq import Queue
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 
 def _pct(values: list[int], p: float) -> float:

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from streamq import QueueConfig
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 
 def run(rows: int, partitions: int, reps: int) -> dict[str, Any]:

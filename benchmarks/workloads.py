@@ -23,7 +23,7 @@ from typing import Any
 import redis
 
 from streamq import Queue
-from streamq._keys import GROUP, Keys
+from streamq._core.keys import GROUP, Keys
 
 REPO = Path(__file__).resolve().parent.parent
 

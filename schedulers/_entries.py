@@ -11,7 +11,7 @@ import attrs
 
 from streamq import InvalidArgument, QueueConfig
 from streamq import _producer as prod
-from streamq._keys import Keys, check_job_id, check_queue_name
+from streamq._core.keys import Keys, check_job_id, check_queue_name
 
 from ._cron import CronExpr, prev_at_or_before
 

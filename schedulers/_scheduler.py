@@ -23,12 +23,12 @@ import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError
 
 from streamq import InvalidArgument, QueueConfig
-from streamq._config import _positive_seconds
-from streamq._conn import async_client
-from streamq._keys import GROUP, Keys, queues_key
-from streamq._retry import acall
-from streamq._scripts import SCRIPTS
-from streamq._supervise import LoopHealth, Outage, Supervised
+from streamq._core.config import _positive_seconds
+from streamq._core.conn import async_client
+from streamq._core.keys import GROUP, Keys, queues_key
+from streamq._core.retry import acall
+from streamq._core.scripts import SCRIPTS
+from streamq._core.supervise import LoopHealth, Outage, Supervised
 from streamq._worker.promote import Promoter
 
 from ._entries import Cron

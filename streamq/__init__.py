@@ -1,11 +1,11 @@
 """streamq: a job engine for Python services on Redis Streams consumer groups.
 
-Public surface only; everything else lives in private modules. Errors: see ``_errors``
+Public surface only; everything else lives in private modules. Errors: see ``_core/errors.py``
 (documented in ``docs/errors.md``).
 """
 
-from ._config import QueueConfig, RetryPolicy, WorkerConfig
-from ._errors import (
+from ._core.config import QueueConfig, RetryPolicy, WorkerConfig
+from ._core.errors import (
     Fail,
     InvalidArgument,
     InvalidJobId,
@@ -25,13 +25,13 @@ from ._errors import (
     UnknownQueue,
     WaitTimeout,
 )
-from ._keys import Keys
-from ._model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
+from ._core.keys import Keys
+from ._core.model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
+from ._core.serde import JsonSerde, MsgpackSerde, Serde
+from ._core.telemetry import JobContextFilter, JsonFormatter
 from ._queue import AsyncQueue, Queue
 from ._registry import HandlerSpec, Registry
-from ._serde import JsonSerde, MsgpackSerde, Serde
 from ._tasks import Task
-from ._telemetry import JobContextFilter, JsonFormatter
 from ._version import VERSION
 from ._worker import Worker, WorkerStats
 

@@ -15,9 +15,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 
-from ._config import QueueConfig
-from ._errors import InvalidArgument, UnknownQueue
-from ._keys import Keys, check_job_id
+from ._core.config import QueueConfig
+from ._core.errors import InvalidArgument, UnknownQueue
+from ._core.keys import Keys, check_job_id
 from ._queue import Queue
 from ._queues import check_queue, forget
 from .admin import Admin, DeadFilter

@@ -17,12 +17,12 @@ import sys
 import time
 from typing import Any
 
-from ._config import RetryPolicy
-from ._errors import Fail, Retry
-from ._model import Job
+from ._core.config import RetryPolicy
+from ._core.errors import Fail, Retry
+from ._core.model import Job
+from ._core.server import RedisServer
 from ._queue import AsyncQueue
 from ._registry import Registry
-from ._server import RedisServer
 from .admin import AsyncAdmin
 
 registry = Registry()

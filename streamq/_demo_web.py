@@ -22,9 +22,9 @@ from typing import Any
 
 import attrs
 
-from ._config import RetryPolicy
-from ._errors import InvalidArgument
-from ._model import Job
+from ._core.config import RetryPolicy
+from ._core.errors import InvalidArgument
+from ._core.model import Job
 from ._registry import Registry
 
 QUEUE = "demo"
@@ -165,7 +165,7 @@ def run_web_demo(url: str | None, host: str, port: int, prefix: str = "streamq")
     except ImportError as exc:
         raise SystemExit(f"streamq demo --web needs the dashboard extra: pip install"
                          f" 'streamq[dashboard]' ({exc})") from None
-    from ._server import RedisServer
+    from ._core.server import RedisServer
 
     server = RedisServer().start() if url is None else None
     try:

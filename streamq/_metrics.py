@@ -17,10 +17,10 @@ from typing import Any
 import redis.asyncio as aredis
 
 from . import _ops
-from . import _telemetry as tel
-from ._conn import async_client
-from ._errors import UnknownQueue
-from ._keys import Keys
+from ._core import telemetry as tel
+from ._core.conn import async_client
+from ._core.errors import UnknownQueue
+from ._core.keys import Keys
 
 log = logging.getLogger("streamq.metrics")
 EXTRA = "pip install 'streamq[metrics]'"

@@ -15,10 +15,11 @@ from typing import Any, Literal
 
 import attrs
 
-from ._config import QueueConfig
-from ._errors import InvalidArgument, JobNotFound
-from ._keys import GROUP, Keys, check_job_id
-from ._model import CancelResult
+from ._core.config import QueueConfig
+from ._core.errors import InvalidArgument, JobNotFound
+from ._core.keys import GROUP, Keys, check_job_id
+from ._core.model import CancelResult
+from ._core.timeseries import Point, decode
 from ._ops import (
     PAGE,
     Cmd,
@@ -35,7 +36,6 @@ from ._ops import (
     ok,
 )
 from ._producer import cancel_call, parse_cancel
-from ._timeseries import Point, decode
 
 _STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 _DELAYED_CURSOR = re.compile(r"(-?\d{1,20}):(\d{1,9})")

@@ -14,15 +14,15 @@ import redis.asyncio as aredis
 
 from . import _producer as prod
 from . import _queues
-from . import _telemetry as tel
 from ._autobatch import AsyncBatcher, SyncBatcher
-from ._config import QueueConfig
-from ._conn import async_client, sync_client
-from ._errors import JobNotFound, ResultNotReady, UnknownJobType, WaitTimeout
-from ._keys import Keys, check_job_id
-from ._model import TERMINAL, CancelResult, EnqueueResult, JobInfo
-from ._retry import acall, call
-from ._scripts import SCRIPTS
+from ._core import telemetry as tel
+from ._core.config import QueueConfig
+from ._core.conn import async_client, sync_client
+from ._core.errors import JobNotFound, ResultNotReady, UnknownJobType, WaitTimeout
+from ._core.keys import Keys, check_job_id
+from ._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
+from ._core.retry import acall, call
+from ._core.scripts import SCRIPTS
 from ._waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters
 
 _TYPES_TTL_S = 30.0

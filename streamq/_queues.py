@@ -14,7 +14,7 @@ import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError
 
 from . import _ops
-from ._keys import Keys, queues_key
+from ._core.keys import Keys, queues_key
 from .admin import adrive, drive
 
 

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
 
 import attrs
 
-from ._config import RetryPolicy
-from ._errors import InvalidArgument, RegistryError
+from ._core.config import RetryPolicy
+from ._core.errors import InvalidArgument, RegistryError
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,199}")

@@ -18,11 +18,13 @@ from redis.exceptions import NoScriptError
 
 from . import _ops
 from . import _ops_browse as _browse
-from ._config import QueueConfig
-from ._conn import async_client, sync_client
-from ._errors import ServerTooOld
-from ._keys import Keys, queues_key
-from ._model import CancelResult, JobInfo
+from ._core.config import QueueConfig
+from ._core.conn import async_client, sync_client
+from ._core.errors import ServerTooOld
+from ._core.keys import Keys, queues_key
+from ._core.model import CancelResult, JobInfo
+from ._core.scripts import SCRIPTS
+from ._core.timeseries import Point
 from ._ops import (
     ConsumerInfo,
     DeadEntry,
@@ -32,8 +34,6 @@ from ._ops import (
     QueueStats,
 )
 from ._ops_browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
-from ._scripts import SCRIPTS
-from ._timeseries import Point
 
 T = TypeVar("T")
 MIN_VERSION = (6, 2)

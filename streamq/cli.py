@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from ._config import QueueConfig, WorkerConfig
+from ._core.config import QueueConfig, WorkerConfig
 from ._registry import Registry
 
 
@@ -257,7 +257,7 @@ def _explain(exc: BaseException, url: str) -> str:
     from redis import exceptions as rx
 
     from ._cli_ops import redact
-    from ._errors import StreamqError
+    from ._core.errors import StreamqError
 
     where = redact(url)
     text = str(exc)
@@ -278,7 +278,7 @@ def _explain(exc: BaseException, url: str) -> str:
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
-    from ._telemetry import JsonFormatter
+    from ._core.telemetry import JsonFormatter
 
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(

@@ -24,10 +24,10 @@ from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql import types as t
 
 from . import _producer as prod
-from ._config import QueueConfig
-from ._errors import InvalidArgument
-from ._keys import Keys
-from ._scripts import SCRIPTS
+from ._core.config import QueueConfig
+from ._core.errors import InvalidArgument
+from ._core.keys import Keys
+from ._core.scripts import SCRIPTS
 from ._spark_enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
 from ._spark_read import ReadTask, plan
 

@@ -28,13 +28,13 @@ from typing import Any
 
 import redis
 
-from ._config import QueueConfig, WorkerConfig
-from ._errors import WaitTimeout
-from ._keys import Keys
-from ._model import Job, JobInfo
+from ._core.config import QueueConfig, WorkerConfig
+from ._core.errors import WaitTimeout
+from ._core.keys import Keys
+from ._core.model import Job, JobInfo
+from ._core.server import RedisServer
 from ._queue import Queue
 from ._registry import Registry
-from ._server import RedisServer
 from ._worker import Worker
 
 __all__ = ["arun_until_idle", "fast_forward", "find_server_binary", "make_job",
@@ -105,7 +105,7 @@ async def _last_event(client: Any, keys: Keys) -> str:
 
 
 async def _idle(client: Any, keys: Keys) -> bool:
-    from ._keys import GROUP
+    from ._core.keys import GROUP
 
     sec, usec = await client.time()
     now_ms = int(sec) * 1000 + int(usec) // 1000
@@ -130,7 +130,7 @@ async def arun_until_idle(worker: Worker, *, timeout: float = 10.0) -> list[JobI
     it was not running before). Returns the records of the jobs that finished meanwhile
     (completed or failed), in the order they finished. Jobs scheduled for later, or retrying
     after a backoff, are not waited for: see :func:`fast_forward`. Raises WaitTimeout."""
-    from ._conn import async_client
+    from ._core.conn import async_client
 
     client: Any = async_client(worker.url)
     keys = [Keys(q, worker.queue_config.key_prefix) for q in worker.queues]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from helpers import eventually, fast
 from starlette.types import ASGIApp
 
 from streamq import Fail, Job, Queue, Registry, RetryPolicy, Worker
-from streamq._server import free_port
+from streamq._core.server import free_port
 
 CSRF_RE = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
 

@@ -12,7 +12,7 @@ import attrs
 import redis
 
 from streamq import Keys, QueueConfig, WorkerConfig
-from streamq._scripts import SCRIPTS
+from streamq._core.scripts import SCRIPTS
 from streamq._worker import start_call
 
 

@@ -24,7 +24,7 @@ import attrs
 import redis
 
 from streamq import QueueConfig, Registry, Worker, WorkerConfig
-from streamq._server import RedisServer, free_port
+from streamq._core.server import RedisServer, free_port
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SERVER_BINARY = os.environ.get("STREAMQ_REDIS_SERVER", "redis-server")

@@ -48,7 +48,7 @@ from streamq import (
     StreamqError,
     Worker,
 )
-from streamq._keys import _JOB_ID_RE, _QUEUE_RE
+from streamq._core.keys import _JOB_ID_RE, _QUEUE_RE
 
 TERMINAL = ("completed", "failed", "cancelled")
 API = settings(deadline=None, max_examples=120, database=None,

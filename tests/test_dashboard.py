@@ -22,8 +22,8 @@ from helpers import eventually
 from starlette.requests import Request
 
 from streamq import Keys, Queue
-from streamq._server import free_port
-from streamq._timeseries import SeriesRecorder
+from streamq._core.server import free_port
+from streamq._core.timeseries import SeriesRecorder
 from streamq.dashboard import DashboardConfig, create_app
 
 pytestmark = pytest.mark.timeout(120)
@@ -495,7 +495,7 @@ async def test_on_a_redis_cluster(qname: str, tmp_path: Any) -> None:
     """cluster=True: each queue's reads and actions go to the node holding its slot."""
     from helpers import wait_until
 
-    from streamq._server import RedisServer
+    from streamq._core.server import RedisServer
 
     server = RedisServer(directory=str(tmp_path), extra=(
         "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")).start()

@@ -15,8 +15,8 @@ from dashboard_support import csrf_of, serve
 from test_dashboard_browser import browser, shot, wait_text  # noqa: F401 - the fixture
 
 from streamq import Keys
+from streamq._core.server import RedisServer
 from streamq._demo_web import QUEUE
-from streamq._server import RedisServer
 from streamq.dashboard._demo_panel import demo_app
 
 pytestmark = pytest.mark.timeout(180)

@@ -20,7 +20,7 @@ import attrs
 import pytest
 
 import streamq
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = ("index.md", "getting-started.md", "delivery-semantics.md", "errors.md", "key-layout.md",

@@ -23,8 +23,8 @@ import pytest
 import redis
 
 from streamq import JobInfo, Keys, Queue
-from streamq._keys import GROUP
-from streamq._server import RedisServer
+from streamq._core.keys import GROUP
+from streamq._core.server import RedisServer
 
 T = TypeVar("T")
 PROCS = Path(__file__).parent / "procs"

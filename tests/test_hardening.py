@@ -19,11 +19,11 @@ import redis
 from helpers import eventually, fast, start_entries
 
 from streamq import Job, Queue, Registry, ScriptError, Worker
-from streamq._errors import StreamqError
-from streamq._keys import GROUP
-from streamq._retry import transient
-from streamq._scripts import SCRIPTS, Script
-from streamq._server import RedisServer
+from streamq._core.errors import StreamqError
+from streamq._core.keys import GROUP
+from streamq._core.retry import transient
+from streamq._core.scripts import SCRIPTS, Script
+from streamq._core.server import RedisServer
 from streamq._worker.promote import Promoter
 from streamq._worker.settle import Settler
 from streamq._worker.state import QState, WorkerStats
@@ -498,7 +498,7 @@ def test_default_consumer_names_carry_a_random_part(url: str) -> None:
 
 async def test_hand_back_releases_a_pending_list_longer_than_one_page(url: str, q: Queue,
                                                                       r: redis.Redis) -> None:
-    from streamq._conn import async_client
+    from streamq._core.conn import async_client
     from streamq._worker.lease import LeaseKeeper
 
     k = q.keys
@@ -545,7 +545,7 @@ async def test_nothing_starts_once_pause_returns(url: str, q: Queue, r: redis.Re
 async def test_every_loop_resumes_as_soon_as_one_sees_redis_again() -> None:
     """After an outage a loop does not sleep out its grown back-off: the first loop of the
     process that gets an answer cuts every other loop's back-off short."""
-    from streamq._supervise import Outage, Supervised
+    from streamq._core.supervise import Outage, Supervised
 
     log = logging.getLogger("streamq.test")
     outage = Outage(log, "test")

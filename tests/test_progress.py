@@ -16,7 +16,7 @@ import redis
 from helpers import eventually, fast
 
 from streamq import InvalidArgument, Job, Queue, Registry, Worker
-from streamq._scripts import SCRIPTS
+from streamq._core.scripts import SCRIPTS
 from streamq.admin import Admin
 from streamq.cli import main as cli
 

@@ -32,7 +32,7 @@ from streamq import (
     WaitTimeout,
 )
 from streamq import _producer as prod
-from streamq._scripts import SCRIPTS
+from streamq._core.scripts import SCRIPTS
 
 
 @pytest.fixture
@@ -329,7 +329,7 @@ def test_fast_envelope_encoding_matches_the_attrs_model(
     key: str | None, trace: dict[str, str], ttl: int, headers: dict[str, str]
 ) -> None:
     """The enqueue hot path builds the envelope dict by hand; it must equal cattrs' output."""
-    from streamq._model import Envelope, envelope_to_plain, plain_envelope
+    from streamq._core.model import Envelope, envelope_to_plain, plain_envelope
 
     env = Envelope(id="j", type="t", payload=payload, version=version, max_attempts=max_attempts,
                    created_ms=created, not_before_ms=not_before, deadline_ms=deadline,

@@ -21,7 +21,7 @@ from helpers import eventually, start_entries, wait_until
 
 from schedulers import Cron, Scheduler, SchedulerConfig
 from streamq import InvalidArgument, Queue
-from streamq._keys import GROUP
+from streamq._core.keys import GROUP
 
 TESTS = Path(__file__).parent
 

@@ -50,9 +50,9 @@ from streamq import (
     Worker,
 )
 from streamq._cli_ops import redact
-from streamq._keys import Keys
-from streamq._scripts import SCRIPTS
-from streamq._server import RedisServer
+from streamq._core.keys import Keys
+from streamq._core.scripts import SCRIPTS
+from streamq._core.server import RedisServer
 from streamq.admin import Admin
 
 ROOT = Path(__file__).resolve().parent.parent

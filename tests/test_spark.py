@@ -168,7 +168,7 @@ def test_enqueue_against_redis_cluster(spark: SparkSession, qname: str, tmp_path
     """Every key a partition touches carries the queue's hash tag: a Cluster client works."""
     import redis
 
-    from streamq._server import RedisServer
+    from streamq._core.server import RedisServer
 
     server = RedisServer(directory=str(tmp_path), extra=(
         "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")).start()
@@ -330,8 +330,8 @@ def test_writer_tags_tell_a_retried_row_from_a_repeat(r: Any, qname: str) -> Non
     produces: a retry that reads its rows in another order (rows after a shuffle), a
     repeated call after a lost reply, a speculative copy running alongside."""
     from streamq import _producer as prod
-    from streamq._keys import Keys
-    from streamq._scripts import SCRIPTS
+    from streamq._core.keys import Keys
+    from streamq._core.scripts import SCRIPTS
 
     keys, cfg = Keys(qname), QueueConfig()
 

@@ -14,7 +14,7 @@ from typing import Any
 from helpers import eventually, fast
 
 from streamq import Job, JobContextFilter, JsonFormatter, Queue, Registry, Worker
-from streamq import _telemetry as tel
+from streamq._core import telemetry as tel
 
 TESTS = Path(__file__).parent
 

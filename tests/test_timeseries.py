@@ -11,8 +11,8 @@ import redis
 import redis.asyncio as aredis
 
 from streamq import Keys, Queue
-from streamq._keys import GROUP
-from streamq._timeseries import BOUNDS_MS, KEEP_HOURS, KEEP_MINUTES, SeriesRecorder, percentile
+from streamq._core.keys import GROUP
+from streamq._core.timeseries import BOUNDS_MS, KEEP_HOURS, KEEP_MINUTES, SeriesRecorder, percentile
 from streamq.admin import Admin
 
 

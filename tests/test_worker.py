@@ -26,8 +26,8 @@ from streamq import (
     Worker,
     WorkerConfig,
 )
-from streamq._keys import GROUP
-from streamq._scripts import SCRIPTS
+from streamq._core.keys import GROUP
+from streamq._core.scripts import SCRIPTS
 
 
 @asynccontextmanager

@@ -18,7 +18,7 @@ import pytest
 from helpers import eventually, fast, wait_until
 
 from streamq import Job, Queue, Registry, RetryPolicy, Worker
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 PROCS = Path(__file__).parent / "procs"
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from streamq._server import RedisServer
+from streamq._core.server import RedisServer
 
 from ..harness import machine_facts
 from ..workloads import Ctx, Sizes, ceiling

@@ -8,12 +8,12 @@ import contextvars
 import logging
 import time
 
-from .. import _telemetry as tel
-from .._config import QueueConfig, RetryPolicy, WorkerConfig
-from .._errors import Fail, PayloadTooLarge, Retry, SerializationError
-from .._model import Envelope, Job, envelope_from_plain
+from .._core import telemetry as tel
+from .._core.config import QueueConfig, RetryPolicy, WorkerConfig
+from .._core.errors import Fail, PayloadTooLarge, Retry, SerializationError
+from .._core.model import Envelope, Job, envelope_from_plain
+from .._core.timeseries import SeriesRecorder
 from .._registry import HandlerSpec, Registry
-from .._timeseries import SeriesRecorder
 from .invoke import Expired, SyncRunner, bounded, error_info
 from .lease import Lease
 from .progress import Progress

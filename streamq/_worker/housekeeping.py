@@ -15,11 +15,11 @@ from typing import Any
 import redis.asyncio as aredis
 
 from .. import _ops
-from .._config import WorkerConfig
-from .._keys import GROUP
-from .._scripts import SCRIPTS
-from .._supervise import Outage, Supervised
-from .._timeseries import SeriesRecorder
+from .._core.config import WorkerConfig
+from .._core.keys import GROUP
+from .._core.scripts import SCRIPTS
+from .._core.supervise import Outage, Supervised
+from .._core.timeseries import SeriesRecorder
 from .state import QState
 
 log = logging.getLogger("streamq.worker")

@@ -14,7 +14,7 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .._model import Job
+from .._core.model import Job
 
 
 class Expired(Exception):

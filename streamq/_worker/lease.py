@@ -14,9 +14,9 @@ from collections.abc import Callable
 import attrs
 import redis
 
-from .._keys import GROUP, Keys
-from .._scripts import SCRIPTS
-from .._supervise import Outage, Supervised
+from .._core.keys import GROUP, Keys
+from .._core.scripts import SCRIPTS
+from .._core.supervise import Outage, Supervised
 
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000

@@ -22,10 +22,10 @@ from typing import Any
 import attrs
 import redis.asyncio as aredis
 
-from .._config import QueueConfig
-from .._errors import InvalidArgument
-from .._scripts import SCRIPTS
-from .._supervise import Outage, Supervised
+from .._core.config import QueueConfig
+from .._core.errors import InvalidArgument
+from .._core.scripts import SCRIPTS
+from .._core.supervise import Outage, Supervised
 from .lease import Lease
 
 log = logging.getLogger("streamq.worker")

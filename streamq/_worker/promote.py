@@ -9,9 +9,9 @@ from typing import Any
 import attrs
 import redis.asyncio as aredis
 
-from .._config import QueueConfig
-from .._keys import Keys
-from .._scripts import SCRIPTS
+from .._core.config import QueueConfig
+from .._core.keys import Keys
+from .._core.scripts import SCRIPTS
 
 log = logging.getLogger("streamq.worker")
 BATCH = 1000

@@ -9,12 +9,12 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from .. import _telemetry as tel
-from .._config import QueueConfig
-from .._keys import GROUP
-from .._retry import transient
-from .._scripts import SCRIPTS
-from .._supervise import Outage, Supervised
+from .._core import telemetry as tel
+from .._core.config import QueueConfig
+from .._core.keys import GROUP
+from .._core.retry import transient
+from .._core.scripts import SCRIPTS
+from .._core.supervise import Outage, Supervised
 from .lease import LeaseKeeper
 from .state import Finish, QState, WorkerStats
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from .._keys import Keys
+from .._core.keys import Keys
 from .promote import Promoter
 
 Finish = tuple[str, str, str, str, bytes, Any, str]

@@ -24,16 +24,16 @@ import attrs
 import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError, ResponseError
 
-from .. import _telemetry as tel
-from .._args import check_queue_list
-from .._config import QueueConfig, WorkerConfig
-from .._conn import async_client, sync_client
-from .._keys import GROUP, Keys, queues_key
+from .._core import telemetry as tel
+from .._core.args import check_queue_list
+from .._core.config import QueueConfig, WorkerConfig
+from .._core.conn import async_client, sync_client
+from .._core.keys import GROUP, Keys, queues_key
+from .._core.retry import acall, transient
+from .._core.scripts import SCRIPTS
+from .._core.supervise import LoopHealth, Outage, Supervised
 from .._queues import publish_types
 from .._registry import Registry
-from .._retry import acall, transient
-from .._scripts import SCRIPTS
-from .._supervise import LoopHealth, Outage, Supervised
 from .attempt import Attempts
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner

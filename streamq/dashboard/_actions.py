@@ -15,8 +15,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .._errors import InvalidArgument
-from .._keys import check_job_id, check_queue_name
+from .._core.errors import InvalidArgument
+from .._core.keys import check_job_id, check_queue_name
 from .._ops_browse import check_stream_id
 from ..admin import DeadFilter
 from ._app import Dashboard

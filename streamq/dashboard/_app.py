@@ -19,8 +19,8 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .._config import QueueConfig
-from .._errors import InvalidArgument, JobNotFound, StreamqError, UnknownQueue
+from .._core.config import QueueConfig
+from .._core.errors import InvalidArgument, JobNotFound, StreamqError, UnknownQueue
 from .._version import VERSION
 from ..admin import AsyncAdmin
 from ._live import BulkTask, Hub

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import attrs
 from markupsafe import Markup, escape
 
-from .._timeseries import Point
+from .._core.timeseries import Point
 
 W, H, PAD_L, PAD_B, PAD_T = 720, 150, 56, 18, 8
 

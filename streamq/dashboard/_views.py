@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from .. import _ops
-from .._errors import InvalidArgument
-from .._keys import Keys, check_job_id, check_queue_name
+from .._core.errors import InvalidArgument
+from .._core.keys import Keys, check_job_id, check_queue_name
 from .._ops import PAGE
 from .._ops_browse import check_stream_id, now_ms, recent
 from ..admin import DeadFilter, ListFilter, QueueStats, adrive

@@ -1,7 +1,7 @@
 -- timeseries.lua: add one worker's aggregated outcomes of a queue to its bounded time series
 -- (minute buckets kept for ARGV[2] minutes, rolled up into hour buckets kept for ARGV[3]
 -- hours). Each bucket is one HASH field, JSON: c (completed), f (failed), w and r (wait and
--- run time histograms: bucket index -> count, bounds in streamq/_timeseries.py), o (oldest
+-- run time histograms: bucket index -> count, bounds in streamq/_core/timeseries.py), o (oldest
 -- ready age seen, ms: read here, from the stream).
 -- KEYS[1]   minute buckets HASH (field: epoch minute)
 -- KEYS[2]   hour buckets HASH (field: epoch hour)

@@ -48,9 +48,9 @@ from redis.exceptions import ResponseError
 import schedulers
 import streamq
 from streamq import Keys, Queue, QueueConfig
-from streamq._keys import GROUP
-from streamq._retry import TRANSIENT
-from streamq._server import RedisServer
+from streamq._core.keys import GROUP
+from streamq._core.retry import TRANSIENT
+from streamq._core.server import RedisServer
 from streamq.admin import Admin
 
 from . import liveness

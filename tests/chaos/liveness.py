@@ -42,7 +42,7 @@ from typing import Any
 import redis
 
 from streamq import Keys
-from streamq._keys import GROUP
+from streamq._core.keys import GROUP
 
 SAMPLE_S = 0.5
 HEARTBEAT_BOUND_S = 5.0

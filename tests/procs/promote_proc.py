@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from streamq import QueueConfig
-from streamq._conn import async_client, sync_client
-from streamq._keys import Keys
+from streamq._core.conn import async_client, sync_client
+from streamq._core.keys import Keys
 from streamq._worker.promote import Promoter
 
 

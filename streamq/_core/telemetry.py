@@ -21,7 +21,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from ._version import VERSION
+from .._version import VERSION
 
 SYSTEM = "streamq"
 _tracer = trace.get_tracer("streamq", VERSION)

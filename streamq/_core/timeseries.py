@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import redis.asyncio as aredis
 
-from ._keys import GROUP, Keys
-from ._scripts import Script
+from .keys import GROUP, Keys
+from .scripts import Script
 
 BOUNDS_MS: tuple[int, ...] = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000,
                               10_000, 30_000, 60_000, 120_000, 300_000, 600_000)

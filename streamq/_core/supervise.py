@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
-from ._retry import transient
+from .retry import transient
 
 
 class LoopHealth(NamedTuple):

@@ -14,7 +14,7 @@ import redis.asyncio as aredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._errors import InvalidArgument
+from .errors import InvalidArgument
 
 PROTOCOL = 2
 """The RESP version every streamq connection speaks; reply parsing assumes it."""

@@ -11,7 +11,7 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from ._errors import SerializationError
+from .errors import SerializationError
 
 State = Literal["scheduled", "queued", "active", "retrying", "completed", "failed", "cancelled"]
 STATES: tuple[State, ...] = (

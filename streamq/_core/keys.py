@@ -10,7 +10,7 @@ import re
 
 import attrs
 
-from ._errors import InvalidJobId, InvalidQueueName
+from .errors import InvalidJobId, InvalidQueueName
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}")
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=#-]{0,199}")

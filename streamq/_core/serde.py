@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from ._errors import InvalidArgument, SerializationError
+from .errors import InvalidArgument, SerializationError
 
 _SCALARS = frozenset({str, int, float, bool, type(None), bytes})
 

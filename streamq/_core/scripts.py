@@ -16,7 +16,7 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError, ResponseError
 
-from ._errors import ScriptError
+from .errors import ScriptError
 
 Arg = str | bytes | int | float
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._errors import InvalidArgument
+from .errors import InvalidArgument
 
 
 def check_queue_list(queues: Any, where: str = "Worker") -> None:

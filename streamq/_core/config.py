@@ -7,8 +7,8 @@ import random
 
 import attrs
 
-from ._errors import InvalidArgument
-from ._serde import JsonSerde, Serde
+from .errors import InvalidArgument
+from .serde import JsonSerde, Serde
 
 
 def _positive_int(_inst: object, att: attrs.Attribute[int], v: int) -> None:

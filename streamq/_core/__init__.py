@@ -1,0 +1,2 @@
+"""The floor every other part stands on: keys, scripts, model, serialisation, connections, config,
+errors, retry classes, telemetry, the embedded server."""
