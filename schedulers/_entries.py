@@ -10,8 +10,8 @@ from typing import Any, Literal
 import attrs
 
 from streamq import InvalidArgument, QueueConfig
-from streamq import _producer as prod
 from streamq._core.keys import Keys, check_job_id, check_queue_name
+from streamq._producer import prepare as prod
 
 from ._cron import CronExpr, prev_at_or_before
 

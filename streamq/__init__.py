@@ -29,7 +29,7 @@ from ._core.keys import Keys
 from ._core.model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
 from ._core.serde import JsonSerde, MsgpackSerde, Serde
 from ._core.telemetry import JobContextFilter, JsonFormatter
-from ._queue import AsyncQueue, Queue
+from ._producer.queue import AsyncQueue, Queue
 from ._registry import HandlerSpec, Registry
 from ._tasks import Task
 from ._version import VERSION

@@ -18,7 +18,7 @@ import attrs
 from ._core.config import QueueConfig
 from ._core.errors import InvalidArgument, UnknownQueue
 from ._core.keys import Keys, check_job_id
-from ._queue import Queue
+from ._producer.queue import Queue
 from ._queues import check_queue, forget
 from .admin import Admin, DeadFilter
 

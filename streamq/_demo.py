@@ -21,7 +21,7 @@ from ._core.config import RetryPolicy
 from ._core.errors import Fail, Retry
 from ._core.model import Job
 from ._core.server import RedisServer
-from ._queue import AsyncQueue
+from ._producer.queue import AsyncQueue
 from ._registry import Registry
 from .admin import AsyncAdmin
 

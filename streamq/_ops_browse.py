@@ -35,7 +35,7 @@ from ._ops import (
     _server_ms,
     ok,
 )
-from ._producer import cancel_call, parse_cancel
+from ._producer.prepare import cancel_call, parse_cancel
 
 _STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 _DELAYED_CURSOR = re.compile(r"(-?\d{1,20}):(\d{1,9})")

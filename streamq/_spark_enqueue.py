@@ -15,11 +15,11 @@ import attrs
 import pyarrow as pa
 from pyspark import TaskContext
 
-from . import _producer as prod
 from ._core.config import QueueConfig
 from ._core.errors import InvalidArgument, InvalidJobId, PayloadTooLarge, SerializationError
 from ._core.keys import Keys
 from ._core.scripts import SCRIPTS, Pipelined
+from ._producer import prepare as prod
 
 COUNTS_SCHEMA = "outcome string, n long"
 _STATUS = {b"queued": "enqueued", b"scheduled": "enqueued", b"duplicate": "duplicates",

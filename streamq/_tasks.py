@@ -20,7 +20,7 @@ from ._core.errors import InvalidArgument
 from ._core.model import EnqueueResult, Job
 
 if TYPE_CHECKING:
-    from ._queue import AsyncQueue, Queue
+    from ._producer.queue import AsyncQueue, Queue
 
 P = ParamSpec("P")
 R = TypeVar("R")

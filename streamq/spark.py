@@ -23,11 +23,11 @@ from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql import types as t
 
-from . import _producer as prod
 from ._core.config import QueueConfig
 from ._core.errors import InvalidArgument
 from ._core.keys import Keys
 from ._core.scripts import SCRIPTS
+from ._producer import prepare as prod
 from ._spark_enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
 from ._spark_read import ReadTask, plan
 

@@ -33,7 +33,7 @@ from ._core.errors import WaitTimeout
 from ._core.keys import Keys
 from ._core.model import Job, JobInfo
 from ._core.server import RedisServer
-from ._queue import Queue
+from ._producer.queue import Queue
 from ._registry import Registry
 from ._worker import Worker
 

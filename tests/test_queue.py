@@ -31,8 +31,8 @@ from streamq import (
     SerializationError,
     WaitTimeout,
 )
-from streamq import _producer as prod
 from streamq._core.scripts import SCRIPTS
+from streamq._producer import prepare as prod
 
 
 @pytest.fixture

@@ -329,9 +329,9 @@ def test_writer_tags_tell_a_retried_row_from_a_repeat(r: Any, qname: str) -> Non
     """enqueue.lua's writer-tag rules call by call, including orders a local Spark rarely
     produces: a retry that reads its rows in another order (rows after a shuffle), a
     repeated call after a lost reply, a speculative copy running alongside."""
-    from streamq import _producer as prod
     from streamq._core.keys import Keys
     from streamq._core.scripts import SCRIPTS
+    from streamq._producer import prepare as prod
 
     keys, cfg = Keys(qname), QueueConfig()
 

@@ -25,8 +25,8 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from ._core.keys import Keys
-from ._core.supervise import Supervised
+from .._core.keys import Keys
+from .._core.supervise import Supervised
 
 log = logging.getLogger("streamq.queue")
 POLL_MAX_S = 0.5

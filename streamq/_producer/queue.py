@@ -12,18 +12,18 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from . import _producer as prod
-from . import _queues
-from ._autobatch import AsyncBatcher, SyncBatcher
-from ._core import telemetry as tel
-from ._core.config import QueueConfig
-from ._core.conn import async_client, sync_client
-from ._core.errors import JobNotFound, ResultNotReady, UnknownJobType, WaitTimeout
-from ._core.keys import Keys, check_job_id
-from ._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
-from ._core.retry import acall, call
-from ._core.scripts import SCRIPTS
-from ._waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters
+from .. import _queues
+from .._core import telemetry as tel
+from .._core.config import QueueConfig
+from .._core.conn import async_client, sync_client
+from .._core.errors import JobNotFound, ResultNotReady, UnknownJobType, WaitTimeout
+from .._core.keys import Keys, check_job_id
+from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
+from .._core.retry import acall, call
+from .._core.scripts import SCRIPTS
+from . import prepare as prod
+from .autobatch import AsyncBatcher, SyncBatcher
+from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters
 
 _TYPES_TTL_S = 30.0
 """With QueueConfig.require_handler: how long the published job types are cached."""

@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ._core import telemetry as tel
-from ._core.config import QueueConfig
-from ._core.errors import (
+from .._core import telemetry as tel
+from .._core.config import QueueConfig
+from .._core.errors import (
     InvalidArgument,
     JobFailed,
     PayloadTooLarge,
@@ -20,8 +20,8 @@ from ._core.errors import (
     ResultNotReady,
     SerializationError,
 )
-from ._core.keys import GROUP, Keys, check_job_id, notify_allowed
-from ._core.model import (
+from .._core.keys import GROUP, Keys, check_job_id, notify_allowed
+from .._core.model import (
     TERMINAL,
     CancelResult,
     EnqueueResult,
@@ -29,8 +29,8 @@ from ._core.model import (
     decode_record,
     plain_envelope,
 )
-from ._core.scripts import Arg
-from ._core.serde import JsonSerde, dumps_str_keys, render_path
+from .._core.scripts import Arg
+from .._core.serde import JsonSerde, dumps_str_keys, render_path
 
 _TYPE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,199}")
 _TYPES_SEEN: set[str] = set()  # job types already validated (most producers use a handful)

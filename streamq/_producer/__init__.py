@@ -1,0 +1,2 @@
+"""Queue / AsyncQueue and the sans-IO enqueue preparation; auto-batching; the shared waiter
+subscriber."""
