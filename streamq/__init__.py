@@ -30,10 +30,10 @@ from ._core.model import STATES, CancelResult, EnqueueResult, Envelope, Job, Job
 from ._core.serde import JsonSerde, MsgpackSerde, Serde
 from ._core.telemetry import JobContextFilter, JsonFormatter
 from ._producer.queue import AsyncQueue, Queue
-from ._registry import HandlerSpec, Registry
-from ._tasks import Task
 from ._version import VERSION
 from ._worker import Worker, WorkerStats
+from ._worker.registry import HandlerSpec, Registry
+from ._worker.tasks import Task
 
 __version__ = VERSION
 

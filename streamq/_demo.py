@@ -22,7 +22,7 @@ from ._core.errors import Fail, Retry
 from ._core.model import Job
 from ._core.server import RedisServer
 from ._producer.queue import AsyncQueue
-from ._registry import Registry
+from ._worker.registry import Registry
 from .admin import AsyncAdmin
 
 registry = Registry()

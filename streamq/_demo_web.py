@@ -25,7 +25,7 @@ import attrs
 from ._core.config import RetryPolicy
 from ._core.errors import InvalidArgument
 from ._core.model import Job
-from ._registry import Registry
+from ._worker.registry import Registry
 
 QUEUE = "demo"
 KINDS = ("email.send", "webhook.post", "thumbnail.render", "invoice.create")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._core.config import QueueConfig, WorkerConfig
-from ._registry import Registry
+from ._worker.registry import Registry
 
 
 def _where(exc: BaseException) -> str:

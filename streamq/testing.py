@@ -34,8 +34,8 @@ from ._core.keys import Keys
 from ._core.model import Job, JobInfo
 from ._core.server import RedisServer
 from ._producer.queue import Queue
-from ._registry import Registry
 from ._worker import Worker
+from ._worker.registry import Registry
 
 __all__ = ["arun_until_idle", "fast_forward", "find_server_binary", "make_job",
            "run_until_idle", "test_config"]

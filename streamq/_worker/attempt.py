@@ -13,10 +13,10 @@ from .._core.config import QueueConfig, RetryPolicy, WorkerConfig
 from .._core.errors import Fail, PayloadTooLarge, Retry, SerializationError
 from .._core.model import Envelope, Job, envelope_from_plain
 from .._core.timeseries import SeriesRecorder
-from .._registry import HandlerSpec, Registry
 from .invoke import Expired, SyncRunner, bounded, error_info
 from .lease import Lease
 from .progress import Progress
+from .registry import HandlerSpec, Registry
 from .state import Finish, QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")

@@ -33,13 +33,13 @@ from .._core.retry import acall, transient
 from .._core.scripts import SCRIPTS
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .._queues import publish_types
-from .._registry import Registry
 from .attempt import Attempts
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
 from .lease import Lease, LeaseKeeper
 from .progress import Progress
 from .promote import Promoter
+from .registry import Registry
 from .settle import Settler
 from .state import Finish, QState, WorkerStats
 from .watchdog import LoopWatchdog

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from ._tasks import TaskDecorator
+    from .tasks import TaskDecorator
 
 import attrs
 
-from ._core.config import RetryPolicy
-from ._core.errors import InvalidArgument, RegistryError
+from .._core.config import RetryPolicy
+from .._core.errors import InvalidArgument, RegistryError
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,199}")
@@ -120,7 +120,7 @@ class Registry:
         """Register a function with typed parameters as a typed task (``Task``): enqueue it
         with its own arguments, get its return type back. A parameter annotated ``Job`` (or
         named ``job``) receives the Job."""
-        from ._tasks import TaskDecorator
+        from .tasks import TaskDecorator
 
         if callable(name):
             fn_name = getattr(name, "__name__", "task")

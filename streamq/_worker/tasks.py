@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 import attrs
 import cattrs
 
-from ._core.errors import InvalidArgument
-from ._core.model import EnqueueResult, Job
+from .._core.errors import InvalidArgument
+from .._core.model import EnqueueResult, Job
 
 if TYPE_CHECKING:
-    from ._producer.queue import AsyncQueue, Queue
+    from .._producer.queue import AsyncQueue, Queue
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -205,7 +205,7 @@ class TaskDecorator:
     def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
 
     def __call__(self, fn: Callable[..., Any]) -> Task[Any, Any]:
-        from ._core.errors import RegistryError
+        from .._core.errors import RegistryError
 
         if not callable(fn):
             raise RegistryError(f"@registry.task({self._name!r}) decorates a function, got"
