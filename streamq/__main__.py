@@ -1,3 +1,3 @@
-from .cli import main
+from ._ops.cli import main
 
 raise SystemExit(main())

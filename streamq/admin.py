@@ -16,8 +16,6 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoScriptError
 
-from . import _ops
-from . import _ops_browse as _browse
 from ._core.config import QueueConfig
 from ._core.conn import async_client, sync_client
 from ._core.errors import ServerTooOld
@@ -25,7 +23,10 @@ from ._core.keys import Keys, queues_key
 from ._core.model import CancelResult, JobInfo
 from ._core.scripts import SCRIPTS
 from ._core.timeseries import Point
-from ._ops import (
+from ._ops import browse as _browse
+from ._ops import operations as _ops
+from ._ops.browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
+from ._ops.operations import (
     ConsumerInfo,
     DeadEntry,
     DeadFilter,
@@ -33,7 +34,6 @@ from ._ops import (
     PendingEntry,
     QueueStats,
 )
-from ._ops_browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
 
 T = TypeVar("T")
 MIN_VERSION = (6, 2)

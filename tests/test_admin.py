@@ -17,7 +17,7 @@ from helpers import eventually, fast
 
 from streamq import Fail, InvalidArgument, Job, JobNotFound, Queue, Registry, UnknownQueue, Worker
 from streamq._core.keys import GROUP
-from streamq._ops_browse import count_dead, timeline
+from streamq._ops.browse import count_dead, timeline
 from streamq.admin import Admin, AsyncAdmin, DeadFilter, ListFilter, drive
 
 TESTS = Path(__file__).parent
@@ -208,7 +208,7 @@ def test_redrive_matching_pages_past_non_matching_entries(url: str, qname: str,
 
 
 def test_redact_hides_passwords() -> None:
-    from streamq._cli_ops import redact
+    from streamq._ops.cli_ops import redact
 
     assert redact("redis://user:s3cret@h:1/0") == "redis://user:***@h:1/0"
     assert "s3cret" not in redact("unix:///tmp/r.sock?db=0&password=s3cret")

@@ -19,7 +19,7 @@ import redis
 
 from schedulers import Cron, Scheduler, SchedulerConfig
 from streamq import InvalidArgument, Queue, QueueConfig, UnknownJobType
-from streamq._queues import forget, publish_types, registered_types
+from streamq._ops.queues import forget, publish_types, registered_types
 
 TESTS = Path(__file__).parent
 DOCS = TESTS.parent / "docs"

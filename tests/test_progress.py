@@ -17,8 +17,8 @@ from helpers import eventually, fast
 
 from streamq import InvalidArgument, Job, Queue, Registry, Worker
 from streamq._core.scripts import SCRIPTS
+from streamq._ops.cli import main as cli
 from streamq.admin import Admin
-from streamq.cli import main as cli
 
 
 @pytest.fixture

@@ -49,10 +49,10 @@ from streamq import (
     ScriptError,
     Worker,
 )
-from streamq._cli_ops import redact
 from streamq._core.keys import Keys
 from streamq._core.scripts import SCRIPTS
 from streamq._core.server import RedisServer
+from streamq._ops.cli_ops import redact
 from streamq.admin import Admin
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -451,7 +451,7 @@ def test_the_package_source_never_loads_code_from_data() -> None:
                     top = alias.name.split(".")[0]
                     if top in FORBIDDEN_MODULES:
                         problems.append(f"{rel}:{node.lineno} imports {alias.name}")
-                    if top == "importlib" and rel != "streamq/cli.py":
+                    if top == "importlib" and rel != "streamq/_ops/cli.py":
                         problems.append(f"{rel}:{node.lineno} imports {alias.name}")
             elif isinstance(node, ast.ImportFrom):
                 top = (node.module or "").split(".")[0]
@@ -472,7 +472,7 @@ def test_the_package_source_never_loads_code_from_data() -> None:
                     if kw.arg in ("object_hook", "object_pairs_hook", "ext_hook", "cls"):
                         problems.append(f"{rel}:{node.lineno} passes {kw.arg}=")
     assert problems == []
-    assert import_module_sites and set(import_module_sites) == {"streamq/cli.py"}
+    assert import_module_sites and set(import_module_sites) == {"streamq/_ops/cli.py"}
     assert _import_module_reached_only_from({"load_registry", "_load_cron"})
 
 

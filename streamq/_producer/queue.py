@@ -12,7 +12,6 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-from .. import _queues
 from .._core import telemetry as tel
 from .._core.config import QueueConfig
 from .._core.conn import async_client, sync_client
@@ -21,6 +20,7 @@ from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, call
 from .._core.scripts import SCRIPTS
+from .._ops import queues as _queues
 from . import prepare as prod
 from .autobatch import AsyncBatcher, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters

@@ -14,12 +14,12 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from .. import _ops
 from .._core.config import WorkerConfig
 from .._core.keys import GROUP
 from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
 from .._core.timeseries import SeriesRecorder
+from .._ops import operations as _ops
 from .state import QState
 
 log = logging.getLogger("streamq.worker")

@@ -32,7 +32,7 @@ from .._core.keys import GROUP, Keys, queues_key
 from .._core.retry import acall, transient
 from .._core.scripts import SCRIPTS
 from .._core.supervise import LoopHealth, Outage, Supervised
-from .._queues import publish_types
+from .._ops.queues import publish_types
 from .attempt import Attempts
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from .._core.errors import InvalidArgument
 from .._core.keys import check_job_id, check_queue_name
-from .._ops_browse import check_stream_id
+from .._ops.browse import check_stream_id
 from ..admin import DeadFilter
 from ._app import Dashboard
 from ._live import BulkTask

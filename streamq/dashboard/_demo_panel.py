@@ -15,7 +15,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from .._core.errors import InvalidArgument
-from .._demo_web import KINDS, QUEUE, VISIBILITY_S, Pool, PoolSettings
+from .._ops.demo_web import KINDS, QUEUE, VISIBILITY_S, Pool, PoolSettings
 from .._producer.queue import AsyncQueue
 from ._actions import _done, _field
 from ._app import Dashboard, DashboardConfig, create_app, guarded

@@ -12,11 +12,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
-from .. import _ops
 from .._core.errors import InvalidArgument
 from .._core.keys import Keys, check_job_id, check_queue_name
-from .._ops import PAGE
-from .._ops_browse import check_stream_id, now_ms, recent
+from .._ops import operations as _ops
+from .._ops.browse import check_stream_id, now_ms, recent
+from .._ops.operations import PAGE
 from ..admin import DeadFilter, ListFilter, QueueStats, adrive
 from ._app import Dashboard
 from ._charts import charts

@@ -15,12 +15,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import attrs
 
-from ._core.config import QueueConfig
-from ._core.errors import InvalidArgument, UnknownQueue
-from ._core.keys import Keys, check_job_id
-from ._producer.queue import Queue
-from ._queues import check_queue, forget
-from .admin import Admin, DeadFilter
+from .._core.config import QueueConfig
+from .._core.errors import InvalidArgument, UnknownQueue
+from .._core.keys import Keys, check_job_id
+from .._producer.queue import Queue
+from ..admin import Admin, DeadFilter
+from .queues import check_queue, forget
 
 
 def _plain(obj: Any) -> Any:

@@ -14,11 +14,11 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from .dashboard import DashboardConfig, create_app
+        from ..dashboard import DashboardConfig, create_app
     except ImportError as exc:
         raise SystemExit(f"streamq dashboard needs the dashboard extra: pip install"
                          f" 'streamq[dashboard]' ({exc})") from None
-    from ._core.config import QueueConfig
+    from .._core.config import QueueConfig
 
     secret = os.environ.get("STREAMQ_DASHBOARD_SECRET")
     cfg = DashboardConfig(read_only=args.read_only, page_size=args.page_size,

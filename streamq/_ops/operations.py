@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 
 import attrs
 
-from ._core.config import QueueConfig
-from ._core.errors import InvalidArgument, JobNotFound, UnknownQueue
-from ._core.keys import GROUP, Keys, check_job_id, queues_key
-from ._core.model import JobInfo, decode_record
-from ._core.scripts import Arg
+from .._core.config import QueueConfig
+from .._core.errors import InvalidArgument, JobNotFound, UnknownQueue
+from .._core.keys import GROUP, Keys, check_job_id, queues_key
+from .._core.model import JobInfo, decode_record
+from .._core.scripts import Arg
 
 T = TypeVar("T")
 PAGE = 1000

@@ -13,8 +13,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from ._core.config import QueueConfig, WorkerConfig
-from ._worker.registry import Registry
+from .._core.config import QueueConfig, WorkerConfig
+from .._worker.registry import Registry
 
 
 def _where(exc: BaseException) -> str:
@@ -76,13 +76,13 @@ def _serve_metrics(args: argparse.Namespace, service: str) -> None:
     if args.metrics_interval <= 0:
         raise SystemExit("streamq: --metrics-interval must be more than 0 seconds")
     if args.metrics_port is not None:
-        from ._metrics import serve
+        from .metrics import serve
 
         serve(args.metrics_host, args.metrics_port, service)
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from ._worker import Worker
+    from .._worker import Worker
 
     _serve_metrics(args, "streamq-worker")
     registry = load_registry(args.registry, args.debug)
@@ -107,7 +107,7 @@ def _load_cron(spec: str, debug: bool = False) -> list[Any]:
 def _scheduler(args: argparse.Namespace) -> int:
     from schedulers import Scheduler, SchedulerConfig
 
-    from ._metrics import run_scheduler
+    from .metrics import run_scheduler
 
     _serve_metrics(args, "streamq-scheduler")
     cron = [e for spec in args.cron or [] for e in _load_cron(spec, args.debug)]
@@ -126,7 +126,7 @@ def _export(args: argparse.Namespace) -> int:
     try:
         from pyspark.sql import SparkSession
 
-        from .spark import export_events
+        from ..spark import export_events
     except ImportError:
         raise SystemExit("streamq export needs the spark extra: pip install 'streamq[spark]'"
                          " (and Java 17)") from None
@@ -152,10 +152,10 @@ def _export(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if args.web:
-        from ._demo_web import run_web_demo
+        from .demo_web import run_web_demo
 
         return run_web_demo(args.url, args.host, args.port, args.prefix)
-    from ._demo import run_demo
+    from .demo import run_demo
 
     return run_demo(args.url, args.jobs)
 
@@ -243,10 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="--web: address to bind")
     d.add_argument("--port", type=int, default=8080, help="--web: port (default 8080)")
     d.set_defaults(func=_demo)
-    from ._cli_dashboard import add_parser as add_dashboard
+    from .cli_dashboard import add_parser as add_dashboard
 
     add_dashboard(sub, common)
-    from ._cli_ops import add_parsers
+    from .cli_ops import add_parsers
 
     add_parsers(sub, common)
     return p
@@ -256,8 +256,8 @@ def _explain(exc: BaseException, url: str) -> str:
     """One line a person can act on."""
     from redis import exceptions as rx
 
-    from ._cli_ops import redact
-    from ._core.errors import StreamqError
+    from .._core.errors import StreamqError
+    from .cli_ops import redact
 
     where = redact(url)
     text = str(exc)
@@ -278,7 +278,7 @@ def _explain(exc: BaseException, url: str) -> str:
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
-    from ._core.telemetry import JsonFormatter
+    from .._core.telemetry import JsonFormatter
 
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if args.log_format == "json" else logging.Formatter(
@@ -297,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hasattr(args, "func"):
             rc: int = args.func(args)
             return rc
-        from ._cli_ops import COMMANDS, Ctx
+        from .cli_ops import COMMANDS, Ctx
 
         ctx = Ctx(args)
         try:

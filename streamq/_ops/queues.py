@@ -13,9 +13,9 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError
 
-from . import _ops
-from ._core.keys import Keys, queues_key
-from .admin import adrive, drive
+from .._core.keys import Keys, queues_key
+from ..admin import adrive, drive
+from . import operations as _ops
 
 
 def known(client: redis.Redis, prefix: str) -> list[str]:

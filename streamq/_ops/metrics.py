@@ -16,11 +16,11 @@ from typing import Any
 
 import redis.asyncio as aredis
 
-from . import _ops
-from ._core import telemetry as tel
-from ._core.conn import async_client
-from ._core.errors import UnknownQueue
-from ._core.keys import Keys
+from .._core import telemetry as tel
+from .._core.conn import async_client
+from .._core.errors import UnknownQueue
+from .._core.keys import Keys
+from . import operations as _ops
 
 log = logging.getLogger("streamq.metrics")
 EXTRA = "pip install 'streamq[metrics]'"
@@ -86,7 +86,7 @@ class QueueGauges:
         return list(self._cache.items())
 
     async def refresh(self) -> None:
-        from .admin import adrive
+        from ..admin import adrive
 
         for k in self.keys:
             try:

@@ -22,10 +22,10 @@ from typing import Any
 
 import attrs
 
-from ._core.config import RetryPolicy
-from ._core.errors import InvalidArgument
-from ._core.model import Job
-from ._worker.registry import Registry
+from .._core.config import RetryPolicy
+from .._core.errors import InvalidArgument
+from .._core.model import Job
+from .._worker.registry import Registry
 
 QUEUE = "demo"
 KINDS = ("email.send", "webhook.post", "thumbnail.render", "invoice.create")
@@ -98,7 +98,7 @@ class Pool:
         s = self.settings
         env = {**os.environ, ENV: f"{s.latency_ms},{s.failure},{s.hang}"}
         return subprocess.Popen(
-            [sys.executable, "-m", "streamq", "worker", "streamq._demo_web:registry",
+            [sys.executable, "-m", "streamq", "worker", "streamq._ops.demo_web:registry",
              "--queue", QUEUE, "--url", self.url, "--prefix", self.prefix,
              "--concurrency", "4", "--visibility-timeout", str(VISIBILITY_S),
              "--grace-period", "2", "--log-level", "ERROR"],
@@ -161,11 +161,11 @@ def run_web_demo(url: str | None, host: str, port: int, prefix: str = "streamq")
     try:
         import uvicorn
 
-        from .dashboard._demo_panel import demo_app
+        from ..dashboard._demo_panel import demo_app
     except ImportError as exc:
         raise SystemExit(f"streamq demo --web needs the dashboard extra: pip install"
                          f" 'streamq[dashboard]' ({exc})") from None
-    from ._core.server import RedisServer
+    from .._core.server import RedisServer
 
     server = RedisServer().start() if url is None else None
     try:

@@ -15,12 +15,13 @@ from typing import Any, Literal
 
 import attrs
 
-from ._core.config import QueueConfig
-from ._core.errors import InvalidArgument, JobNotFound
-from ._core.keys import GROUP, Keys, check_job_id
-from ._core.model import CancelResult
-from ._core.timeseries import Point, decode
-from ._ops import (
+from .._core.config import QueueConfig
+from .._core.errors import InvalidArgument, JobNotFound
+from .._core.keys import GROUP, Keys, check_job_id
+from .._core.model import CancelResult
+from .._core.timeseries import Point, decode
+from .._producer.prepare import cancel_call, parse_cancel
+from .operations import (
     PAGE,
     Cmd,
     DeadEntry,
@@ -35,7 +36,6 @@ from ._ops import (
     _server_ms,
     ok,
 )
-from ._producer.prepare import cancel_call, parse_cancel
 
 _STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 _DELAYED_CURSOR = re.compile(r"(-?\d{1,20}):(\d{1,9})")
@@ -377,7 +377,7 @@ class WorkerInfo:
 
 def workers(keys: Keys, alive_within_ms: int = 30_000) -> Op[list[WorkerInfo]]:
     """The consumers of the queue's group (at most 1,000) with their worker's heartbeat info."""
-    from ._ops import consumers
+    from .operations import consumers
 
     found = yield from consumers(keys, alive_within_ms)
     infos = yield [Cmd.of("HGET", keys.worker_info(c.name), "info") for c in found]
@@ -477,7 +477,7 @@ def run_now(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
 
 def cancel(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[CancelResult]:
     """Cancel a scheduled, queued or retrying job (cancel.lua), recording who did."""
-    from ._ops import Call
+    from .operations import Call
 
     ks, args = cancel_call(keys, cfg, job_id)
     (r,) = yield [Call("cancel", ks, args)]

@@ -1,0 +1,1 @@
+"""Admin operations (sans-IO), the CLI, the demo and the metrics exporter."""
