@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 import pyarrow as pa
 
-from ._spark_enqueue import client_for
+from ._enqueue import client_for
 
 PAGE = 2000
 """Entries per XRANGE call (and per Arrow batch)."""

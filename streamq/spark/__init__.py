@@ -23,13 +23,13 @@ from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql import types as t
 
-from ._core.config import QueueConfig
-from ._core.errors import InvalidArgument
-from ._core.keys import Keys
-from ._core.scripts import SCRIPTS
-from ._producer import prepare as prod
-from ._spark_enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
-from ._spark_read import ReadTask, plan
+from .._core.config import QueueConfig
+from .._core.errors import InvalidArgument
+from .._core.keys import Keys
+from .._core.scripts import SCRIPTS
+from .._producer import prepare as prod
+from ._enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
+from ._read import ReadTask, plan
 
 log = logging.getLogger("streamq.spark")
 PAGE = 1000

@@ -15,11 +15,11 @@ import attrs
 import pyarrow as pa
 from pyspark import TaskContext
 
-from ._core.config import QueueConfig
-from ._core.errors import InvalidArgument, InvalidJobId, PayloadTooLarge, SerializationError
-from ._core.keys import Keys
-from ._core.scripts import SCRIPTS, Pipelined
-from ._producer import prepare as prod
+from .._core.config import QueueConfig
+from .._core.errors import InvalidArgument, InvalidJobId, PayloadTooLarge, SerializationError
+from .._core.keys import Keys
+from .._core.scripts import SCRIPTS, Pipelined
+from .._producer import prepare as prod
 
 COUNTS_SCHEMA = "outcome string, n long"
 _STATUS = {b"queued": "enqueued", b"scheduled": "enqueued", b"duplicate": "duplicates",
@@ -44,7 +44,7 @@ def client_for(url: str, cluster: bool) -> Any:
         from redis.cluster import RedisCluster
 
         return RedisCluster.from_url(url, protocol=2)
-    from ._core.conn import sync_client
+    from .._core.conn import sync_client
 
     return sync_client(url, socket_timeout_s=60.0)
 
