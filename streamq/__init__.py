@@ -6,6 +6,7 @@ Public surface only; everything else lives in private modules. Errors: see ``_co
 
 from ._core.config import QueueConfig, RetryPolicy, WorkerConfig
 from ._core.errors import (
+    ConnectionSetupError,
     Fail,
     InvalidArgument,
     InvalidJobId,
@@ -45,6 +46,7 @@ __all__ = [
     "Envelope",
     "Fail",
     "HandlerSpec",
+    "ConnectionSetupError",
     "InvalidArgument",
     "InvalidJobId",
     "InvalidQueueName",

@@ -1,6 +1,6 @@
 """Admin API: stats, pending, job records, dead letters, re-drive, requeue, pause, purge.
 
-``Admin`` (blocking) and ``AsyncAdmin`` (asyncio) run the same operations (``_ops.py``);
+``Admin`` (blocking) and ``AsyncAdmin`` (asyncio) run the same operations (``_ops/operations.py``);
 everything reads XINFO/XPENDING, counters and indexes, never the keyspace.
 """
 

@@ -63,6 +63,11 @@ class UnknownQueue(StreamqError, LookupError):
     """No key of this queue exists (never used, or a typo, or the wrong key prefix)."""
 
 
+class ConnectionSetupError(StreamqError):
+    """The URL's form does not match the server: a cluster URL that reaches a standalone
+    server (or the reverse), or a Sentinel primary name that no sentinel knows."""
+
+
 class ServerTooOld(StreamqError):
     """The Redis server is older than 6.2 (XAUTOCLAIM and XPENDING IDLE are needed)."""
 
