@@ -205,10 +205,8 @@ def sync_client(url: str | Target, *, socket_timeout_s: float = 30.0, **extra: A
             return RedisCluster(startup_nodes=nodes, retry=no_retry, **kw)
         except (redis.RedisError, RedisClusterException) as exc:
             raise _setup_error(target, exc) from exc
-    from redis.sentinel import Sentinel
-
-    sentinels = Sentinel(list(target.nodes), sentinel_kwargs=sentinel_kw)  # type: ignore[no-untyped-call]
-    return sentinels.master_for(target.service, retry=no_retry, **kw)  # type: ignore[no-untyped-call]
+    sentinels = _sentinels(target, False)(list(target.nodes), sentinel_kwargs=sentinel_kw)
+    return sentinels.master_for(target.service, retry=no_retry, **kw)
 
 
 def async_client(url: str | Target, *, socket_timeout_s: float = 30.0, **extra: Any) -> Any:
@@ -230,10 +228,40 @@ def async_client(url: str | Target, *, socket_timeout_s: float = 30.0, **extra: 
         kw.pop("health_check_interval", None)
         nodes = [ClusterNode(h, p) for h, p in target.nodes]
         return RedisCluster(startup_nodes=nodes, retry=no_retry, **kw)
-    from redis.asyncio.sentinel import Sentinel
-
-    sentinels = Sentinel(list(target.nodes), sentinel_kwargs=sentinel_kw)  # type: ignore[no-untyped-call]
+    sentinels = _sentinels(target, True)(list(target.nodes), sentinel_kwargs=sentinel_kw)
     return sentinels.master_for(target.service, retry=no_retry, **kw)
+
+
+def _sentinels(target: Target, asyncio: bool) -> Any:
+    """redis-py's Sentinel (sync or asyncio) that tells a primary name no sentinel knows
+    (:class:`ConnectionSetupError`, permanent: raised by the first command of any component)
+    from sentinels that cannot be reached or a primary that is down (MasterNotFoundError, a
+    connection error: transient, retried while a failover runs)."""
+    if asyncio:
+        from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+        class _Async(AsyncSentinel):
+            async def discover_master(self, service_name: str) -> Any:
+                try:
+                    return await super().discover_master(service_name)
+                except redis.RedisError as exc:
+                    import asyncio as aio
+
+                    await aio.to_thread(_raise_setup, target, exc)
+                    raise
+
+        return _Async
+    from redis.sentinel import Sentinel
+
+    class _Sync(Sentinel):
+        def discover_master(self, service_name: str) -> Any:
+            try:
+                return super().discover_master(service_name)  # type: ignore[no-untyped-call]
+            except redis.RedisError as exc:
+                _raise_setup(target, exc)
+                raise
+
+    return _Sync
 
 
 def is_cluster(client: Any) -> bool:
@@ -306,9 +334,10 @@ def _unknown_primary(target: Target) -> bool:
 
 
 def _raise_setup(target: Target | None, exc: Exception) -> None:
+    from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFound
     from redis.sentinel import MasterNotFoundError
 
-    if (isinstance(exc, MasterNotFoundError) and target is not None
+    if (isinstance(exc, MasterNotFoundError | AsyncMasterNotFound) and target is not None
             and target.kind == "sentinel" and _unknown_primary(target)):
         raise ConnectionSetupError(
             f"no sentinel of {target.redacted()} knows a primary named {target.service!r}"
