@@ -63,6 +63,13 @@ class QueueConfig:
     require_handler: bool = False
     """Producers refuse (UnknownJobType) job types no worker of the queue has published a
     handler for; off by default (a producer may run before any worker)."""
+    min_replicas: int = attrs.field(default=0, validator=_non_negative_int)
+    """After each enqueue call and each settled batch, ``WAIT`` until this many replicas
+    have the write (0 = no WAIT: replication stays asynchronous). A producer whose WAIT
+    times out gets ReplicationTimeout (the job is written on the primary); a worker logs a
+    warning. See docs/durability.md."""
+    min_replicas_timeout_ms: int = attrs.field(default=1000, validator=_positive_int)
+    """How long that WAIT blocks at most (keep it well below the client's socket timeout)."""
 
 
 _STALL_WARN_S: float | None = 1.0

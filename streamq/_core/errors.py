@@ -63,6 +63,27 @@ class UnknownQueue(StreamqError, LookupError):
     """No key of this queue exists (never used, or a typo, or the wrong key prefix)."""
 
 
+class ReplicationTimeout(StreamqError):
+    """With ``QueueConfig.min_replicas``: fewer replicas than asked confirmed an enqueue in
+    time. The jobs ARE written on the primary (``results`` says how each was answered); they
+    can be lost only if that primary dies before replicating them. Enqueueing them again with
+    the same job ids is safe (dedup answers ``duplicate`` for those that survived)."""
+
+    def __init__(self, job_ids: list[str], replicas: int, wanted: int, timeout_ms: int,
+                 results: list[Any] | None = None) -> None:
+        shown = ", ".join(repr(j) for j in job_ids[:5]) + (" …" if len(job_ids) > 5 else "")
+        super().__init__(
+            f"{len(job_ids)} job(s) ({shown}) written on the primary but confirmed by"
+            f" {replicas} of {wanted} replica(s) within {timeout_ms} ms: they are lost only if"
+            " the primary dies before replicating them; enqueueing them again with the same"
+            " job ids is safe")
+        self.job_ids = job_ids
+        self.replicas = replicas
+        self.wanted = wanted
+        self.results = results or []
+        """The EnqueueResult of every job of the call (accepted, duplicate or rejected)."""
+
+
 class ConnectionSetupError(StreamqError):
     """The URL's form does not match the server: a cluster URL that reaches a standalone
     server (or the reverse), or a Sentinel primary name that no sentinel knows."""

@@ -12,6 +12,7 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
+from .._core import durable
 from .._core import telemetry as tel
 from .._core.config import QueueConfig
 from .._core.conn import async_client, sync_client
@@ -72,6 +73,7 @@ class Queue(_Base):
 
     def __init__(self, client: redis.Redis, name: str, config: QueueConfig | None = None) -> None:
         super().__init__(name, config)
+        durable.check(client, self.config)
         self.client = client
         self._waiters: SyncWaiters | None = None
         self._waiters_lock = threading.Lock()
@@ -95,15 +97,20 @@ class Queue(_Base):
 
     def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         out: list[EnqueueResult] = []
+        acked = []
         for batch in prod.chunks(prepared):
             keys, args = prod.enqueue_call(self.keys, self.config, batch)
 
             def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
-                reply = SCRIPTS["enqueue"](self.client, k, a)
-                return prod.parse_enqueue(self.config, b, reply, retried=retried)
+                (reply,), n = durable.run(SCRIPTS["enqueue"], self.client, [(k, a)],
+                                          self.config)  # min_replicas: + WAIT
+                return prod.parse_enqueue(self.config, b, reply, retried=retried), n
 
-            out.extend(call(once))
+            results, n = call(once)
+            out.extend(results)
+            acked.append(n)
         self._note()
+        durable.confirm(self.config, out, min(acked, default=0))
         return out
 
     def _note(self) -> None:
@@ -139,15 +146,16 @@ class Queue(_Base):
         batches = prod.chunks(prepared)
         calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
 
-        def once(retried: bool) -> list[EnqueueResult]:
-            replies = SCRIPTS["enqueue"].run_many(self.client, calls)
+        def once(retried: bool) -> tuple[list[EnqueueResult], int]:
+            replies, acked = durable.run(SCRIPTS["enqueue"], self.client, calls, self.config)
             out: list[EnqueueResult] = []
             for b, reply in zip(batches, replies, strict=True):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
-            return out
+            return out, acked
 
-        out = call(once)
+        out, acked = call(once)
         self._note()
+        durable.confirm(self.config, out, acked)
         return out
 
     def get(self, job_id: str) -> JobInfo | None:
@@ -244,6 +252,7 @@ class AsyncQueue(_Base):
 
     def __init__(self, client: aredis.Redis, name: str, config: QueueConfig | None = None) -> None:
         super().__init__(name, config)
+        durable.check(client, self.config)
         self.client = client
         self._waiters: AsyncWaiters | None = None
         self._batcher: AsyncBatcher[prod.Prepared, EnqueueResult] = AsyncBatcher(self._enqueue)
@@ -266,15 +275,20 @@ class AsyncQueue(_Base):
 
     async def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         out: list[EnqueueResult] = []
+        acked = []
         for batch in prod.chunks(prepared):
             keys, args = prod.enqueue_call(self.keys, self.config, batch)
 
             async def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
-                reply = await SCRIPTS["enqueue"].run_async(self.client, k, a)
-                return prod.parse_enqueue(self.config, b, reply, retried=retried)
+                (reply,), n = await durable.arun(SCRIPTS["enqueue"], self.client, [(k, a)],
+                                                 self.config)  # min_replicas: + WAIT
+                return prod.parse_enqueue(self.config, b, reply, retried=retried), n
 
-            out.extend(await acall(once))
+            results, n = await acall(once)
+            out.extend(results)
+            acked.append(n)
         await self._note()
+        durable.confirm(self.config, out, min(acked, default=0))
         return out
 
     async def _note(self) -> None:
@@ -304,15 +318,17 @@ class AsyncQueue(_Base):
         batches = prod.chunks(prepared)
         calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
 
-        async def once(retried: bool) -> list[EnqueueResult]:
-            replies = await SCRIPTS["enqueue"].run_many_async(self.client, calls)
+        async def once(retried: bool) -> tuple[list[EnqueueResult], int]:
+            replies, acked = await durable.arun(SCRIPTS["enqueue"], self.client, calls,
+                                                self.config)
             out: list[EnqueueResult] = []
             for b, reply in zip(batches, replies, strict=True):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
-            return out
+            return out, acked
 
-        out = await acall(once)
+        out, acked = await acall(once)
         await self._note()
+        durable.confirm(self.config, out, acked)
         return out
 
     async def get(self, job_id: str) -> JobInfo | None:

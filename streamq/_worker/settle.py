@@ -9,6 +9,7 @@ from typing import Any
 
 import redis.asyncio as aredis
 
+from .._core import durable
 from .._core import telemetry as tel
 from .._core.config import QueueConfig
 from .._core.keys import GROUP
@@ -41,6 +42,8 @@ class Settler:
         self.on_settled = on_settled
         self.loops: dict[str, Supervised] = {}
         self.outage = outage
+        durable.check(client, config)
+        self.unreplicated = durable.Unreplicated(log)
 
     async def flush_loop(self, qs: QState, settling: Callable[[], bool]) -> None:
         """Settle the outcomes buffered for ``qs``, a batch per call, until the worker stops
@@ -80,12 +83,15 @@ class Settler:
                            k.wake_channel, len(batch)]
         for b in batch:
             args.extend(b)
-        reply = await SCRIPTS["finish"].run_async(self.client, keys, args)
+        (reply,), acked = await durable.arun(SCRIPTS["finish"], self.client, [(keys, args)],
+                                             cfg)  # min_replicas: + WAIT on that connection
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.queue, [(b[1], b[2]) for b in batch])
         for b, state in zip(batch, reply, strict=True):
             self.count(qs, b, state)
         self.on_settled(len(batch))
+        if cfg.min_replicas:
+            self.unreplicated.note(k.queue, len(batch), acked, cfg)
 
     def drop_batch(self, qs: QState, exc: BaseException) -> None:
         """Never expected (finish.lua guards its reads): give the batch up on this worker."""
