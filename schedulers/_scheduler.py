@@ -24,7 +24,7 @@ from redis.exceptions import NoPermissionError
 
 from streamq import InvalidArgument, QueueConfig
 from streamq._core.config import _positive_seconds
-from streamq._core.conn import async_client
+from streamq._core.conn import async_client, averify
 from streamq._core.keys import GROUP, Keys, queues_key
 from streamq._core.retry import acall
 from streamq._core.scripts import SCRIPTS
@@ -101,6 +101,8 @@ class Scheduler:
             return
         client = async_client(self.url, **self._client_kwargs)
         try:  # idempotent calls, retried over transient errors; nothing left behind on failure
+            # a URL of the wrong form (redis:// at a cluster node, …): one clear error
+            await acall(lambda _retried: averify(client, self.url))
             await acall(lambda _retried: self._register(client))
             for p in self._promoters.values():
                 await acall(functools.partial(_sync, p, client))

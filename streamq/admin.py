@@ -10,14 +10,22 @@ import os
 import socket
 from collections.abc import Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import NoScriptError
+from redis.exceptions import MovedError, NoScriptError
 
+from ._core import nodes as _nodes
 from ._core.config import QueueConfig
-from ._core.conn import async_client, sync_client
+from ._core.conn import (
+    as_cluster_url,
+    async_client,
+    averify,
+    is_cluster,
+    standalone_on_cluster,
+    sync_client,
+    verify,
+)
 from ._core.errors import ServerTooOld
 from ._core.keys import Keys, queues_key
 from ._core.model import CancelResult, JobInfo
@@ -61,6 +69,37 @@ def _queue_pipe(pipe: Any, step: _ops.Step) -> None:
             pipe.execute_command(*c.args)
 
 
+def _commands(step: _ops.Step) -> list[tuple[Any, ...]]:
+    return [("EVALSHA", SCRIPTS[c.script].sha, len(c.keys), *c.keys, *c.args)
+            if isinstance(c, _ops.Call) else tuple(c.args) for c in step]
+
+
+def _send(client: Any, step: _ops.Step) -> list[Any]:
+    """One step's calls in one round trip (on a cluster: one pipeline per node)."""
+    if is_cluster(client):
+        return _nodes.run(client, _commands(step))
+    pipe = _raw_pipe(client)
+    _queue_pipe(pipe, step)
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    return _not_moved(replies)
+
+
+async def _asend(client: Any, step: _ops.Step) -> list[Any]:
+    if is_cluster(client):
+        return await _nodes.arun(client, _commands(step))
+    pipe = _raw_pipe(client)
+    _queue_pipe(pipe, step)
+    replies: list[Any] = await pipe.execute(raise_on_error=False)
+    return _not_moved(replies)
+
+
+def _not_moved(replies: list[Any]) -> list[Any]:
+    """A MOVED reply on a plain client: the URL names one node of a Redis Cluster."""
+    if any(isinstance(r, MovedError) for r in replies):
+        raise standalone_on_cluster(None)
+    return replies
+
+
 def _noscript(step: _ops.Step, replies: list[Any]) -> list[int]:
     return [i for i, (c, r) in enumerate(zip(step, replies, strict=True))
             if isinstance(c, _ops.Call) and isinstance(r, NoScriptError)]
@@ -71,16 +110,13 @@ def drive(client: redis.Redis, op: _ops.Op[T]) -> T:
     try:
         step = next(op)
         while True:
-            pipe = _raw_pipe(client)
-            _queue_pipe(pipe, step)
-            replies = pipe.execute(raise_on_error=False)
+            replies = _send(client, step)
             retry = _noscript(step, replies)
             if retry:  # a restarted server lost its script cache: load and resend those
                 for name in {step[i].script for i in retry}:  # type: ignore[union-attr]
                     client.script_load(SCRIPTS[name].source)
-                pipe = _raw_pipe(client)
-                _queue_pipe(pipe, [step[i] for i in retry])
-                for i, rep in zip(retry, pipe.execute(raise_on_error=False), strict=True):
+                for i, rep in zip(retry, _send(client, [step[i] for i in retry]),
+                                  strict=True):
                     replies[i] = rep
             step = op.send(replies)
     except StopIteration as stop:
@@ -93,16 +129,12 @@ async def adrive(client: aredis.Redis, op: _ops.Op[T]) -> T:
     try:
         step = next(op)
         while True:
-            pipe = _raw_pipe(client)
-            _queue_pipe(pipe, step)
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await _asend(client, step)
             retry = _noscript(step, replies)
             if retry:
                 for name in {step[i].script for i in retry}:  # type: ignore[union-attr]
                     await client.script_load(SCRIPTS[name].source)
-                pipe = _raw_pipe(client)
-                _queue_pipe(pipe, [step[i] for i in retry])
-                for i, rep in zip(retry, await pipe.execute(raise_on_error=False),
+                for i, rep in zip(retry, await _asend(client, [step[i] for i in retry]),
                                   strict=True):
                     replies[i] = rep
             step = op.send(replies)
@@ -124,10 +156,16 @@ class Admin:
     def __init__(self, client: redis.Redis, config: QueueConfig | None = None) -> None:
         self.client = client
         self.config = config or QueueConfig()
+        self.url: str | None = None
+        """The URL the client was built from (None for a client given as is)."""
 
     @classmethod
     def from_url(cls, url: str, config: QueueConfig | None = None, **kwargs: Any) -> Admin:
-        return cls(sync_client(url, **kwargs), config)
+        """Over any URL form (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+        ``redis+sentinel://``); nothing connects until the first call."""
+        admin = cls(sync_client(url, **kwargs), config)
+        admin.url = url
+        return admin
 
     def close(self) -> None:
         self.client.close()
@@ -136,7 +174,9 @@ class Admin:
         return Keys(queue, self.config.key_prefix)
 
     def check_server(self) -> tuple[int, ...]:
-        """The server's version; raises ServerTooOld below 6.2."""
+        """The server's version; raises ServerTooOld below 6.2, and ConnectionSetupError when
+        the URL's form does not match the server (e.g. ``redis://`` at a cluster node)."""
+        verify(self.client, self.url)
         version = drive(self.client, _ops.server_version())
         _check_version(version)
         return version
@@ -275,56 +315,43 @@ class AsyncAdmin:
     def __init__(self, client: aredis.Redis, config: QueueConfig | None = None) -> None:
         self.client = client
         self.config = config or QueueConfig()
-        self._cluster_url: str | None = None
-        self._cluster_kwargs: dict[str, Any] = {}
-        self._nodes: dict[tuple[str, int], aredis.Redis] = {}
+        self.url: str | None = None
+        """The URL the client was built from (None for a client given as is)."""
 
     @classmethod
     def from_url(cls, url: str, config: QueueConfig | None = None, **kwargs: Any
                  ) -> AsyncAdmin:
-        return cls(async_client(url, **kwargs), config)
+        """Over any URL form, as :meth:`Admin.from_url`."""
+        admin = cls(async_client(url, **kwargs), config)
+        admin.url = url
+        return admin
 
     @classmethod
     def for_cluster(cls, url: str, config: QueueConfig | None = None, **kwargs: Any
                     ) -> AsyncAdmin:
-        """Over Redis Cluster (``url`` names any node): a queue's operations go to a plain
-        client of the node that holds its slot, as every key of a queue shares one slot."""
-        from redis.asyncio.cluster import RedisCluster
-
-        admin = cls(RedisCluster.from_url(url, protocol=2, decode_responses=False),  # type: ignore[arg-type]
-                    config)
-        admin._cluster_url, admin._cluster_kwargs = url, kwargs
-        return admin
+        """Over a Redis Cluster given by one node's ``redis://`` URL; the same as
+        ``from_url`` with the ``redis+cluster://`` form of the URL, which is the way to say
+        it now."""
+        return cls.from_url(as_cluster_url(url), config, **kwargs)
 
     async def client_for(self, queue: str) -> aredis.Redis:
-        """The client that runs ``queue``'s operations: ``client``, or on a cluster the
-        node holding the queue's slot (looked up from the cluster client's slot map)."""
-        if self._cluster_url is None:
-            return self.client
-        cluster: Any = self.client
-        await cluster.initialize()
-        node = cluster.get_node_from_key(self._k(queue).stream)
-        where = (node.host, int(node.port))
-        if where not in self._nodes:
-            parts = urlsplit(self._cluster_url)
-            userinfo = parts.netloc.rpartition("@")[0]
-            netloc = f"{userinfo}@{where[0]}:{where[1]}" if userinfo else f"{where[0]}:{where[1]}"
-            self._nodes[where] = async_client(urlunsplit(parts._replace(netloc=netloc)),
-                                              **self._cluster_kwargs)
-        return self._nodes[where]
+        """The client that runs ``queue``'s operations (on a cluster the client itself routes
+        each call to the node that owns the queue's slot)."""
+        del queue
+        return self.client
 
     async def _run(self, queue: str, op: _ops.Op[T]) -> T:
-        return await adrive(await self.client_for(queue), op)
+        return await adrive(self.client, op)
 
     async def close(self) -> None:
-        for node in self._nodes.values():
-            await node.aclose()
         await self.client.aclose()
 
     def _k(self, queue: str) -> Keys:
         return Keys(queue, self.config.key_prefix)
 
     async def check_server(self) -> tuple[int, ...]:
+        """As :meth:`Admin.check_server`."""
+        await averify(self.client, self.url)
         version = await adrive(self.client, _ops.server_version())
         _check_version(version)
         return version

@@ -283,6 +283,29 @@ def _setup_error(target: Target, exc: BaseException) -> Exception:
     return redis.ConnectionError(f"cannot reach the cluster {target.redacted()}: {text}")
 
 
+def as_cluster_url(url: str) -> str:
+    """The ``redis+cluster://`` form of a node's URL (what the old ``cluster=True`` flags and
+    ``--cluster`` meant); a URL already in cluster form is returned as is."""
+    target = parse(url)
+    if target.kind == "cluster":
+        return url
+    if target.kind != "standalone" or url.lower().startswith("unix:"):
+        raise InvalidArgument(f"{target.redacted()} cannot name a Redis Cluster: use "
+                              "redis+cluster://host:port[,host:port…]")
+    parts = urlsplit(url)
+    if parts.path.strip("/") not in ("", "0"):
+        raise InvalidArgument(f"Redis Cluster has only database 0: remove the path of {url!r}")
+    scheme = "rediss+cluster" if target.tls else "redis+cluster"
+    return urlunsplit(parts._replace(scheme=scheme, path=""))
+
+
+def standalone_on_cluster(url: str | Target | None) -> ConnectionSetupError:
+    """The error for a standalone URL that reached a node of a Redis Cluster (a ``MOVED``
+    reply on a plain client says the same)."""
+    target = parse(url) if isinstance(url, str) else url
+    return _standalone_on_cluster(target or Target("standalone", "the server"))
+
+
 def _standalone_on_cluster(target: Target) -> ConnectionSetupError:
     return ConnectionSetupError(
         f"{target.redacted()} is a node of a Redis Cluster: use redis+cluster://host:port (one "

@@ -27,7 +27,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from .._core import telemetry as tel
 from .._core.args import check_queue_list
 from .._core.config import QueueConfig, WorkerConfig
-from .._core.conn import async_client, sync_client
+from .._core.conn import async_client, averify, sync_client
 from .._core.keys import GROUP, Keys, queues_key
 from .._core.retry import acall, transient
 from .._core.scripts import SCRIPTS
@@ -169,6 +169,8 @@ class Worker:
         queues = list(self._qs.values())
         hk = Housekeeper(client, self.config, self.consumer, queues, self._outage)
         try:
+            # a URL of the wrong form (redis:// at a cluster node, …): one clear error
+            await acall(lambda _retried: averify(client, self.url))
             await acall(lambda _retried: self._register(client))
             for qs in queues:
                 await acall(functools.partial(self._ensure_group_retried, client, qs.keys))
