@@ -6,12 +6,14 @@ while a worker runs. Run this set alone with ``pytest -m cluster``."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import eventually, fast
@@ -210,3 +212,118 @@ async def test_dashboard_with_a_cluster_url(redis_cluster: ClusterServer) -> Non
         job = await http.get("/job", params={"q": name, "id": "shown"})
         assert job.status_code == 200 and "shown" in job.text
     await app.state.dashboard.admin.close()
+
+
+class Ledger:
+    """Ids the producer got accepted, ids the handler ran, and the errors met on the way."""
+
+    def __init__(self) -> None:
+        self.accepted: list[str] = []
+        self.ran: list[str] = []
+        self.producer_errors: list[str] = []
+        self.stop = False
+
+    async def produce(self, q: AsyncQueue, prefix: str) -> None:
+        """Enqueue ``prefix-0``, ``prefix-1``, … until told to stop. An enqueue that raised
+        may or may not have been stored, so the same job id is sent again until one reply
+        says accepted (enqueue.lua is safe to repeat with one id: the second is a duplicate)."""
+        i = 0
+        while not self.stop:
+            job_id = f"{prefix}-{i}"
+            while True:
+                try:
+                    await q.enqueue("ok", job_id=job_id)
+                    break
+                except Exception as exc:  # noqa: BLE001 - the ledger records what happened
+                    self.producer_errors.append(f"{type(exc).__name__}: {exc}")
+                    await asyncio.sleep(0.05)
+            self.accepted.append(job_id)
+            i += 1
+            await asyncio.sleep(0.002)
+
+    def check(self, q: Queue) -> dict[str, int]:
+        """Every accepted job ran and completed; a job that ran twice was started twice (its
+        record counts the attempts): an at-least-once re-run, not a lost or invented one."""
+        missing = set(self.accepted) - set(self.ran)
+        assert not missing, f"{len(missing)} accepted jobs never ran, e.g. {sorted(missing)[:5]}"
+        assert set(self.ran) <= set(self.accepted), "a job ran that nobody enqueued"
+        counts = collections.Counter(self.ran)
+        for job_id in self.accepted:
+            info = q.get(job_id)
+            assert info is not None and info.state == "completed", (job_id, info)
+            assert info.attempts >= counts[job_id], (job_id, info.attempts, counts[job_id])
+        return {"accepted": len(self.accepted), "ran": len(self.ran),
+                "duplicates": sum(c - 1 for c in counts.values()),
+                "producer_errors": len(self.producer_errors)}
+
+
+def ledger_registry(ledger: Ledger) -> Registry:
+    reg = Registry()
+
+    @reg.handler("ok")
+    async def ok(job: Job) -> None:
+        ledger.ran.append(job.id)
+        await asyncio.sleep(0.005)
+
+    return reg
+
+
+async def flow_while(action: Any, redis_cluster: ClusterServer, name: str,
+                     before: int = 150, after: int = 150) -> dict[str, int]:
+    """Run a worker and a producer on ``name``; once ``before`` jobs are accepted run the
+    blocking ``action()`` in a thread; after ``after`` more, stop producing and wait until every
+    accepted job completed. Returns the ledger's figures (checked)."""
+    url = redis_cluster.url
+    ledger = Ledger()
+    producer_q = AsyncQueue.from_url(url, name)
+    check_q = Queue.from_url(url, name)
+    try:
+        async with Worker(url, [name], ledger_registry(ledger), fast()) as w:
+            producer = asyncio.create_task(ledger.produce(producer_q, "j"))
+            await eventually(lambda: len(ledger.accepted) >= before, timeout_s=30,
+                             what=f"{before} jobs accepted")
+            await asyncio.to_thread(action)
+            mark = len(ledger.accepted)
+            await eventually(lambda: len(ledger.accepted) >= mark + after, timeout_s=60,
+                             what=f"{after} more jobs accepted after the change")
+            ledger.stop = True
+            await producer
+            await eventually(lambda: set(ledger.ran) >= set(ledger.accepted), timeout_s=60,
+                             what="every accepted job to run")
+            await eventually(lambda: w.stats.completed >= len(set(ledger.accepted)),
+                             timeout_s=30, what="every run settled")
+        return ledger.check(check_q)
+    finally:
+        await producer_q.close()
+        check_q.close()
+
+
+async def test_failover_while_jobs_flow_loses_nothing(redis_cluster: ClusterServer) -> None:
+    (name,) = spread_queues(redis_cluster, 1)
+    primary = redis_cluster.owner(Keys(name).stream)
+    replica = redis_cluster.replicas_of(primary)[0]
+    try:
+        figures = await flow_while(lambda: redis_cluster.failover(replica), redis_cluster, name)
+        assert redis_cluster.owner(Keys(name).stream) == replica  # the slot did change hands
+        print("failover ledger:", figures)
+    finally:  # the old primary takes its role back: later tests see the starting layout
+        if redis_cluster.info(primary, "replication").get("role") != "master":
+            redis_cluster.failover(primary)
+
+
+async def test_slot_migration_while_a_worker_runs_loses_nothing(
+        redis_cluster: ClusterServer) -> None:
+    (name,) = spread_queues(redis_cluster, 1)
+    stream = Keys(name).stream
+    source = redis_cluster.owner(stream)
+    target = next(p for p in redis_cluster.primary_ports() if p != source)
+    with redis_cluster.node(source) as c:
+        slot = int(c.execute_command("CLUSTER", "KEYSLOT", stream))
+    moved: list[int] = []
+
+    def migrate() -> None:  # small batches: the queue's keys are split between the two nodes
+        moved.append(redis_cluster.migrate_slot(slot, target, batch=20, pause_s=0.02))
+
+    figures = await flow_while(migrate, redis_cluster, name)
+    assert redis_cluster.owner(stream) == target and moved[0] > 20
+    print("migration ledger:", figures, "keys moved:", moved[0])

@@ -199,6 +199,38 @@ class ClusterServer:
                  timeout_s, f"node {replica} to become a primary")
         self.wait_healthy(timeout_s)
 
+    def migrate_slot(self, slot: int, to_port: int, *, batch: int = 1000,
+                     pause_s: float = 0.0) -> int:
+        """Move ``slot`` to the primary at ``to_port`` the way ``redis-cli --cluster reshard``
+        does: SETSLOT IMPORTING on the target, MIGRATING on the source, MIGRATE the slot's keys
+        ``batch`` at a time (``pause_s`` between batches keeps the migration window open), then
+        SETSLOT NODE on every primary. Returns the number of keys moved."""
+        with self.node(self.ports[0]) as c:
+            src = next(port for start, end, port in self._slot_map(c) if start <= slot <= end)
+        if src == to_port:
+            return 0
+        src_id, dst_id = self.node_id(src), self.node_id(to_port)
+        moved = 0
+        with self.node(src) as s, self.node(to_port) as d:
+            d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            while True:
+                keys: Any = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
+                if not keys:
+                    break
+                s.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 10000, "KEYS", *keys)
+                moved += len(keys)
+                if pause_s:
+                    time.sleep(pause_s)
+            d.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+            s.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        for port in self.primary_ports():
+            if port not in (src, to_port):
+                with self.node(port) as c:
+                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+        self.wait_healthy()
+        return moved
+
     def node_id(self, port: int) -> str:
         with self.node(port) as c:
             return bytes(c.execute_command("CLUSTER", "MYID")).decode()
