@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import redis
 from chaos.worker import Ledger, build_registry  # the chaos suite's ledger handlers
@@ -182,6 +184,33 @@ async def test_fewer_replicas_than_asked_is_a_typed_error_and_the_jobs_stand(
         await aq.close()
 
 
+def test_a_lagging_replica_times_the_wait_out_even_for_a_duplicate(
+        surl: str, qname: str, sentinels: SentinelSet) -> None:
+    """With the replica frozen (SIGSTOP), an enqueue is not confirmed: ReplicationTimeout,
+    the job stands on the primary. Sent again by a fresh producer (a connection that wrote
+    nothing) it answers duplicate and is still not confirmed: the WAIT covers the write it
+    found, not only its own connection's. Once the replica runs again, it is confirmed."""
+    replica = sentinels.node(next(n.port for n in sentinels.nodes
+                                  if n.port != sentinels.primary_port()))
+    assert replica.proc is not None
+    cfg = QueueConfig(min_replicas=1, min_replicas_timeout_ms=100)
+    replica.proc.send_signal(signal.SIGSTOP)
+    try:
+        with Queue.from_url(surl, qname, cfg) as first, pytest.raises(ReplicationTimeout):
+            first.enqueue("echo", job_id="lagged")
+        with Queue.from_url(surl, qname, cfg) as again:
+            with pytest.raises(ReplicationTimeout) as told:
+                again.enqueue("echo", job_id="lagged")
+            assert [r.status for r in told.value.results] == ["duplicate"]
+            info = again.get("lagged")
+            assert info is not None and info.state == "queued"
+    finally:
+        replica.proc.send_signal(signal.SIGCONT)
+    patient = attrs.evolve(cfg, min_replicas_timeout_ms=10_000)
+    with Queue.from_url(surl, qname, patient) as later:
+        assert later.enqueue("echo", job_id="lagged").status == "duplicate"  # confirmed now
+
+
 async def test_a_worker_whose_wait_times_out_warns_and_goes_on(
         surl: str, qname: str, caplog: pytest.LogCaptureFixture) -> None:
     Queue.from_url(surl, qname).enqueue_many([{"type": "echo", "payload": i}
@@ -269,10 +298,11 @@ class Producer(threading.Thread):
 
 async def test_sigkill_of_the_primary_loses_no_accepted_job(tmp_path: Path, qname: str) -> None:
     """Workers, a scheduler and a producer run through the sentinel URL; the primary is
-    SIGKILLed; the sentinels promote the replica (the old primary comes back as its replica).
-    Every job the producer got accepted (min_replicas=1) completes; every handler run whose
-    outcome was not applied started before the new primary took over (a lease or a start the
-    failover lost: at-least-once)."""
+    SIGKILLed; the sentinels promote the replica, whose WAITs then time out (no replica of its
+    own: the producer is told and sends those batches again) until the old primary comes back
+    as its replica. Every job the producer got accepted (min_replicas=1) completes; every
+    handler run whose outcome was not applied started before the new primary took over (a
+    lease or a start the failover lost: at-least-once)."""
     ledger = tmp_path / "ledger.jsonl"
     with SentinelSet() as s:
         url = s.url()
@@ -299,6 +329,9 @@ async def test_sigkill_of_the_primary_loses_no_accepted_job(tmp_path: Path, qnam
             killed_at = time.time()
             new_port = await asyncio.to_thread(s.wait_failover, victim.port)
             took_over = time.time()
+            # no replica now: the producer's WAITs time out, it is told, and sends again
+            await eventually(lambda: producer.unconfirmed >= 2 or producer.error,
+                             timeout_s=30, what="ReplicationTimeouts without a replica")
             await asyncio.to_thread(s.rejoin, victim)
             direct.close()
             direct = redis.Redis(port=new_port, protocol=2)
@@ -333,6 +366,7 @@ async def test_sigkill_of_the_primary_loses_no_accepted_job(tmp_path: Path, qnam
     assert killed_at < took_over
     print(f"producer: {producer.resent} batch(es) sent again, {producer.unconfirmed} of them"
           " after a ReplicationTimeout")
+    assert producer.unconfirmed >= 2
 
 
 def _subscribers(r: redis.Redis, channel: str) -> int:

@@ -7,6 +7,11 @@ must follow the script call on the very connection that ran it (another pooled c
 would wait for nothing). Here the script calls and the WAIT are written back to back on one
 connection (one round trip) and every reply is read.
 
+A call that wrote nothing (every job a duplicate, sent again after a timeout) leaves the
+connection's offset behind the write it found; so a producer puts a ``PUBLISH`` on a channel
+nobody listens to (``barrier``: replicated like any write) before the WAIT, which then covers
+everything the primary had written by then, whoever wrote it.
+
 ``WAIT`` does not undo anything: when fewer replicas answer in time, the write stands on the
 primary and is lost only if that primary dies before it replicates. The caller decides what
 that means (the producer raises :class:`~streamq.ReplicationTimeout`; a worker logs it).
@@ -40,35 +45,43 @@ def check(client: Any, config: QueueConfig) -> None:
             " each write on the node that took it): use min_replicas=0 there")
 
 
-def _wait_cmd(config: QueueConfig) -> tuple[str, int, int]:
-    return ("WAIT", config.min_replicas, config.min_replicas_timeout_ms)
+BARRIER_TAG = "barrier"
+"""The waiter-channel tag of the producer's barrier (never a producer's own: those are hex)."""
+
+
+def _wait_cmds(config: QueueConfig, barrier: str | None) -> list[tuple[Any, ...]]:
+    wait = ("WAIT", config.min_replicas, config.min_replicas_timeout_ms)
+    return [("PUBLISH", barrier, ""), wait] if barrier else [wait]
 
 
 def _packable(script: Script, client: Any) -> bool:
     return script._plain(client)
 
 
-def run_waited(script: Script, client: Any, calls: Sequence[Call],
-               config: QueueConfig) -> tuple[list[Any], int]:
+def run_waited(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
+               barrier: str | None = None) -> tuple[list[Any], int]:
     """Run ``calls`` of ``script`` pipelined, then WAIT on the same connection: (replies in
     order, replicas that acknowledged). NOSCRIPT is handled as in ``Script.run_many``: the
     script is loaded and only the calls that met it are sent again (with a WAIT again)."""
     if not _packable(script, client):
-        return _run_pipeline(script, client, calls, config)
+        return _run_pipeline(script, client, calls, config, barrier)
     pool: Any = client.connection_pool
     replies: list[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     for attempt in range(2):
         conn = pool.get_connection()
         try:
+            tail = _wait_cmds(config, barrier)
             conn.send_packed_command([*script._packed([calls[i] for i in todo]),
-                                      _pack(_wait_cmd(config))])
+                                      *(_pack(c) for c in tail)])
             got: list[Any] = []
             for _ in todo:
                 try:
                     got.append(conn.read_response())
                 except ResponseError as exc:  # the reply was read whole: read on
                     got.append(exc)
+            for _ in tail[1:]:
+                conn.read_response()  # the barrier's PUBLISH
             acked = int(conn.read_response())
             todo, failed = _sort(todo, got, replies)
         except BaseException:  # replies may be left unread: never reuse it
@@ -85,25 +98,28 @@ def run_waited(script: Script, client: Any, calls: Sequence[Call],
     raise ScriptError(f"{script.name}.lua: NOSCRIPT after loading it")
 
 
-async def arun_waited(script: Script, client: Any, calls: Sequence[Call],
-                      config: QueueConfig) -> tuple[list[Any], int]:
+async def arun_waited(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
+                      barrier: str | None = None) -> tuple[list[Any], int]:
     """:func:`run_waited` for an asyncio client."""
     if not _packable(script, client):
-        return await _arun_pipeline(script, client, calls, config)
+        return await _arun_pipeline(script, client, calls, config, barrier)
     pool: Any = client.connection_pool
     replies: list[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     for attempt in range(2):
         conn = await pool.get_connection()
         try:
+            tail = _wait_cmds(config, barrier)
             await conn.send_packed_command(b"".join(
-                [*script._packed([calls[i] for i in todo]), _pack(_wait_cmd(config))]))
+                [*script._packed([calls[i] for i in todo]), *(_pack(c) for c in tail)]))
             got: list[Any] = []
             for _ in todo:
                 try:
                     got.append(await conn.read_response())
                 except ResponseError as exc:
                     got.append(exc)
+            for _ in tail[1:]:
+                await conn.read_response()
             acked = int(await conn.read_response())
             todo, failed = _sort(todo, got, replies)
         except BaseException:
@@ -120,64 +136,66 @@ async def arun_waited(script: Script, client: Any, calls: Sequence[Call],
     raise ScriptError(f"{script.name}.lua: NOSCRIPT after loading it")
 
 
-def _pipeline(pipe: Any, script: Script, calls: Sequence[Call], config: QueueConfig) -> None:
+def _pipeline(pipe: Any, script: Script, calls: Sequence[Call], config: QueueConfig,
+              barrier: str | None) -> int:
     for keys, args in calls:
         pipe.evalsha(script.sha, len(keys), *keys, *args)
-    pipe.execute_command(*_wait_cmd(config))
+    tail = _wait_cmds(config, barrier)
+    for cmd in tail:
+        pipe.execute_command(*cmd)
+    return len(tail)
 
 
-def _run_pipeline(script: Script, client: Any, calls: Sequence[Call],
-                  config: QueueConfig) -> tuple[list[Any], int]:
+def _run_pipeline(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
+                  barrier: str | None) -> tuple[list[Any], int]:
     """Without hiredis, or for a client with a pinned connection: a redis-py pipeline (one
     connection), loading the script first when the server does not have it."""
     check(client, config)
     if not all(client.script_exists(script.sha)):
         client.script_load(script.source)
     pipe = client.pipeline(transaction=False)
-    _pipeline(pipe, script, calls, config)
-    out = pipe.execute(raise_on_error=False)
-    return _unpipe(script, out)
+    tail = _pipeline(pipe, script, calls, config, barrier)
+    return _unpipe(script, pipe.execute(raise_on_error=False), tail)
 
 
 async def _arun_pipeline(script: Script, client: Any, calls: Sequence[Call],
-                         config: QueueConfig) -> tuple[list[Any], int]:
+                         config: QueueConfig, barrier: str | None) -> tuple[list[Any], int]:
     check(client, config)
     if not all(await client.script_exists(script.sha)):
         await client.script_load(script.source)
     pipe = client.pipeline(transaction=False)
-    _pipeline(pipe, script, calls, config)
-    out = await pipe.execute(raise_on_error=False)
-    return _unpipe(script, out)
+    tail = _pipeline(pipe, script, calls, config, barrier)
+    return _unpipe(script, await pipe.execute(raise_on_error=False), tail)
 
 
-def _unpipe(script: Script, out: list[Any]) -> tuple[list[Any], int]:
+def _unpipe(script: Script, out: list[Any], tail: int) -> tuple[list[Any], int]:
     for x in out:
         if isinstance(x, ResponseError):
             raise ScriptError(f"{script.name}.lua failed: {x}") from x
         if isinstance(x, BaseException):
             raise x
-    return list(out[:-1]), int(out[-1])
+    return list(out[:-tail]), int(out[-1])
 
 
-def run(script: Script, client: Any, calls: Sequence[Call],
-        config: QueueConfig) -> tuple[list[Any], int]:
+def run(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
+        barrier: str | None = None) -> tuple[list[Any], int]:
     """The replies of ``calls`` and the replicas that confirmed them (0 when
     ``min_replicas`` is 0: no WAIT is sent, the calls go out exactly as without this module)."""
     if not config.min_replicas:
         if len(calls) == 1:
             return [script(client, *calls[0])], 0
         return script.run_many(client, calls), 0
-    return run_waited(script, client, calls, config)
+    return run_waited(script, client, calls, config, barrier)
 
 
-async def arun(script: Script, client: Any, calls: Sequence[Call],
-               config: QueueConfig) -> tuple[list[Any], int]:
+async def arun(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
+               barrier: str | None = None) -> tuple[list[Any], int]:
     """:func:`run` for an asyncio client."""
     if not config.min_replicas:
         if len(calls) == 1:
             return [await script.run_async(client, *calls[0])], 0
         return await script.run_many_async(client, calls), 0
-    return await arun_waited(script, client, calls, config)
+    return await arun_waited(script, client, calls, config, barrier)
 
 
 def confirm(config: QueueConfig, results: Sequence[Any], acked: int) -> None:

@@ -51,6 +51,8 @@ class _Base:
         """Added to the known queues (once per object, on the first enqueue)."""
         self._types: frozenset[str] = frozenset()
         self._types_at = -1e9
+        self._barrier = self.keys.waiter_channel(durable.BARRIER_TAG)
+        """With min_replicas: published before each WAIT (see durable.py)."""
 
     def _unknown_types(self, job_types: Sequence[Any]) -> set[str]:
         """With ``require_handler``: the job types not in the cached published set."""
@@ -103,7 +105,7 @@ class Queue(_Base):
 
             def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
                 (reply,), n = durable.run(SCRIPTS["enqueue"], self.client, [(k, a)],
-                                          self.config)  # min_replicas: + WAIT
+                                          self.config, self._barrier)  # min_replicas: WAIT
                 return prod.parse_enqueue(self.config, b, reply, retried=retried), n
 
             results, n = call(once)
@@ -147,7 +149,8 @@ class Queue(_Base):
         calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
 
         def once(retried: bool) -> tuple[list[EnqueueResult], int]:
-            replies, acked = durable.run(SCRIPTS["enqueue"], self.client, calls, self.config)
+            replies, acked = durable.run(SCRIPTS["enqueue"], self.client, calls, self.config,
+                                         self._barrier)
             out: list[EnqueueResult] = []
             for b, reply in zip(batches, replies, strict=True):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
@@ -281,7 +284,7 @@ class AsyncQueue(_Base):
 
             async def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
                 (reply,), n = await durable.arun(SCRIPTS["enqueue"], self.client, [(k, a)],
-                                                 self.config)  # min_replicas: + WAIT
+                                                 self.config, self._barrier)  # + WAIT
                 return prod.parse_enqueue(self.config, b, reply, retried=retried), n
 
             results, n = await acall(once)
@@ -320,7 +323,7 @@ class AsyncQueue(_Base):
 
         async def once(retried: bool) -> tuple[list[EnqueueResult], int]:
             replies, acked = await durable.arun(SCRIPTS["enqueue"], self.client, calls,
-                                                self.config)
+                                                self.config, self._barrier)
             out: list[EnqueueResult] = []
             for b, reply in zip(batches, replies, strict=True):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
