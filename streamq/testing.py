@@ -26,9 +26,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from ._core.config import QueueConfig, WorkerConfig
+from ._core.conn import sync_client
 from ._core.errors import WaitTimeout
 from ._core.keys import Keys
 from ._core.model import Job, JobInfo
@@ -158,7 +157,7 @@ async def arun_until_idle(worker: Worker, *, timeout: float = 10.0) -> list[JobI
         finished.sort(key=lambda f: tuple(int(x) for x in f[0].split("-")))
         out: list[JobInfo] = []
         for _, k, job_id in finished:
-            q = Queue(redis.Redis.from_url(worker.url, protocol=2), k.queue, worker.queue_config)
+            q = Queue(sync_client(worker.url), k.queue, worker.queue_config)
             try:
                 info = q.get(job_id)
             finally:
@@ -198,7 +197,7 @@ else:
     @pytest.fixture
     def redis_url(streamq_server: RedisServer) -> Iterator[str]:
         """The private server's URL; its database is emptied before each test."""
-        client = redis.Redis.from_url(streamq_server.url, protocol=2)
+        client = sync_client(streamq_server.url)
         client.flushdb()
         client.close()
         yield streamq_server.url

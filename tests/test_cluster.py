@@ -178,6 +178,11 @@ def test_cli_stats_and_dead_list_with_a_cluster_url(redis_cluster: ClusterServer
     dead = cli(url, "--json", "dead", "list", name)
     assert dead.returncode == 0, dead.stderr
     assert json.loads(dead.stdout) == [] or json.loads(dead.stdout).get("items") == []
+    # the old flag still works: one node's redis:// URL plus --cluster
+    node = redis_cluster.node_url(redis_cluster.ports[-1]).removesuffix("/0")
+    flagged = cli(node, "--cluster", "--json", "stats", name)
+    assert flagged.returncode == 0, flagged.stderr
+    assert json.loads(flagged.stdout)[0]["ready"] == 4
 
 
 def test_a_standalone_url_at_a_cluster_node_is_one_clear_error(
@@ -327,3 +332,12 @@ async def test_slot_migration_while_a_worker_runs_loses_nothing(
     figures = await flow_while(migrate, redis_cluster, name)
     assert redis_cluster.owner(stream) == target and moved[0] > 20
     print("migration ledger:", figures, "keys moved:", moved[0])
+
+
+def test_demo_with_a_cluster_url(redis_cluster: ClusterServer) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "STREAMQ_URL"}
+    proc = subprocess.run([sys.executable, "-m", "streamq", "demo", "--url", redis_cluster.url,
+                           "--jobs", "100"], cwd=TESTS, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "nothing was lost" in proc.stdout

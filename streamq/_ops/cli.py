@@ -170,8 +170,11 @@ def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
 
     parser.add_argument("--url", default=d(None),
                         help="redis://[user:password@]host:port/db, rediss:// for TLS,"
-                        " unix:///path.sock; default $STREAMQ_URL, else"
-                        " redis://localhost:6379/0")
+                        " unix:///path.sock, redis+cluster://host:port[,host:port...] for a"
+                        " Redis Cluster; default $STREAMQ_URL, else redis://localhost:6379/0")
+    parser.add_argument("--cluster", action="store_true", default=d(False),
+                        help="--url is one node of a Redis Cluster (the same as writing it"
+                        " redis+cluster://host:port)")
     parser.add_argument("--prefix", default=d(os.environ.get("STREAMQ_PREFIX", "streamq")),
                         help="key prefix (default streamq)")
     parser.add_argument("--json", action="store_true", default=d(False),
@@ -233,7 +236,6 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--to", required=True, help="output directory (keeps a checkpoint there)")
     e.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     e.add_argument("--partitions", type=int, default=8, help="parallel id ranges (default 8)")
-    e.add_argument("--cluster", action="store_true", help="--url is a Redis Cluster node")
     e.set_defaults(func=_export)
     d = sub.add_parser("demo", parents=[common],
                        help="a self-contained tour (starts its own Redis without --url)")
@@ -294,6 +296,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             None if args.command == "demo" else "redis://localhost:6379/0")
     _configure_logging(args)
     try:
+        if args.cluster and args.url:
+            from .._core.conn import as_cluster_url
+
+            args.url = as_cluster_url(args.url)
         if hasattr(args, "func"):
             rc: int = args.func(args)
             return rc

@@ -44,7 +44,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     p.add_argument("--port", type=int, default=8080, help="default 8080")
     p.add_argument("--read-only", action="store_true", help="hide and refuse every action")
-    p.add_argument("--cluster", action="store_true", help="--url is a node of a Redis Cluster")
     p.add_argument("--root-path", default="",
                    help="the path a reverse proxy serves it under (and strips), e.g. /ops")
     p.add_argument("--page-size", type=int, default=50, help="rows per listing page (1-1000)")

@@ -183,9 +183,10 @@ def create_app(url: str | None = None, *, read_only: bool = False,
                cluster: bool = False, **client_kwargs: Any) -> Starlette:
     """The dashboard as an ASGI app: run it with uvicorn, or mount it under a path.
 
-    Give ``url`` (``cluster=True``: any node of a Redis Cluster) or an ``AsyncAdmin`` of your
-    own (e.g. over a Sentinel's master). ``read_only`` and ``authorize`` override the same
-    fields of ``config``; ``prefix`` is the key prefix."""
+    Give ``url`` in any form (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+    ``redis+sentinel://``; ``cluster=True`` turns one node's ``redis://`` URL into the
+    ``redis+cluster://`` form) or an ``AsyncAdmin`` of your own. ``read_only`` and
+    ``authorize`` override the same fields of ``config``; ``prefix`` is the key prefix."""
     from . import _actions, _views
 
     cfg = config or DashboardConfig()

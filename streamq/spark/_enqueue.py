@@ -40,13 +40,11 @@ def reason(exc: Exception) -> str:
 
 
 def client_for(url: str, cluster: bool) -> Any:
-    if cluster:
-        from redis.cluster import RedisCluster
+    """The client an executor uses: any URL form (``redis+cluster://`` needs no flag;
+    ``cluster=True`` turns one node's ``redis://`` URL into that form)."""
+    from .._core.conn import as_cluster_url, sync_client
 
-        return RedisCluster.from_url(url, protocol=2)
-    from .._core.conn import sync_client
-
-    return sync_client(url, socket_timeout_s=60.0)
+    return sync_client(as_cluster_url(url) if cluster else url, socket_timeout_s=60.0)
 
 
 @attrs.frozen

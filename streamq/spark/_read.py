@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import pyarrow as pa
 
+from .._core.conn import is_cluster
 from ._enqueue import client_for
 
 PAGE = 2000
@@ -131,7 +132,7 @@ class ReadTask:
         convert = CONVERTERS[self.kind]
         owner = client_for(self.url, self.cluster)
         client = (owner.get_redis_connection(owner.get_node_from_key(self.stream))
-                  if self.cluster else owner)  # a plain client for the node holding the key
+                  if is_cluster(owner) else owner)  # a plain client for the node holding it
         try:
             for rb in batches:
                 for i in rb.column(0).to_pylist():
