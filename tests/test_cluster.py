@@ -341,3 +341,39 @@ def test_demo_with_a_cluster_url(redis_cluster: ClusterServer) -> None:
                           timeout=120)
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "nothing was lost" in proc.stdout
+
+
+async def test_scripts_are_loaded_again_on_a_node_that_lost_them(
+        redis_cluster: ClusterServer) -> None:
+    """A promoted replica or a restarted node has an empty script cache: bulk calls (pipelined
+    per node), single calls and admin operations load the script and run only the calls that
+    met NOSCRIPT again."""
+    url = redis_cluster.url
+    (name,) = spread_queues(redis_cluster, 1)
+
+    def flush() -> None:
+        for port in redis_cluster.primary_ports():
+            with redis_cluster.node(port) as c:
+                c.script_flush()
+
+    flush()
+    with Queue.from_url(url, name) as q:
+        q.enqueue_many([{"type": "ok", "job_id": f"s{i}"} for i in range(20)])
+        flush()
+        q.enqueue("ok", job_id="single")
+    flush()
+    aq = AsyncQueue.from_url(url, name)
+    try:
+        await aq.enqueue_many([{"type": "ok", "job_id": f"a{i}"} for i in range(20)])
+        # the same ids again: duplicates, nothing enqueued twice
+        again = await aq.enqueue_many([{"type": "ok", "job_id": f"a{i}"} for i in range(20)])
+        assert all(r.status == "duplicate" for r in again)
+    finally:
+        await aq.close()
+    flush()
+    admin = Admin.from_url(url)
+    try:
+        assert admin.stats(name).ready == 41
+        assert admin.purge(name, "queued") == 41
+    finally:
+        admin.close()

@@ -14,8 +14,10 @@ from typing import Any
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
 
+from . import nodes
+from .conn import is_cluster
 from .errors import ScriptError
 
 Arg = str | bytes | int | float
@@ -86,7 +88,10 @@ class Script:
         """Several calls of this script in one round trip (pipelined); replies in order.
         Every reply is read: on NOSCRIPT (a restarted server) the script is loaded and only the
         calls that met NOSCRIPT are sent again. Others in the same pipeline may have run (a
-        second client can load the script between two of them) and must not run twice."""
+        second client can load the script between two of them) and must not run twice.
+        On a Redis Cluster the calls go out as one pipeline per node (``nodes.py``)."""
+        if is_cluster(client):
+            return self._cluster_many(client, calls, nodes.run(client, self._commands(calls)))
         if not self._plain(client):
             return [self(client, k, a) for k, a in calls]
         pool: Any = client.connection_pool
@@ -118,6 +123,15 @@ class Script:
 
     async def run_many_async(self, client: aredis.Redis,
                              calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[Any]:
+        if is_cluster(client):
+            first = await nodes.arun(client, self._commands(calls))
+            if any(isinstance(r, NoScriptError) for r in first):
+                await client.script_load(self.source)  # every primary
+                again = [i for i, r in enumerate(first) if isinstance(r, NoScriptError)]
+                for i, r in zip(again, await nodes.arun(
+                        client, self._commands([calls[i] for i in again])), strict=True):
+                    first[i] = r
+            return self._cluster_many(client, calls, first, loaded=True)
         if not self._plain(client):
             return [await self.run_async(client, k, a) for k, a in calls]
         pool: Any = client.connection_pool
@@ -147,6 +161,31 @@ class Script:
             if attempt == 0:
                 await client.script_load(self.source)
         raise ScriptError(f"{self.name}.lua: NOSCRIPT after loading it")
+
+    def _commands(self, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]
+                  ) -> list[tuple[Any, ...]]:
+        return [("EVALSHA", self.sha, len(k), *k, *a) for k, a in calls]
+
+    def _cluster_many(self, client: Any, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]],
+                      got: list[Any], loaded: bool = False) -> list[Any]:
+        """File the per-node replies of ``calls``: NOSCRIPT (a node that never ran the script,
+        e.g. a promoted replica) loads it on every primary and sends those calls alone again;
+        a redirect or TRYAGAIN still standing after ``nodes.run`` followed it is raised as
+        itself (transient: the call did not run)."""
+        replies: list[Any] = [None] * len(calls)
+        todo, failed = _sort(list(range(len(calls))), got, replies)
+        if todo and not loaded:
+            client.script_load(self.source)  # every primary
+            again = nodes.run(client, self._commands([calls[i] for i in todo]))
+            todo, failed2 = _sort(todo, again, replies)
+            failed = failed or failed2
+        if todo:
+            raise ScriptError(f"{self.name}.lua: NOSCRIPT after loading it")
+        if failed is not None:
+            if isinstance(failed, MovedError | AskError | TryAgainError):
+                raise failed
+            raise ScriptError(f"{self.name}.lua failed: {failed}") from failed
+        return replies
 
     def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         try:
