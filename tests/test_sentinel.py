@@ -31,6 +31,7 @@ from streamq import (
     ConnectionSetupError,
     InvalidArgument,
     Job,
+    JobInfo,
     Queue,
     QueueConfig,
     Registry,
@@ -227,6 +228,43 @@ async def test_a_worker_whose_wait_times_out_warns_and_goes_on(
     assert "confirmed by 1 of 2 replica(s)" in warnings[0] and "run again" in warnings[0]
 
 
+async def test_a_demoted_primary_is_dropped_for_the_new_one(
+        surl: str, qname: str, sentinels: SentinelSet) -> None:
+    """SENTINEL FAILOVER: the old primary lives on as a replica, answering READONLY to writes
+    (and UNBLOCKED to a blocked XREADGROUP). The same producer, worker and scheduler objects,
+    whose pools and subscriptions hold connections to it, carry on with the new primary."""
+    cfg = QueueConfig(min_replicas=1, min_replicas_timeout_ms=5000)
+    q = Queue.from_url(surl, qname, cfg)
+    aq = AsyncQueue.from_url(surl, qname, cfg)
+    worker = Worker(surl, [qname], echo_registry(), fast(promote=False), cfg)
+    try:
+        async with worker, Scheduler(surl, [qname], config=sched_config(), queue_config=cfg):
+            # connections to the current primary: pools, the blocked fetch, both subscribers
+            assert await aq.enqueue_and_wait("echo", 1, timeout=20) == 1
+            assert await asyncio.to_thread(q.enqueue_and_wait, "echo", 2, timeout=20) == 2
+            old = await asyncio.to_thread(sentinels.failover)
+            new = await asyncio.to_thread(sentinels.wait_failover, old)
+            await asyncio.to_thread(sentinels.wait_ready)  # the old one is an in-sync replica
+            after = await asyncio.to_thread(q.enqueue, "echo", 3, job_id="after")
+            assert after.status == "queued"
+            assert await aq.enqueue_and_wait("echo", 4, timeout=20) == 4
+            assert await asyncio.to_thread(q.enqueue_and_wait, "echo", 5, timeout=20) == 5
+            await asyncio.to_thread(q.enqueue, "echo", 6, job_id="later", delay=0.2)
+            await eventually(lambda: (i := q.get("later")) is not None
+                             and i.state == "completed", timeout_s=20,
+                             what="the scheduler and the worker on the new primary")
+            assert await aq.result("after", timeout=20) == 3
+        r = redis.Redis(port=new, protocol=2)
+        try:
+            info = Queue(r, qname).get("after")
+            assert info is not None and info.state == "completed"
+        finally:
+            r.close()
+    finally:
+        q.close()
+        await aq.close()
+
+
 # --------------------------------------------------------------------------- failover
 
 KINDS = ("instant", "instant", "instant", "delayed", "retry", "slow")
@@ -351,10 +389,10 @@ async def test_sigkill_of_the_primary_loses_no_accepted_job(tmp_path: Path, qnam
             await eventually(lambda: _subscribers(direct, waiting.keys.wake_channel) >= 1,
                              timeout_s=10, what="the scheduler's wake-up subscription")
             accepted = sorted(set(producer.accepted))
-            await eventually(lambda: all(h.get(b"state") == b"completed" for h in
-                                         _read(direct, waiting, accepted).values()),
+            await eventually(lambda: all(i is not None and i.state == "completed" for i in
+                                         _read(direct, qname, accepted).values()),
                              timeout_s=60, what="every accepted job to finish")
-            records = _read(direct, waiting, accepted)
+            records = _read(direct, qname, accepted)
         finally:
             producer.stop.set()
             for w in workers:
@@ -380,14 +418,13 @@ def _ends(path: Path) -> list[dict[str, Any]]:
     return [rec for rec in map(json.loads, path.read_text().splitlines()) if rec["ev"] == "e"]
 
 
-def _read(r: redis.Redis, q: Queue, ids: list[str]) -> dict[str, dict[bytes, bytes]]:
-    pipe = r.pipeline(transaction=False)
-    for jid in ids:
-        pipe.hgetall(q.keys.job(jid))
-    return dict(zip(ids, pipe.execute(), strict=True))
+def _read(r: redis.Redis, queue: str, ids: list[str]) -> dict[str, JobInfo | None]:
+    """The records, read from the primary ``r`` itself."""
+    q = Queue(r, queue)
+    return {jid: q.get(jid) for jid in ids}
 
 
-def _check_ledger(path: Path, accepted: list[str], records: dict[str, dict[bytes, bytes]],
+def _check_ledger(path: Path, accepted: list[str], records: dict[str, JobInfo | None],
                   took_over: float) -> None:
     starts: dict[str, list[dict[str, Any]]] = {}
     ends: dict[str, dict[str, Any]] = {}
@@ -400,13 +437,12 @@ def _check_ledger(path: Path, accepted: list[str], records: dict[str, dict[bytes
     assert not unknown, ("runs of jobs never accepted", sorted(unknown)[:5])
     duplicates = 0
     for jid in accepted:
-        h = records[jid]
-        assert h.get(b"state") == b"completed", (jid, h)
-        result = json.loads(h[b"result"])
+        info = records[jid]
+        assert info is not None and info.state == "completed", (jid, info)
+        result = info.result
         final = ends.get(result["x"])
         assert final is not None and final["job"] == jid and final["o"] == "ok", (jid, result)
-        errors = json.loads(h.get(b"errors", b"[]"))
-        retried = {int(e["attempt"]) for e in errors if e.get("type") == "Retry"}
+        retried = {int(e["attempt"]) for e in info.errors if e.get("type") == "Retry"}
         applied = {result["x"]}
         for a in retried:  # the run that ended in the Retry the record holds
             runs = [e for e in starts[jid] if e["a"] == a

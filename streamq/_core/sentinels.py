@@ -164,6 +164,19 @@ class SentinelSet:
         victim.kill()
         return victim
 
+    def failover(self) -> int:
+        """``SENTINEL FAILOVER``: promote a replica while the primary stays up (it is demoted
+        to a replica of the new one); returns the old primary's port."""
+        port = self.primary_port()
+        if port is None:
+            raise RuntimeError("the sentinels do not agree on a primary")
+        c = self.sentinels[0].client()
+        try:
+            c.execute_command("SENTINEL", "FAILOVER", self.name)  # type: ignore[no-untyped-call]
+        finally:
+            c.close()
+        return port
+
     def wait_failover(self, old_port: int, timeout_s: float = 30.0) -> int:
         """Until every sentinel names a primary other than ``old_port`` that answers as one;
         returns its port."""
