@@ -24,7 +24,7 @@ from streamq._core.server import RedisServer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = ("index.md", "getting-started.md", "delivery-semantics.md", "errors.md", "key-layout.md",
-         "scheduling.md", "operations.md", "testing.md", "fastapi.md")
+         "scheduling.md", "operations.md", "testing.md", "fastapi.md", "scaling.md")
 NOT_RUN = "# not run"
 FILE = "# file: "
 """A block that is a file of an example project: written out and run with pytest."""
@@ -65,11 +65,14 @@ EXAMPLES = _examples()
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
-def test_example(redis_server: RedisServer, example: Example) -> None:
+def test_example(redis_server: RedisServer, example: Example,
+                 request: pytest.FixtureRequest) -> None:
     # leading newlines make tracebacks point at the lines of the .md file
     compiled = compile("\n" * example.line + example.code, str(example.page), "exec")
     module = "docs_example_" + re.sub(r"\W", "_", example.page.stem)
     namespace: dict[str, object] = {"__name__": module, "REDIS_URL": redis_server.url}
+    if "CLUSTER_URL" in example.code:  # a Redis Cluster example: the session's loopback cluster
+        namespace["CLUSTER_URL"] = request.getfixturevalue("redis_cluster").url
     exec(compiled, namespace)
 
 

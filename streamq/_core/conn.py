@@ -320,6 +320,8 @@ def verify(client: Any, url: str | Target | None = None) -> None:
     target = url if isinstance(url, Target) or url is None else parse(url)
     try:
         info = client.info("cluster")
+    except redis.exceptions.NoPermissionError:
+        return  # an ACL user without INFO: not checked here (a MOVED reply later says it)
     except (redis.RedisError, RedisClusterException) as exc:
         _raise_setup(target, exc)
         raise
@@ -332,6 +334,8 @@ async def averify(client: Any, url: str | Target | None = None) -> None:
     target = url if isinstance(url, Target) or url is None else parse(url)
     try:
         info = await client.info("cluster")
+    except redis.exceptions.NoPermissionError:
+        return  # an ACL user without INFO: not checked here (a MOVED reply later says it)
     except (redis.RedisError, RedisClusterException) as exc:
         import asyncio
 
