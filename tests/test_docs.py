@@ -64,7 +64,9 @@ EXAMPLES = _examples()
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+@pytest.mark.parametrize("example", [
+    pytest.param(e, id=e.name, marks=[pytest.mark.cluster] if "CLUSTER_URL" in e.code else [])
+    for e in EXAMPLES])
 def test_example(redis_server: RedisServer, example: Example,
                  request: pytest.FixtureRequest) -> None:
     # leading newlines make tracebacks point at the lines of the .md file

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -85,6 +86,8 @@ class ClusterServer:
         self.dir = Path(tempfile.mkdtemp(prefix="streamq-cluster-"))
         self.ports: list[int] = []
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.down: set[int] = set()
+        """Nodes killed and not restarted (skipped by :meth:`wait_healthy`)."""
 
     @property
     def url(self) -> str:
@@ -152,6 +155,8 @@ class ClusterServer:
         def healthy() -> bool:
             maps = set()
             for port in self.ports:
+                if port in self.down:
+                    continue
                 with self.node(port) as c:
                     raw: Any = c.execute_command("CLUSTER", "INFO")
                     info = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -170,7 +175,8 @@ class ClusterServer:
         return tuple(sorted((int(s[0]), int(s[1]), int(s[2][1])) for s in slots))
 
     def primary_ports(self) -> list[int]:
-        return [p for p in self.ports if self.info(p, "replication").get("role") == "master"]
+        return [p for p in self.ports if p not in self.down
+                and self.info(p, "replication").get("role") == "master"]
 
     def owner(self, key: str) -> int:
         """The port of the primary that owns ``key``'s slot."""
@@ -184,6 +190,8 @@ class ClusterServer:
     def replicas_of(self, port: int) -> list[int]:
         out = []
         for p in self.ports:
+            if p in self.down:
+                continue
             repl = self.info(p, "replication")
             if repl.get("role") == "slave" and int(repl.get("master_port", 0)) == port:
                 out.append(p)
@@ -230,6 +238,28 @@ class ClusterServer:
                     c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
         self.wait_healthy()
         return moved
+
+    def kill(self, port: int) -> None:
+        """SIGKILL one node (no shutdown, no save): its replica takes over once the others
+        have not heard from it for ``node_timeout_ms``."""
+        proc = self.procs[port]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        self.down.add(port)
+
+    def wait_promoted(self, replica: int, timeout_s: float = 30.0) -> None:
+        """Until ``replica`` is a primary and the live nodes are healthy again."""
+        wait_for(lambda: self.info(replica, "replication").get("role") == "master",
+                 timeout_s, f"node {replica} to be promoted")
+        self.wait_healthy(timeout_s)
+
+    def restart(self, port: int, timeout_s: float = 30.0) -> None:
+        """Start a killed node again with its cluster config: it comes back empty (no
+        persistence) and rejoins as a replica of whoever took over its slots."""
+        self._start_node(port)
+        self._wait_ping(port)
+        self.down.discard(port)
+        self.wait_healthy(timeout_s)
 
     def node_id(self, port: int) -> str:
         with self.node(port) as c:

@@ -17,7 +17,7 @@ import redis.asyncio as aredis
 from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
 
 from . import nodes
-from .conn import is_cluster
+from .conn import is_cluster, standalone_on_cluster
 from .errors import ScriptError
 
 Arg = str | bytes | int | float
@@ -114,7 +114,7 @@ class Script:
             finally:
                 pool.release(conn)
             if failed is not None:
-                raise ScriptError(f"{self.name}.lua failed: {failed}") from failed
+                raise self._error(failed) from failed
             if not todo:
                 return replies
             if attempt == 0:
@@ -155,7 +155,7 @@ class Script:
             finally:
                 await pool.release(conn)
             if failed is not None:
-                raise ScriptError(f"{self.name}.lua failed: {failed}") from failed
+                raise self._error(failed) from failed
             if not todo:
                 return replies
             if attempt == 0:
@@ -187,6 +187,13 @@ class Script:
             raise ScriptError(f"{self.name}.lua failed: {failed}") from failed
         return replies
 
+    def _error(self, exc: ResponseError) -> Exception:
+        """The error for a script call's error reply. ``MOVED`` reaches here only on a plain
+        client (a cluster client follows it): the URL names one node of a Redis Cluster."""
+        if isinstance(exc, MovedError):
+            return standalone_on_cluster(None)
+        return ScriptError(f"{self.name}.lua failed: {exc}")
+
     def __call__(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         try:
             try:
@@ -195,7 +202,7 @@ class Script:
                 client.script_load(self.source)
                 return self._evalsha(client, keys, args)
         except ResponseError as exc:
-            raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
+            raise self._error(exc) from exc
 
     async def run_async(
         self, client: aredis.Redis, keys: Sequence[str], args: Sequence[Arg]
@@ -207,7 +214,7 @@ class Script:
                 await client.script_load(self.source)
                 return await self._aevalsha(client, keys, args)
         except ResponseError as exc:
-            raise ScriptError(f"{self.name}.lua failed: {exc}") from exc
+            raise self._error(exc) from exc
 
 
 def _sort(todo: list[int], got: list[Any], replies: list[Any]
