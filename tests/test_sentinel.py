@@ -267,6 +267,40 @@ async def test_a_demoted_primary_is_dropped_for_the_new_one(
 
 # --------------------------------------------------------------------------- failover
 
+
+def test_what_a_sigkill_loses_with_and_without_min_replicas(qname: str) -> None:
+    """The replica is cut off (its link killed, and a password set on the primary so that it
+    cannot reconnect: a replica that lags), then the primary is SIGKILLed and the replica
+    promoted. An enqueue the primary acknowledged with min_replicas=0 is gone, and nothing
+    said so; with min_replicas=1 the lost enqueue raised ReplicationTimeout; one that a
+    replica confirmed survives."""
+    with SentinelSet() as s:
+        url = s.url()
+        plain = Queue.from_url(url, qname)
+        careful = Queue.from_url(url, qname, QueueConfig(min_replicas=1,
+                                                         min_replicas_timeout_ms=100))
+        try:
+            assert careful.enqueue("echo", job_id="confirmed").status == "queued"
+            assert plain.get("confirmed") is not None  # both pools hold a connection now
+            port = s.primary_port()
+            assert port is not None
+            primary = redis.Redis(port=port, protocol=2)
+            primary.config_set("requirepass", "lag")  # open connections stay signed in
+            primary.execute_command("CLIENT", "KILL", "TYPE", "replica")  # type: ignore[no-untyped-call]
+            primary.close()
+            assert plain.enqueue("echo", job_id="acknowledged").status == "queued"
+            with pytest.raises(ReplicationTimeout) as told:
+                careful.enqueue("echo", job_id="told")
+            assert told.value.job_ids == ["told"] and told.value.replicas == 0
+            victim = s.kill_primary()
+            s.wait_failover(victim.port)
+            assert plain.get("confirmed") is not None  # through the sentinels: the new primary
+            assert plain.get("acknowledged") is None  # lost without a word
+            assert plain.get("told") is None  # lost too, but its producer was told
+        finally:
+            plain.close()
+            careful.close()
+
 KINDS = ("instant", "instant", "instant", "delayed", "retry", "slow")
 
 
