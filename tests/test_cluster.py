@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from helpers import eventually, fast
+from redis.exceptions import TryAgainError
 
 from schedulers import Cron, Scheduler, SchedulerConfig
 from streamq import (
@@ -34,6 +35,7 @@ from streamq import (
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.conn import sync_client
 from streamq._core.keys import GROUP
+from streamq._core.retry import transient
 from streamq.admin import Admin, AsyncAdmin
 
 pytestmark = pytest.mark.cluster
@@ -455,3 +457,55 @@ async def test_a_primary_killed_while_jobs_flow(redis_cluster: ClusterServer) ->
             redis_cluster.restart(primary)
         if redis_cluster.info(primary, "replication").get("role") != "master":
             redis_cluster.failover(primary)
+
+
+async def test_calls_follow_ask_while_a_queues_slot_is_half_moved(
+        redis_cluster: ClusterServer) -> None:
+    """Mid-migration (the slot MIGRATING on its owner, IMPORTING on the target, the queue's
+    keys already moved): reads are answered ASK by the owner and run on the target behind
+    ASKING (admin operations, sync and asyncio, pipelined per node; single reads). A write that
+    creates a key meets TRYAGAIN until the slot is handed over (Redis refuses a multi-key call
+    with a missing key there): it is transient, so an enqueue sent meanwhile waits it out and
+    lands once. A read of several keys where some do not exist meets TRYAGAIN too."""
+    url = redis_cluster.url
+    (name,) = spread_queues(redis_cluster, 1)
+    k = Keys(name)
+    with redis_cluster.node(redis_cluster.ports[0]) as c:
+        slot = int(c.execute_command("CLUSTER", "KEYSLOT", k.stream))
+    source = redis_cluster.slot_owner(slot)
+    target = next(p for p in redis_cluster.primary_ports() if p != source)
+    with Queue.from_url(url, name) as q:
+        q.enqueue_many([{"type": "ok", "job_id": f"b{i}"} for i in range(5)])
+        q.enqueue("ok", job_id="later", delay=3600)
+        redis_cluster.begin_migration(slot, target)
+        try:
+            assert redis_cluster.migrate_keys(slot, source, target, 10_000) >= 7
+            admin = Admin.from_url(url)
+            aadmin = AsyncAdmin.from_url(url)
+            try:
+                assert admin.dead(name).items == []
+                assert [p.job_id for p in (await aadmin.pending(name)).items] == []
+                info = q.get("b1")
+                assert info is not None and info.state == "queued"
+                assert (await aadmin.job(name, "later")).state == "scheduled"
+                # stats asks EXISTS of four keys, some of which do not exist: Redis answers
+                # TRYAGAIN on a half-moved slot, a transient error (the CLI says try again)
+                with pytest.raises(TryAgainError) as exc:
+                    admin.stats(name)
+                assert transient(exc.value)
+            finally:
+                admin.close()
+                await aadmin.close()
+            writer = asyncio.create_task(asyncio.to_thread(
+                q.enqueue_many, [{"type": "ok", "job_id": f"m{i}"} for i in range(5)]
+                + [{"type": "ok", "job_id": "b0"}]))
+        finally:
+            redis_cluster.finish_migration(slot, target)
+        results = await writer
+        assert [r.status for r in results] == ["queued"] * 5 + ["duplicate"]
+        assert redis_cluster.owner(k.stream) == target
+        admin = Admin.from_url(url)
+        try:
+            assert admin.stats(name).ready == 10
+        finally:
+            admin.close()

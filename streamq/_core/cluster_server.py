@@ -207,37 +207,58 @@ class ClusterServer:
                  timeout_s, f"node {replica} to become a primary")
         self.wait_healthy(timeout_s)
 
+    def slot_owner(self, slot: int) -> int:
+        """The port of the primary that owns ``slot``."""
+        with self.node(self.ports[0]) as c:
+            return next(port for start, end, port in self._slot_map(c) if start <= slot <= end)
+
     def migrate_slot(self, slot: int, to_port: int, *, batch: int = 1000,
                      pause_s: float = 0.0) -> int:
         """Move ``slot`` to the primary at ``to_port`` the way ``redis-cli --cluster reshard``
         does: SETSLOT IMPORTING on the target, MIGRATING on the source, MIGRATE the slot's keys
         ``batch`` at a time (``pause_s`` between batches keeps the migration window open), then
         SETSLOT NODE on every primary. Returns the number of keys moved."""
-        with self.node(self.ports[0]) as c:
-            src = next(port for start, end, port in self._slot_map(c) if start <= slot <= end)
+        src = self.slot_owner(slot)
         if src == to_port:
             return 0
-        src_id, dst_id = self.node_id(src), self.node_id(to_port)
+        self.begin_migration(slot, to_port)
         moved = 0
+        while True:
+            n = self.migrate_keys(slot, src, to_port, batch)
+            if not n:
+                break
+            moved += n
+            if pause_s:
+                time.sleep(pause_s)
+        self.finish_migration(slot, to_port)
+        return moved
+
+    def begin_migration(self, slot: int, to_port: int) -> int:
+        """SETSLOT IMPORTING on the target and MIGRATING on the owner; returns the owner."""
+        src = self.slot_owner(slot)
         with self.node(src) as s, self.node(to_port) as d:
-            d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
-            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
-            while True:
-                keys: Any = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
-                if not keys:
-                    break
+            d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(src))
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(to_port))
+        return src
+
+    def migrate_keys(self, slot: int, src: int, to_port: int, count: int) -> int:
+        """MIGRATE up to ``count`` of the slot's keys still on ``src``; returns how many."""
+        with self.node(src) as s:
+            keys: Any = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, count)
+            if keys:
                 s.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 10000, "KEYS", *keys)
-                moved += len(keys)
-                if pause_s:
-                    time.sleep(pause_s)
+            return len(keys)
+
+    def finish_migration(self, slot: int, to_port: int) -> None:
+        """SETSLOT NODE on the target, the source and every other primary."""
+        dst_id = self.node_id(to_port)
+        with self.node(to_port) as d:
             d.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-            s.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
         for port in self.primary_ports():
-            if port not in (src, to_port):
+            if port != to_port:
                 with self.node(port) as c:
                     c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
         self.wait_healthy()
-        return moved
 
     def kill(self, port: int) -> None:
         """SIGKILL one node (no shutdown, no save): its replica takes over once the others

@@ -78,9 +78,10 @@ def _plan(client: Any, commands: Sequence[Command], todo: dict[int, Any]
 
 
 def _file(replies: list[Any], idx: list[int], got: list[Any], client: Any,
-          todo: dict[int, Any]) -> tuple[bool, bool]:
+          todo: dict[int, Any], asked: dict[int, Any]) -> tuple[bool, bool]:
     """File ``got`` into ``replies``; put redirected calls back in ``todo`` (an ASK goes to
-    its named node; one the client does not know yet is routed again after a refresh).
+    its named node; one the client does not know yet is routed again after a refresh; a
+    TRYAGAIN goes back where it was sent, behind ASKING again if it was).
     Returns (slot map stale, a TRYAGAIN seen)."""
     stale = again = False
     for i, rep in zip(idx, got, strict=True):
@@ -91,7 +92,7 @@ def _file(replies: list[Any], idx: list[int], got: list[Any], client: Any,
             todo[i] = client.get_node(host=rep.host, port=rep.port)
             stale = stale or todo[i] is None
         elif isinstance(rep, TryAgainError):
-            again, todo[i] = True, None
+            again, todo[i] = True, asked.get(i)
     return stale, again
 
 
@@ -171,7 +172,7 @@ def run(client: Any, commands: Sequence[Command]) -> list[Any]:
     todo: dict[int, Any] = dict.fromkeys(range(len(commands)))
     for round_ in range(_ROUNDS):
         groups = _plan(client, commands, todo)
-        asked = {i for i, ask in todo.items() if ask is not None}
+        asked = {i: ask for i, ask in todo.items() if ask is not None}
         todo = {}
         stale = again = False
         for node, idx in groups.values():
@@ -181,7 +182,7 @@ def run(client: Any, commands: Sequence[Command]) -> list[Any]:
             except (redis.ConnectionError, redis.TimeoutError):
                 _refresh(client)
                 raise
-            s, a = _file(replies, idx, got, client, todo)
+            s, a = _file(replies, idx, got, client, todo, asked)
             stale, again = stale or s, again or a
         if not todo:
             break
@@ -199,7 +200,7 @@ async def arun(client: Any, commands: Sequence[Command]) -> list[Any]:
     todo: dict[int, Any] = dict.fromkeys(range(len(commands)))
     for round_ in range(_ROUNDS):
         groups = _plan(client, commands, todo)
-        asked = {i for i, ask in todo.items() if ask is not None}
+        asked = {i: ask for i, ask in todo.items() if ask is not None}
         todo = {}
         stale = again = False
         for node, idx in groups.values():
@@ -209,7 +210,7 @@ async def arun(client: Any, commands: Sequence[Command]) -> list[Any]:
             except (redis.ConnectionError, redis.TimeoutError):
                 await _arefresh(client)
                 raise
-            s, a = _file(replies, idx, got, client, todo)
+            s, a = _file(replies, idx, got, client, todo, asked)
             stale, again = stale or s, again or a
         if not todo:
             break

@@ -2,7 +2,8 @@
 
 A transient error says "not now": the connection dropped or timed out, or the server answered
 OOM (``maxmemory``), READONLY (a failover in progress), BUSY (a slow script), LOADING (a
-restart), MISCONF, TRYAGAIN, CLUSTERDOWN or MASTERDOWN. The same call may succeed later, so
+restart), MISCONF, TRYAGAIN, CLUSTERDOWN or MASTERDOWN, or redis-py's cluster client gave up
+following redirects (``TTL exhausted``: a slot mid-migration). The same call may succeed later, so
 callers retry it (idempotent calls) or keep what they hold and try again (background loops).
 Every other error is permanent for that call: a bug, a corrupted key, a refused permission.
 
@@ -20,6 +21,7 @@ from typing import TypeVar
 
 from redis.exceptions import (
     ClusterDownError,
+    ClusterError,
     MasterDownError,
     OutOfMemoryError,
     ReadOnlyError,
@@ -57,6 +59,10 @@ def transient(exc: BaseException) -> bool:
     cur: BaseException | None = exc
     while cur is not None and seen < 4:  # a ScriptError wraps the server's ResponseError
         if isinstance(cur, (*TRANSIENT, *_TRANSIENT_REPLIES)):
+            return True
+        if isinstance(cur, ClusterError) and "TTL exhausted" in str(cur):
+            # redis-py gave up following MOVED/ASK/TRYAGAIN (a slot being migrated): every
+            # try was refused before it ran, so the call may be made again later
             return True
         if isinstance(cur, ResponseError):
             # a script's redis.call error keeps the server's code first (Redis 7) or quotes
