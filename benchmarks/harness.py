@@ -46,7 +46,7 @@ NOISY = 0.25
 """Cores used by other processes above which a workload run is flagged in the report."""
 RESULTS = Path(__file__).resolve().parent / "results"
 SMOKE = Sizes(jobs=300, single=50, latency_jobs=30, latency_warmup=5, sweep=("10", "100/50"),
-              worker_timeout_s=30.0)
+              worker_timeout_s=30.0, memory_jobs=300, memory_big_jobs=100)
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,29 @@ def figures(sizes: Sizes) -> list[Figure]:
                " XREADGROUP, p50", "ms", decimals=3),
         Figure("raw_latency", "raw_latency_p99_ms", "  p99", "ms", decimals=3),
         Figure("raw_latency", "ping_us", "  PING round trip (median)", "µs", decimals=0),
+    ]
+    m, mb = f"{sizes.memory_jobs:,}", f"{sizes.memory_big_jobs:,}"
+    out += [
+        Figure("memory", "mem_small_queued_b", f"Redis memory per queued job ({m} jobs,"
+               " payload {\"n\": i})", "B", 200, False),
+        Figure("memory", "mem_small_finished_b", "  per finished job kept for its result TTL",
+               "B", 300, False),
+        Figure("memory", "mem_small_record_b", "  record (MEMORY USAGE: key, object, hash)",
+               "B", higher_is_better=False),
+        Figure("memory", "mem_small_stream_b", "  ready stream entry", "B",
+               higher_is_better=False, decimals=1),
+        Figure("memory", "mem_small_events_b", "  events stream", "B",
+               higher_is_better=False, decimals=1),
+        Figure("memory", "mem_small_finished_record_b", "  finished record (MEMORY USAGE)",
+               "B", higher_is_better=False),
+        Figure("memory", "mem_200b_queued_b", f"Redis memory per queued job, 200-byte payload"
+               f" ({mb} jobs)", "B", higher_is_better=False),
+        Figure("memory", "mem_200b_finished_b", "  per finished job", "B",
+               higher_is_better=False),
+        Figure("memory", "mem_2kb_queued_b", f"Redis memory per queued job, 2-KB payload"
+               f" ({mb} jobs)", "B", higher_is_better=False),
+        Figure("memory", "mem_2kb_finished_b", "  per finished job", "B",
+               higher_is_better=False),
     ]
     for item in sizes.sweep:
         sc, sf = parse_sweep(item)

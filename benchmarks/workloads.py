@@ -47,6 +47,10 @@ class Sizes:
     """Further drain runs (context rows, no target): "concurrency" or "concurrency/fetch_batch"."""
     raw_count: int = 100
     """COUNT of the raw XREADGROUP loop."""
+    memory_jobs: int = 100_000
+    """Jobs of the memory workload's small-payload run."""
+    memory_big_jobs: int = 20_000
+    """Jobs of its 200-byte and 2-KB payload runs."""
     worker_timeout_s: float = 300.0
 
 
@@ -366,6 +370,13 @@ def _wait_done(q: Queue, ids: list[str], timeout_s: float) -> list[Any]:
     return [infos[j] for j in ids]
 
 
+def memory(ctx: Ctx) -> Result:
+    """Redis memory per job (benchmarks/memory.py, which builds on this module)."""
+    from .memory import memory as run
+
+    return run(ctx)
+
+
 WORKLOADS: dict[str, Callable[[Ctx], Result]] = {
     "ceiling": ceiling,
     "enqueue_many": enqueue_many,
@@ -374,5 +385,6 @@ WORKLOADS: dict[str, Callable[[Ctx], Result]] = {
     "latency": latency,
     "raw_latency": raw_latency,
     "sweep": drain_sweep,
+    "memory": memory,
 }
 """Run order within one repetition."""

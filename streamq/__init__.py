@@ -4,7 +4,7 @@ Public surface only; everything else lives in private modules. Errors: see ``_co
 (documented in ``docs/errors.md``).
 """
 
-from ._core.config import QueueConfig, RetryPolicy, WorkerConfig
+from ._core.config import ALL_EVENTS, DEFAULT_EVENTS, QueueConfig, RetryPolicy, WorkerConfig
 from ._core.errors import (
     ConnectionSetupError,
     Fail,
@@ -40,6 +40,8 @@ from ._worker.tasks import Task
 __version__ = VERSION
 
 __all__ = [
+    "ALL_EVENTS",
+    "DEFAULT_EVENTS",
     "STATES",
     "AsyncQueue",
     "CancelResult",

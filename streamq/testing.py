@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ._core.config import QueueConfig, WorkerConfig
 from ._core.conn import sync_client
 from ._core.errors import WaitTimeout
@@ -136,8 +138,16 @@ async def arun_until_idle(worker: Worker, *, timeout: float = 10.0) -> list[JobI
     try:
         marks = {k.queue: await _last_event(client, k) for k in keys}
         started = not worker.running
+        own_cfg = worker.queue_config
         if started:
-            await worker.start()
+            # the finished jobs are told by their completed and failed events: a worker this
+            # helper starts writes them whatever its QueueConfig.event_kinds says
+            worker.queue_config = attrs.evolve(
+                own_cfg, event_kinds=own_cfg.event_kinds | _TERMINAL_EVENTS)
+            try:
+                await worker.start()
+            finally:
+                worker.queue_config = own_cfg
         try:
             end = time.monotonic() + timeout
             quiet = 0

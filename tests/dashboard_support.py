@@ -15,8 +15,11 @@ import uvicorn
 from helpers import eventually, fast
 from starlette.types import ASGIApp
 
-from streamq import Fail, Job, Queue, Registry, RetryPolicy, Worker
+from streamq import ALL_EVENTS, Fail, Job, Queue, QueueConfig, Registry, RetryPolicy, Worker
 from streamq._core.server import free_port
+
+EVERY = QueueConfig(event_kinds=ALL_EVENTS)
+"""Every event kind: the dashboard's lists of recent jobs and its timelines read them."""
 
 CSRF_RE = re.compile(r'name="csrf" value="([0-9a-f]{64})"')
 
@@ -44,13 +47,13 @@ def registry(gate: threading.Event | None = None) -> Registry:
 async def fill(url: str, qname: str, reg: Registry | None = None) -> Queue:
     """completed c0..c2, dead b0..b2 (Fail) and x0 (ValueError after 2 attempts), scheduled
     s0, s1, ready r0 (queued after the worker stopped)."""
-    q = Queue.from_url(url, qname)
+    q = Queue.from_url(url, qname, EVERY)
     q.enqueue_many([{"type": "ok", "job_id": f"c{i}", "payload": {"n": i}} for i in range(3)]
                    + [{"type": "bad", "job_id": f"b{i}", "payload": i} for i in range(3)]
                    + [{"type": "boom", "job_id": "x0", "payload": {"html": "<i>x</i>"}}])
     q.enqueue("ok", {"later": True}, job_id="s0", delay=3600, headers={"tenant": "<acme>"})
     q.enqueue("ok", None, job_id="s1", delay=7200)
-    async with Worker(url, [qname], reg or registry(), fast()) as w:
+    async with Worker(url, [qname], reg or registry(), fast(), EVERY) as w:
         await eventually(lambda: w.stats.completed + w.stats.failed == 7, what="settle",
                          timeout_s=20)
     q.enqueue("ok", {"n": 99}, job_id="r0")

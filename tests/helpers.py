@@ -12,6 +12,7 @@ import attrs
 import redis
 
 from streamq import Keys, QueueConfig, WorkerConfig
+from streamq._core.model import V1_FIELDS, normalize_record
 from streamq._core.scripts import SCRIPTS
 from streamq._worker import start_call
 
@@ -59,3 +60,25 @@ def start_entries(r: redis.Redis, keys: Keys, consumer: str, pairs: list[tuple[s
     part = [(e, j, token or f"test-{next(_tokens)}") for e, j in pairs]
     k, a = start_call(keys, consumer, QueueConfig(), part, [])
     return SCRIPTS["start"](r, k, a)
+
+
+_V1_NAMES = {v: k for k, v in V1_FIELDS.items()}
+
+
+def record(r: redis.Redis, key: str) -> dict[bytes, bytes]:
+    """A job record (either layout) by its long names: state and entry decoded (``state`` =
+    b"queued", ``entry`` = the stream id), ``type`` from the body; absent fields absent."""
+    h: Any = r.hgetall(key)
+    if not h:
+        return {}
+    n = normalize_record(h)
+    # a layout-2 record's stray layout-1 names (written by hand) are not its fields
+    out = {_V1_NAMES.get(k, k): v for k, v in n.items() if k not in V1_FIELDS}
+    if b"b" in out:
+        out[b"type"] = out[b"b"].partition(b" ")[0]
+    return out
+
+
+def field(r: redis.Redis, key: str, name: str) -> bytes | None:
+    """One field of ``record``."""
+    return record(r, key).get(name.encode())

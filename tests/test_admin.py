@@ -15,7 +15,18 @@ import pytest
 import redis
 from helpers import eventually, fast
 
-from streamq import Fail, InvalidArgument, Job, JobNotFound, Queue, Registry, UnknownQueue, Worker
+from streamq import (
+    ALL_EVENTS,
+    Fail,
+    InvalidArgument,
+    Job,
+    JobNotFound,
+    Queue,
+    QueueConfig,
+    Registry,
+    UnknownQueue,
+    Worker,
+)
 from streamq._core.keys import GROUP
 from streamq._ops.browse import count_dead, timeline
 from streamq.admin import Admin, AsyncAdmin, DeadFilter, ListFilter, drive
@@ -47,15 +58,19 @@ def registry() -> Registry:
     return reg
 
 
+EVERY = QueueConfig(event_kinds=ALL_EVENTS)
+
+
 async def settled_queue(url: str, qname: str) -> Queue:
-    """5 completed, 3 dead (Fail), 2 dead (TimeoutError), 1 scheduled, 1 queued (paused)."""
-    q = Queue.from_url(url, qname)
+    """5 completed, 3 dead (Fail), 2 dead (TimeoutError), 1 scheduled, 1 queued (paused);
+    every event kind written (the listings of recent jobs and the timelines read them)."""
+    q = Queue.from_url(url, qname, EVERY)
     q.enqueue_many([{"type": "ok"} for _ in range(5)]
                    + [{"type": "bad", "job_id": f"b{i}", "payload": i} for i in range(3)]
                    + [{"type": "timeout", "job_id": f"t{i}", "max_attempts": 1}
                       for i in range(2)])
     q.enqueue("ok", job_id="later", delay=3600)
-    async with Worker(url, [qname], registry(), fast()) as w:
+    async with Worker(url, [qname], registry(), fast(), EVERY) as w:
         await eventually(lambda: w.stats.completed + w.stats.failed == 10, what="settle")
     return q
 
@@ -201,7 +216,7 @@ def test_redrive_matching_pages_past_non_matching_entries(url: str, qname: str,
         pipe.xadd(k.dead, {"job": f"o{i}", "reason": "x", "etype": "E", "type": "other", "t": 0})
     pipe.execute()
     q.enqueue("email.send", job_id="wanted")
-    r.hset(k.job("wanted"), "state", "failed")
+    r.hset(k.job("wanted"), "s", "f")  # failed
     r.xadd(k.dead, {"job": "wanted", "reason": "x", "etype": "E", "type": "email.send", "t": 0})
     assert Admin.from_url(url).redrive_matching(qname, DeadFilter(type="email.send")) == {
         "redriven": 1}

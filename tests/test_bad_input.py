@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast
+from helpers import eventually, fast, field, record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sec_support import ThreadWorker, drop_queue, keys_of, snapshot, xpending_count
@@ -280,8 +280,9 @@ def test_every_accepted_envelope_fits_the_limit(r: redis.Redis, size: int) -> No
         return
     q, info = out
     try:
-        env: Any = r.hstrlen(q.keys.job(info.id), "env")
-        assert env <= limit
+        k = q.keys.job(info.id)
+        stored: Any = r.hstrlen(k, "b") + r.hstrlen(k, "op")
+        assert stored <= limit
     finally:
         drop_queue(r, q.name)
 
@@ -299,8 +300,8 @@ def test_delays_and_ttls_are_accepted_sanely_or_refused(attempt: Attempt, r: red
         return
     q, info = out
     try:
-        rec: Any = r.hgetall(q.keys.job(info.id))
-        ttl = int(rec[b"result_ttl"])
+        rec: Any = record(r, q.keys.job(info.id))
+        ttl = int(rec.get(b"result_ttl", 86400))  # absent: the default
         if ttl == 0:  # fire-and-forget: only when a zero duration was asked for
             assert result_ttl == 0 or (isinstance(result_ttl, dt.timedelta) and not result_ttl)
         else:
@@ -324,7 +325,7 @@ def test_run_at_and_deadlines_are_accepted_sanely_or_refused(
         return
     q, info = out
     try:
-        rec: Any = r.hgetall(q.keys.job(info.id))
+        rec: Any = record(r, q.keys.job(info.id))
         if deadline is not None:
             stored = int(rec[b"deadline"]) if b"deadline" in rec else 0
             if isinstance(deadline, dt.datetime):
@@ -493,7 +494,7 @@ def registry() -> Registry:
 
 
 def state(r: redis.Redis, q: Queue, job_id: str) -> str:
-    v: Any = r.hget(q.keys.job(job_id), "state")
+    v: Any = field(r, q.keys.job(job_id), "state")
     return v.decode(errors="replace") if v else ""
 
 
@@ -633,52 +634,59 @@ def _drop(*fields: str) -> Callable[[redis.Redis, Queue, str], None]:
     return corrupt
 
 
-def _env(value: bytes) -> Callable[[redis.Redis, Queue, str], None]:
-    """Replace the envelope; ``$ID`` stands for the job's own id."""
+def _body(value: bytes) -> Callable[[redis.Redis, Queue, str], None]:
+    """Replace the body ('<type> <payload>')."""
     def corrupt(r: redis.Redis, q: Queue, job_id: str) -> None:
-        r.hset(q.keys.job(job_id), "env", value.replace(b"$ID", job_id.encode()))
+        r.hset(q.keys.job(job_id), "b", value)
     return corrupt
 
 
-def _nested_env(depth: int) -> bytes:
-    return b'{"i":"$ID","t":"ok","p":' + b"[" * depth + b"]" * depth + b"}"
+def _opts(value: bytes) -> Callable[[redis.Redis, Queue, str], None]:
+    """Replace the options (the envelope's non-default fields)."""
+    def corrupt(r: redis.Redis, q: Queue, job_id: str) -> None:
+        r.hset(q.keys.job(job_id), "op", value)
+    return corrupt
+
+
+def _nested(depth: int) -> bytes:
+    return b"ok " + b"[" * depth + b"]" * depth
 
 
 CORRUPTIONS: dict[str, Callable[[redis.Redis, Queue, str], None]] = {
-    # wrong types in fields
-    "attempts-not-a-number": _set(attempts="many"),
-    "attempts-overflow": _set(attempts="1e400"),
-    "attempts-huge": _set(attempts="9" * 30),
+    # wrong types in fields (layout 2: docs/key-layout.md#the-job-record)
+    "attempts-not-a-number": _set(n="many"),
+    "attempts-overflow": _set(n="1e400"),
+    "attempts-huge": _set(n="9" * 30),
     "max-attempts-garbage": _set(max_attempts="\xff"),
     "deadline-garbage": _set(deadline="soon"),
-    "times-garbage": _set(created="yesterday", enqueued="-", due="x", started="1e999"),
-    "result-ttl-garbage": _set(result_ttl="forever"),
+    "times-garbage": _set(c="yesterday", due="x", a="1e999"),
+    "entry-garbage": _set(e="zzz"),
+    "result-ttl-garbage": _set(x="forever"),
     "errors-not-json": _set(errors="[[[["),
-    "state-unknown": _set(state="bogus"),
-    "state-binary": _set(state=b"\xff\xfe"),
-    "env-binary": _env(b"\xff\x00\x80"),
+    "state-unknown": _set(s="bogus"),
+    "state-binary": _set(s=b"\xff\xfe"),
+    "body-binary": _body(b"\xff\x00\x80"),
     # missing fields
-    "no-env": _drop("env"),
-    "no-state": _drop("state"),
-    "no-entry": _drop("entry"),
-    "no-type": _drop("type"),
-    "only-state": _drop("env", "type", "entry", "created", "enqueued", "result_ttl"),
-    # valid JSON that is no envelope
-    "env-list": _env(b"[]"),
-    "env-string": _env(b'"ok"'),
-    "env-null": _env(b"null"),
-    "env-number": _env(b"42"),
-    "env-empty-object": _env(b"{}"),
-    "env-no-type": _env(b'{"i":"$ID","p":1}'),
-    "env-bad-version": _env(b'{"i":"$ID","t":"ok","version":"two"}'),
-    "env-version-overflow": _env(b'{"i":"$ID","t":"ok","version":1e400}'),
-    "env-headers-list": _env(b'{"i":"$ID","t":"ok","headers":[1,2]}'),
-    "env-trace-number": _env(b'{"i":"$ID","t":"ok","trace":5}'),
-    "env-type-object": _env(b'{"i":"$ID","t":{"a":1}}'),
-    "env-negative-attempts": _env(b'{"i":"$ID","t":"ok","max_attempts":-1}'),
+    "no-body": _drop("b"),
+    "no-state": _drop("s"),
+    "no-entry": _drop("e"),
+    "only-state": _drop("b", "e", "c", "x"),
+    # a body or options that do not decode
+    "body-no-type": _body(b" 1"),
+    "body-no-space": _body(b"ok"),
+    "body-bad-payload": _body(b"ok [[["),
+    "options-list": _opts(b"[]"),
+    "options-string": _opts(b'"ok"'),
+    "options-null": _opts(b"null"),
+    "options-bad-version": _opts(b'{"version":"two"}'),
+    "options-version-overflow": _opts(b'{"version":1e400}'),
+    "options-headers-list": _opts(b'{"headers":[1,2]}'),
+    "options-trace-number": _opts(b'{"trace":5}'),
+    "options-negative-attempts": _opts(b'{"max_attempts":-1}'),
+    "options-binary": _opts(b"\xff\x00"),
     # huge values
-    "env-deeply-nested": _env(_nested_env(100_000)),
-    "env-huge-string": _env(b'{"i":"$ID","t":"ok","p":"' + b"y" * 5_000_000 + b'"}'),
+    "body-deeply-nested": _body(_nested(100_000)),
+    "body-huge-string": _body(b'ok "' + b"y" * 5_000_000 + b'"'),
 }
 
 
@@ -739,11 +747,11 @@ def test_get_on_a_damaged_record_stays_typed(q: Queue, r: redis.Redis, kind: str
     q.enqueue("ok", job_id="victim")
     key = q.keys.job("victim")
     if kind == "attempts":
-        r.hset(key, mapping={"attempts": "1e400", "created": "x", "finished": "9" * 30})
+        r.hset(key, mapping={"n": "1e400", "c": "x", "f": "9" * 30})
     elif kind == "env":
-        r.hset(key, "env", b"\xff")
+        r.hset(key, "b", b"\xff")
     elif kind == "deeply-nested":
-        r.hset(key, "env", _nested_env(100_000).replace(b"$ID", b"victim"))
+        r.hset(key, "b", _nested(100_000))
     else:
         r.delete(key)
         r.rpush(key, "x")
@@ -987,7 +995,7 @@ async def test_an_envelope_naming_another_job_is_not_run_as_that_job(
         seen.append((job.id, job.idempotency_key))
 
     q.enqueue("t", job_id="victim")
-    r.hset(q.keys.job("victim"), "env", _mapping_json({"i": "someone-else", "t": "t"}))
+    r.hset(q.keys.job("victim"), "op", _mapping_json({"i": "someone-else", "t": "t"}))
     async with Worker(url, [q.name], reg, fast()) as w:
         await eventually(lambda: settled(r, q, "victim"), what="the job")
         await still_working(r, q, w)

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import pytest
 import redis
+from helpers import field, record
 
 from streamq import JobInfo, Keys, Queue
 from streamq._core.keys import GROUP
@@ -156,10 +157,8 @@ def registered(client: redis.Redis, keys: Keys, consumer: str) -> bool:
 
 
 def states(client: redis.Redis, keys: Keys, ids: list[str]) -> list[str | None]:
-    pipe = client.pipeline(transaction=False)
-    for i in ids:
-        pipe.hget(keys.job(i), "state")
-    return [v.decode() if v is not None else None for v in pipe.execute()]
+    vals = [field(client, keys.job(i), "state") for i in ids]
+    return [v.decode() if v is not None else None for v in vals]
 
 
 def all_completed(client: redis.Redis, keys: Keys, ids: list[str]) -> bool:
@@ -324,10 +323,7 @@ def test_redis_restart_under_load_loses_nothing(aof_server: RedisServer, qname: 
     starts = executions(procs.ledger)
     ends = executions(procs.ledger, "end")
     assert set(starts) == set(ids) and set(ends) == set(ids)
-    pipe = r.pipeline(transaction=False)
-    for i in ids:
-        pipe.hget(keys.job(i), "attempts")
-    attempts = dict(zip(ids, (int(a) for a in pipe.execute()), strict=True))
+    attempts = {i: int(field(r, keys.job(i), "attempts") or 0) for i in ids}
     # at-least-once: every execution was a counted attempt (no run outside a lease)
     over = {i: (starts[i], attempts[i]) for i in ids if starts[i] > attempts[i]}
     assert not over, f"executions beyond counted attempts: {over}"
@@ -385,12 +381,10 @@ def test_two_promoters_promote_each_job_exactly_once(url: str, qname: str, r: re
     in_stream = collections.Counter(f[b"id"].decode() for _, f in entries)
     assert len(entries) == n and set(in_stream) == set(ids)
     assert max(in_stream.values()) == 1, "a job was promoted into the stream twice"
-    pipe = r.pipeline(transaction=False)
-    for i in ids:
-        pipe.hmget(keys.job(i), "state", "entry")
-    records = dict(zip(ids, pipe.execute(), strict=True))
+    records = {i: record(r, keys.job(i)) for i in ids}
     for eid, f in entries:
-        state, entry = records[f[b"id"].decode()]
+        rec = records[f[b"id"].decode()]
+        state, entry = rec.get(b"state"), rec.get(b"entry")
         assert state == b"queued" and entry == eid
     events: Any = r.xrange(keys.events)
     queued = collections.Counter(f[b"job"].decode() for _, f in events if f[b"ev"] == b"queued")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast, start_entries
+from helpers import eventually, fast, field, record, start_entries
 
 from streamq import Job, Queue, Registry, ScriptError, Worker
 from streamq._core.errors import StreamqError
@@ -106,12 +106,12 @@ def test_a_repeated_start_returns_the_same_lease_and_attempt(q: Queue, r: redis.
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     q.enqueue("t", job_id="j", max_attempts=1)
     r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=1)
-    entry = r.hget(k.job("j"), "entry").decode()  # type: ignore[union-attr]
+    entry = field(r, k.job("j"), "entry").decode()  # type: ignore[union-attr]
     first = start_entries(r, k, "A", [(entry, "j")], token="tok-1")
     again = start_entries(r, k, "A", [(entry, "j")], token="tok-1")
     assert first[:3] == [b"run", b"tok-1", 1]
     assert again[:3] == [b"run", b"tok-1", 1], "a repeated start must not count an attempt"
-    rec = r.hgetall(k.job("j"))
+    rec = record(r, k.job("j"))
     assert rec[b"attempts"] == b"1" and rec[b"state"] == b"active"
     assert r.hget(k.stats, "started") == b"1" and r.xlen(k.dead) == 0
 
@@ -292,7 +292,7 @@ async def test_an_entry_whose_lease_this_worker_lost_is_reclaimed_and_run(
     k = q.keys
     async with running(url, q.name, reg, visibility_timeout_s=1.0, reclaim_interval_s=0.2):
         await eventually(lambda: runs == [1], what="the first run")
-        entry = r.hget(k.job("j"), "entry").decode()  # type: ignore[union-attr]
+        entry = field(r, k.job("j"), "entry").decode()  # type: ignore[union-attr]
         r.xclaim(k.stream, GROUP, "X", 0, [entry], justid=True)  # X takes over, then dies
         start_entries(r, k, "X", [(entry, "j")])
         await eventually(lambda: q.get("j").state == "completed",  # type: ignore[union-attr]
@@ -309,7 +309,7 @@ def test_start_resets_the_entry_idle_time(q: Queue, r: redis.Redis) -> None:
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     q.enqueue("t", job_id="j")
     r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=1)
-    entry = r.hget(k.job("j"), "entry").decode()  # type: ignore[union-attr]
+    entry = field(r, k.job("j"), "entry").decode()  # type: ignore[union-attr]
     r.xclaim(k.stream, GROUP, "A", 0, [entry], idle=100_000, justid=True)  # delivered long ago
     assert start_entries(r, k, "A", [(entry, "j")])[0] == b"run"
     pel: Any = r.xpending_range(k.stream, GROUP, min=entry, max=entry, count=1)
@@ -393,7 +393,7 @@ def test_a_takeover_bury_fences_out_the_stale_worker(q: Queue, r: redis.Redis) -
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     q.enqueue("t", job_id="j", max_attempts=1)
     r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=1)
-    entry = r.hget(k.job("j"), "entry").decode()  # type: ignore[union-attr]
+    entry = field(r, k.job("j"), "entry").decode()  # type: ignore[union-attr]
     a = start_entries(r, k, "A", [(entry, "j")])
     r.xclaim(k.stream, GROUP, "B", 0, [entry], justid=True)  # A's lease lapsed: B takes over
     assert start_entries(r, k, "B", [(entry, "j")])[0] == b"dead"  # attempts exhausted
@@ -408,17 +408,17 @@ def test_a_repeated_finish_after_its_retry_was_promoted_is_not_lost(q: Queue, r:
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     q.enqueue("t", job_id="j")
     r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=1)
-    entry = r.hget(k.job("j"), "entry").decode()  # type: ignore[union-attr]
+    entry = field(r, k.job("j"), "entry").decode()  # type: ignore[union-attr]
     a = start_entries(r, k, "A", [(entry, "j")])
     call = [GROUP, 100, 3600, 1000, "", 1, "j", entry, a[1], "retry", b"{}", 0, "E"]
     keys = [k.stream, k.delayed, k.dead, k.stats, k.events, k.job("j")]
     assert SCRIPTS["finish"](r, keys, call) == [b"retrying"]
     SCRIPTS["promote"](r, [k.delayed, k.stream, k.dead, k.stats, k.events, k.job("j")],
                        [100, 3600, 1000, "j"])
-    assert r.hget(k.job("j"), "state") == b"queued"
+    assert field(r, k.job("j"), "state") == b"queued"
     assert SCRIPTS["finish"](r, keys, call) == [b"retrying"]  # the reply was lost: sent again
     r.xreadgroup(GROUP, "B", {k.stream: ">"}, count=1)  # and even once it started again
-    new_entry = r.hget(k.job("j"), "entry").decode()  # type: ignore[union-attr]
+    new_entry = field(r, k.job("j"), "entry").decode()  # type: ignore[union-attr]
     start_entries(r, k, "B", [(new_entry, "j")])
     assert SCRIPTS["finish"](r, keys, call) == [b"retrying"]
     assert r.hget(k.stats, "lease_lost") is None and r.hget(k.stats, "retried") == b"1"
@@ -476,7 +476,7 @@ async def test_a_lapsed_lease_dead_letter_stays_out_of_the_errors_history(
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     q.enqueue("t", job_id="j")
     r.xreadgroup(GROUP, "X", {k.stream: ">"}, count=1)
-    entry = r.hget(k.job("j"), "entry").decode()  # type: ignore[union-attr]
+    entry = field(r, k.job("j"), "entry").decode()  # type: ignore[union-attr]
     start_entries(r, k, "X", [(entry, "j")])  # X ran attempt 1 and died
     r.xclaim(k.stream, GROUP, "X", 0, [entry], idle=100_000, justid=True)
     async with running(url, q.name, reg, visibility_timeout_s=1.0, reclaim_interval_s=0.2):

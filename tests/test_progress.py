@@ -135,7 +135,7 @@ async def test_reports_are_bounded(url: str, q: Queue) -> None:
 def test_progress_is_fenced_and_safe_to_repeat(q: Queue, r: redis.Redis) -> None:
     k = q.keys
     q.enqueue("t", job_id="j")
-    r.hset(k.job("j"), mapping={"state": "active", "token": "tok"})
+    r.hset(k.job("j"), mapping={"s": "a", "k": "tok"})  # active under lease "tok"
     lines = json.dumps([{"n": 1, "t": 1, "m": "a"}, {"n": 2, "t": 2, "m": "b"}])
 
     def report(token: str) -> Any:

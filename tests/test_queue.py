@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually
+from helpers import eventually, record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sec_support import keys_of
@@ -48,7 +48,7 @@ def test_enqueue_now_writes_record_and_stream_entry(q: Queue, r: redis.Redis) ->
     k = Keys(q.name)
     entries: Any = r.xrange(k.stream)
     assert len(entries) == 1 and entries[0][1] == {b"id": b"welcome-42"}
-    rec = r.hgetall(k.job("welcome-42"))
+    rec = record(r, k.job("welcome-42"))
     assert rec[b"state"] == b"queued" and rec[b"entry"] == entries[0][0]
     info = q.get("welcome-42")
     assert info is not None and info.payload == {"to": "a@example.com"}
@@ -71,7 +71,7 @@ def test_duplicate_answers_existing_state_and_writes_nothing(q: Queue, r: redis.
 
 def test_duplicate_of_completed_job_returns_its_result(q: Queue, r: redis.Redis) -> None:
     q.enqueue("t", job_id="done-1")
-    r.hset(Keys(q.name).job("done-1"), mapping={"state": "completed", "result": b'{"ok":1}'})
+    r.hset(Keys(q.name).job("done-1"), mapping={"s": "c", "r": b'{"ok":1}'})
     dup = q.enqueue("t", job_id="done-1")
     assert dup.status == "duplicate" and dup.state == "completed" and dup.result == {"ok": 1}
 

@@ -530,10 +530,10 @@ async def test_job_types_naming_code_are_unknown_types_and_nothing_is_imported(
     try:
         for i, t in enumerate(evil_types):
             q.enqueue(t, f"touch {marker}", job_id=f"evil-{i}")
-        # an envelope written straight into a record, past the producer's checks
+        # a body written straight into a record, past the producer's checks
         q.enqueue("echo", job_id="forged")
-        forged = qcfg.serde.dumps({"i": "forged", "t": f"{module}:run", "p": [str(marker)]})
-        r.hset(q.keys.job("forged"), "env", forged)
+        forged = f"{module}:run ".encode() + qcfg.serde.dumps([str(marker)])
+        r.hset(q.keys.job("forged"), "b", forged)
         q.enqueue("echo", "fine", job_id="fine")
         ids = [f"evil-{i}" for i in range(len(evil_types))] + ["forged"]
         async with Worker(url, [qname], registry(), fast(), qcfg) as w:
@@ -572,11 +572,11 @@ async def test_a_pickle_in_a_record_is_never_unpickled(url: str, r: redis.Redis,
     q = Queue.from_url(url, qname, qcfg)
     q.enqueue("echo", job_id="victim")
     q.enqueue("echo", job_id="result-victim")
-    r.hset(q.keys.job("victim"), "env", evil)
+    r.hset(q.keys.job("victim"), "b", b"echo " + evil)
     async with Worker(url, [qname], registry(), fast(), qcfg):
         await eventually(lambda: state_of(q, "victim") == "failed"
                          and state_of(q, "result-victim") == "completed", what="settled")
-    r.hset(q.keys.job("result-victim"), "result", evil)  # a stored result is data, too
+    r.hset(q.keys.job("result-victim"), "r", evil)  # a stored result is data, too
     info = q.get("victim")
     assert info is not None and info.reason == "malformed envelope"
     got = q.get("result-victim")

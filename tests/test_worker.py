@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast, start_entries
+from helpers import eventually, fast, field, record, start_entries
 
 from streamq import (
     Fail,
@@ -197,7 +197,7 @@ async def test_bad_input_is_dead_lettered_and_worker_keeps_going(
     q.enqueue("unknown.type", job_id="u")
     q.enqueue("unserialisable", job_id="us")
     q.enqueue("ok", job_id="garbled")
-    r.hset(k.job("garbled"), "env", b"\xff\x00not json")
+    r.hset(k.job("garbled"), "b", b"ok \xff\x00not json")
     r.xadd(k.stream, {"junk": "no id field"})
     r.xadd(k.stream, {"id": "no-such-record"})
     q.enqueue("ok", job_id="after")
@@ -296,14 +296,14 @@ async def test_stale_completion_is_rejected_and_counted(url: str, q: Queue,
         await asyncio.wait_for(started.wait(), 10)
         k = q.keys
         # another consumer takes the entry over and starts it (what a reclaim does)
-        entry: Any = r.hget(k.job("j"), "entry")
+        entry: Any = field(r, k.job("j"), "entry")
         assert entry is not None
         r.xclaim(k.stream, GROUP, "other", 0, [entry], justid=True)
         reply: Any = start_entries(r, k, "other", [(entry.decode(), "j")])
         assert reply[0] == b"run" and reply[2] == 2
         release.set()
         await eventually(lambda: w.stats.lost == 1, what="stale finish to be rejected")
-    rec = r.hgetall(k.job("j"))
+    rec = record(r, k.job("j"))
     assert rec[b"state"] == b"active" and rec[b"owner"] == b"other"
     assert rec[b"token"] == reply[1] and b"result" not in rec
     assert r.hget(k.stats, "lease_lost") == b"1"
@@ -401,7 +401,7 @@ async def test_lapsed_leases_are_reclaimed_and_counted(url: str, q: Queue,
     # a consumer that died: it read everything; it started 'once' and j0 before dying
     r.xreadgroup(GROUP, "dead-consumer", {k.stream: ">"}, count=1000)
     for jid in ("once", "j0"):
-        entry: Any = r.hget(k.job(jid), "entry")
+        entry: Any = field(r, k.job(jid), "entry")
         assert entry is not None
         start_entries(r, k, "dead-consumer", [(entry.decode(), jid)])
     reg = Registry()
@@ -637,7 +637,7 @@ def test_a_stale_delivery_cannot_restart_a_job_under_a_live_lease(q: Queue,
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     q.enqueue("t", job_id="s")
     r.xreadgroup(GROUP, "B", {k.stream: ">"}, count=1)
-    entry: Any = r.hget(k.job("s"), "entry")
+    entry: Any = field(r, k.job("s"), "entry")
     r.xclaim(k.stream, GROUP, "A", 0, [entry])
 
     def start(consumer: str) -> Any:
@@ -646,7 +646,7 @@ def test_a_stale_delivery_cannot_restart_a_job_under_a_live_lease(q: Queue,
     a = start("A")
     assert a[0] == b"run"
     assert start("B")[0] == b"skip"  # not B's entry any more
-    rec = r.hgetall(k.job("s"))
+    rec = record(r, k.job("s"))
     assert rec[b"owner"] == b"A" and rec[b"attempts"] == b"1"
     assert rec[b"token"] == a[1]
 
@@ -659,7 +659,7 @@ def test_a_batch_start_runs_exactly_the_callers_own_entries(q: Queue, r: redis.R
     n = 1_010
     q.enqueue_many([{"type": "t", "job_id": f"j{i}"} for i in range(n)])
     r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=n)
-    entries = {f"j{i}": r.hget(k.job(f"j{i}"), "entry").decode()  # type: ignore[union-attr]
+    entries = {f"j{i}": field(r, k.job(f"j{i}"), "entry").decode()  # type: ignore[union-attr]
                for i in range(n)}
     # B took over one entry in the middle and the second-to-last one (A's are now stale)
     stale = {"j500", f"j{n - 2}"}
@@ -669,5 +669,5 @@ def test_a_batch_start_runs_exactly_the_callers_own_entries(q: Queue, r: redis.R
     codes = dict(zip(batch, out[::7], strict=True))
     assert codes == {j: (b"skip" if j in stale else b"run") for j in batch}
     for j in batch:
-        rec = r.hgetall(k.job(j))
+        rec = record(r, k.job(j))
         assert rec[b"state"] == (b"queued" if j in stale else b"active")

@@ -45,6 +45,26 @@ class RetryPolicy:
         return random.uniform(0.0, ceiling)
 
 
+EVENT_KINDS: tuple[str, ...] = (
+    "enqueued", "queued", "started", "reclaimed", "progress", "completed", "retrying",
+    "failed", "cancelled", "released", "lease_lost", "requeued", "redriven", "purged", "admin",
+)
+"""Every lifecycle event kind (docs/key-layout.md#stream-entries)."""
+ALL_EVENTS: frozenset[str] = frozenset(EVENT_KINDS)
+DEFAULT_EVENTS: frozenset[str] = ALL_EVENTS - {"enqueued", "queued", "started", "completed"}
+"""The default ``QueueConfig.event_kinds``: everything but the four steps every job takes
+(each would cost about 50 bytes of Redis memory per job); the job record keeps their times."""
+
+
+def _event_kinds(_inst: object, att: attrs.Attribute[frozenset[str]], v: frozenset[str]) -> None:
+    if not isinstance(v, frozenset) or not all(isinstance(k, str) for k in v):
+        raise InvalidArgument(f"{att.name} must be a frozenset of event kinds, got {v!r}")
+    unknown = v - ALL_EVENTS
+    if unknown:
+        raise InvalidArgument(f"{att.name}: unknown event kinds {sorted(unknown)}; known:"
+                              f" {', '.join(EVENT_KINDS)}")
+
+
 @attrs.frozen
 class QueueConfig:
     """Settings shared by producers and workers of a queue (keep them the same on both sides)."""
@@ -58,6 +78,10 @@ class QueueConfig:
     dead_maxlen: int = attrs.field(default=1_000_000, validator=_positive_int)
     events_maxlen: int = attrs.field(default=100_000, validator=_non_negative_int)
     """Approximate cap of the lifecycle events stream; 0 turns events off."""
+    event_kinds: frozenset[str] = attrs.field(default=DEFAULT_EVENTS, validator=_event_kinds)
+    """Which lifecycle events are written (``ALL_EVENTS`` for every one, e.g. for a full
+    export). The default leaves out enqueued, queued, started and completed: the steps every
+    job takes, whose times the job record keeps (docs/performance.md#memory-per-job)."""
     key_prefix: str = "streamq"
     serde: Serde = attrs.field(factory=JsonSerde)
     require_handler: bool = False
@@ -70,6 +94,17 @@ class QueueConfig:
     warning. See docs/durability.md."""
     min_replicas_timeout_ms: int = attrs.field(default=1000, validator=_positive_int)
     """How long that WAIT blocks at most (keep it well below the client's socket timeout)."""
+
+
+    @property
+    def events_arg(self) -> str:
+        """The scripts' events argument (_lib.lua's emit): '0' (off), '<maxlen>' (every
+        kind) or '<maxlen>:,<kind>,...,' (only those)."""
+        if self.events_maxlen == 0 or not self.event_kinds:
+            return "0"
+        if self.event_kinds == ALL_EVENTS:
+            return str(self.events_maxlen)
+        return f"{self.events_maxlen}:,{','.join(sorted(self.event_kinds))},"
 
 
 _STALL_WARN_S: float | None = 1.0

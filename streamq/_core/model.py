@@ -92,6 +92,62 @@ def plain_envelope(
     return plain
 
 
+def plain_options(
+    version: int, max_attempts: int, not_before_ms: int, deadline_ms: int,
+    idempotency_key: str | None, trace: dict[str, str], headers: dict[str, str],
+) -> dict[str, Any]:
+    """The envelope's options that are not default, by their envelope names: what a layout-2
+    record keeps in its ``op`` field (empty for most jobs, and then not stored)."""
+    plain: dict[str, Any] = {}
+    if version != 1:
+        plain["version"] = version
+    if max_attempts:
+        plain["max_attempts"] = max_attempts
+    if not_before_ms:
+        plain["not_before_ms"] = not_before_ms
+    if deadline_ms:
+        plain["deadline_ms"] = deadline_ms
+    if idempotency_key is not None:
+        plain["idempotency_key"] = idempotency_key
+    if trace:
+        plain["trace"] = trace
+    if headers:
+        plain["headers"] = headers
+    return plain
+
+
+def envelope_from_parts(job_id: str, body: bytes, options: bytes, serde: Any,
+                        result_ttl_s: int = 0) -> Envelope:
+    """The Envelope of a layout-2 record: its body ('<type> <serialised payload>') and its
+    options (serialised dict, b'' = all default). Raises SerializationError."""
+    jtype, sep, data = body.partition(b" ")
+    if not sep or not jtype:
+        raise SerializationError("malformed job body: no '<type> ' prefix")
+    plain: dict[str, Any] = {}
+    if options:
+        opts = serde.loads(options)
+        if not isinstance(opts, dict):
+            raise SerializationError("malformed job options: not a mapping")
+        plain.update(opts)
+    plain.update({"i": job_id, "t": jtype.decode(errors="replace"), "p": serde.loads(data)})
+    if result_ttl_s:
+        plain["result_ttl_s"] = result_ttl_s
+    return envelope_from_plain(plain)
+
+
+def envelope_from_data(job_id: str, data: bytes, serde: Any) -> Envelope:
+    """The Envelope from start.lua's job data: ``~<envelope>`` (a layout-1 record),
+    ``!<n>:<options><body>`` or ``<body>``. Raises SerializationError."""
+    if data[:1] == b"~":
+        return envelope_from_plain(serde.loads(data[1:]))
+    if data[:1] == b"!":
+        n, colon, rest = data[1:].partition(b":")
+        if not colon or not n.isdigit() or int(n) > len(rest):
+            raise SerializationError("malformed job data: bad options length")
+        return envelope_from_parts(job_id, rest[int(n):], rest[:int(n)], serde)
+    return envelope_from_parts(job_id, data, b"", serde)
+
+
 def envelope_to_plain(env: Envelope) -> dict[str, Any]:
     plain: dict[str, Any] = _conv.unstructure(env)
     return plain
@@ -214,26 +270,111 @@ class JobInfo:
         return self.state in TERMINAL
 
 
+STATE_NAMES: dict[bytes, str] = {b"s": "scheduled", b"q": "queued", b"a": "active",
+                                 b"r": "retrying", b"c": "completed", b"f": "failed",
+                                 b"x": "cancelled"}
+"""Layout-2 record state letters (field ``s``) -> state names."""
+V1_FIELDS: dict[bytes, bytes] = {b"state": b"s", b"entry": b"e", b"created": b"c",
+                                 b"attempts": b"n", b"token": b"k", b"owner": b"o",
+                                 b"started": b"a", b"finished": b"f", b"result": b"r",
+                                 b"result_ttl": b"x"}
+"""Layout-1 field names -> their layout-2 names (_lib.lua's upgrade_v1)."""
+DEFAULT_RESULT_TTL_S = 86400
+"""A layout-2 record without ``x`` keeps its result this long (QueueConfig's default)."""
+
+
+def entry_id(v: bytes | None) -> str:
+    """A stored stream entry (``e``): '<ms><seq, 3 digits>' or the id itself -> the id."""
+    if not v:
+        return ""
+    text = v.decode(errors="replace")
+    if "-" in text or len(text) < 4 or not text.isdigit():
+        return text
+    return f"{text[:-3]}-{int(text[-3:])}"
+
+
+def _entry_ms(v: bytes | None) -> bytes | None:
+    eid = entry_id(v)
+    ms = eid.partition("-")[0]
+    return ms.encode() if ms.isdigit() else None
+
+
+def record_state(v: bytes | None) -> str:
+    """The state name of a record's ``s`` (layout 2) or ``state`` (layout 1) value."""
+    if not v:
+        return ""
+    return STATE_NAMES.get(v) or v.decode(errors="replace")
+
+
+def normalize_record(h: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """A record in either layout as layout-2 fields (state and entry decoded: ``s`` holds the
+    state name, ``e`` the entry id; ``c`` filled in from the entry's time)."""
+    if b"s" not in h and b"state" in h:
+        h = {V1_FIELDS.get(k, k): v for k, v in h.items()}
+        if h.get(b"e") == b"":
+            h.pop(b"e")
+    else:
+        h = dict(h)
+    if b"s" in h:
+        h[b"s"] = record_state(h[b"s"]).encode()
+    if h.get(b"e"):
+        if b"c" not in h:
+            ms = _entry_ms(h[b"e"])
+            if ms is not None:
+                h[b"c"] = ms
+        h[b"e"] = entry_id(h[b"e"]).encode()
+    return h
+
+
+BRIEF_FIELDS = ("b", "s", "n", "type", "state", "attempts")
+"""HMGET fields for a record's type, state and attempts in either layout (``brief``)."""
+
+
+def brief(vals: Any) -> tuple[str, str, int]:
+    """(type, state, attempts) from HMGET ``BRIEF_FIELDS``; blanks when not a record."""
+    if not isinstance(vals, list) or len(vals) < 6:
+        return "", "", 0
+    body, st, n, t1, st1, n1 = vals[:6]
+    if st is None:
+        body, st, n = None, st1, n1
+    jtype = (body.partition(b" ")[0] if body else t1) or b""
+    try:
+        attempts = int(n or 0)
+    except ValueError:
+        attempts = 0
+    return jtype.decode(errors="replace"), record_state(st), attempts
+
+
 def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) -> JobInfo:
+    """A JobInfo from HGETALL of a job record, either layout."""
+    layout1 = b"s" not in h and b"state" in h
+    h = normalize_record(h)
+
     def s(k: str) -> str:
         v = h.get(k.encode())
         return v.decode(errors="replace") if v is not None else ""
 
     env: Envelope | None = None
     payload: Any = None
-    raw_env = h.get(b"env")
-    if raw_env is not None:
-        try:
-            env = envelope_from_plain(serde.loads(raw_env))
-            payload = env.payload
-        except (SerializationError, RecursionError):
-            env = None
+    ttl = _int(h.get(b"x")) if b"x" in h else DEFAULT_RESULT_TTL_S
+    try:
+        if h.get(b"b") is not None:
+            env = envelope_from_parts(job_id, h[b"b"], h.get(b"op", b""), serde, ttl)
+        elif h.get(b"env") is not None:
+            env = envelope_from_plain(serde.loads(h[b"env"]))
+        payload = env.payload if env is not None else None
+    except (SerializationError, RecursionError):
+        env = None
+    jtype = env.type if env is not None else s("type")
+    if not jtype and h.get(b"b"):
+        jtype = h[b"b"].partition(b" ")[0].decode(errors="replace")
+    state = s("s")
     result: Any = None
-    if h.get(b"result") is not None and s("state") == "completed":
+    if h.get(b"r") is not None and state == "completed":
         try:
-            result = serde.loads(h[b"result"])
+            result = serde.loads(h[b"r"])
         except SerializationError:
-            result = h[b"result"]
+            result = h[b"r"]
     error: dict[str, Any] | None = None
     if h.get(b"error"):
         try:
@@ -248,14 +389,16 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
             progress = serde_json.loads(h[b"progress"])
         except (ValueError, RecursionError):
             progress = s("progress")
+    # the time the job last entered the stream: its entry's (a layout-1 record kept it too)
+    enqueued = h.get(b"enqueued") if layout1 else _entry_ms(h.get(b"e"))
     return JobInfo(
         errors=errors, progress=progress, logs=_json_list(h.get(b"logs")),
-        id=job_id, queue=queue, type=s("type"), state=s("state"),
-        attempts=_int(h.get(b"attempts")), max_attempts=_int(h.get(b"max_attempts")),
-        payload=payload, created_at=_ms_to_dt(h.get(b"created")),
-        enqueued_at=_ms_to_dt(h.get(b"enqueued")), due_at=_ms_to_dt(h.get(b"due")),
-        started_at=_ms_to_dt(h.get(b"started")), finished_at=_ms_to_dt(h.get(b"finished")),
-        owner=s("owner") or None, result=result, error=error, reason=s("reason"),
+        id=job_id, queue=queue, type=jtype, state=state,
+        attempts=_int(h.get(b"n")), max_attempts=_int(h.get(b"max_attempts")),
+        payload=payload, created_at=_ms_to_dt(h.get(b"c")),
+        enqueued_at=_ms_to_dt(enqueued), due_at=_ms_to_dt(h.get(b"due")),
+        started_at=_ms_to_dt(h.get(b"a")), finished_at=_ms_to_dt(h.get(b"f")),
+        owner=s("o") or None, result=result, error=error, reason=s("reason"),
         envelope=env,
     )
 

@@ -18,7 +18,7 @@ import attrs
 from .._core.config import QueueConfig
 from .._core.errors import InvalidArgument, JobNotFound
 from .._core.keys import GROUP, Keys, check_job_id
-from .._core.model import CancelResult
+from .._core.model import BRIEF_FIELDS, CancelResult, brief, entry_id, record_state
 from .._core.timeseries import Point, decode
 from .._producer.prepare import cancel_call, parse_cancel
 from .operations import (
@@ -84,20 +84,12 @@ class ListFilter:
 
 
 def _rows_step(keys: Keys, ids: list[str]) -> Step:
-    return [Cmd.of("HMGET", keys.job(j), "type", "state", "attempts") if j else
+    return [Cmd.of("HMGET", keys.job(j), *BRIEF_FIELDS) if j else
             Cmd.of("ECHO", "") for j in ids]
 
 
 def _fields(rep: Any) -> tuple[str, str, int]:
-    vals = ok(rep)
-    if not isinstance(vals, list):
-        return "", "", 0
-    t, st, att = [*vals, None, None, None][:3]
-    try:
-        attempts = int(att or 0)
-    except ValueError:
-        attempts = 0
-    return _t(t or b""), _t(st or b""), attempts
+    return brief(ok(rep))
 
 
 def ready(keys: Keys, flt: ListFilter | None = None, *, limit: int = 50,
@@ -295,11 +287,13 @@ class Lease:
 def lease(keys: Keys, job_id: str) -> Op[Lease | None]:
     """The job's stream entry and lease (None when the job is not in the stream)."""
     check_job_id(job_id)
-    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "entry", "token")]
-    entry, token = ok(rec)
-    if not entry or not _STREAM_ID.fullmatch(_t(entry)):
+    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "e", "k", "state", "entry", "token")]
+    state, entry, token, state1, entry1, token1 = ok(rec)
+    if state is None:  # a layout-1 record, or none
+        state, entry, token = state1, entry1, token1
+    eid = entry_id(entry)  # kept once the job left the stream: the state says if it is live
+    if record_state(state) not in ("queued", "active") or not _STREAM_ID.fullmatch(eid):
         return None
-    eid = _t(entry)
     (p,) = yield [Cmd.of("XPENDING", keys.stream, GROUP, eid, eid, 1)]
     rows = [] if isinstance(p, Exception) else p
     if not rows:
@@ -440,7 +434,7 @@ def audit_cmd(keys: Keys, cfg: QueueConfig, who: str, action: str, job_id: str =
               outcome: str = "") -> Step:
     """The events-stream entry recording an operator action: ``ev`` = ``admin``, ``d`` =
     ``<action> by <who>: <outcome>`` (the time is the entry id). Nothing when events are off."""
-    if cfg.events_maxlen <= 0:
+    if cfg.events_maxlen <= 0 or "admin" not in cfg.event_kinds:
         return []
     detail = f"{action} by {who}" + (f": {outcome}" if outcome else "")
     return [Cmd.of("XADD", keys.events, "MAXLEN", "~", cfg.events_maxlen, "*", "job", job_id,
@@ -460,12 +454,14 @@ def run_now(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
     so a job promoted or cancelled meanwhile is left alone) and promoters are woken; the
     promotion itself is promote.lua's, as for any due job."""
     check_job_id(job_id)
-    r = yield [Cmd.of("HGET", keys.job(job_id), "state"), Cmd.of("ZSCORE", keys.delayed, job_id)]
-    state, score = ok(r[0]), ok(r[1])
+    r = yield [Cmd.of("HMGET", keys.job(job_id), "s", "state"),
+               Cmd.of("ZSCORE", keys.delayed, job_id)]
+    state2, state1 = ok(r[0])
+    state, score = state2 if state2 is not None else state1, ok(r[1])
     if state is None:
         raise JobNotFound(f"job {job_id!r} not found in queue {keys.queue!r}")
-    if score is None or _t(state) not in DELAYED_STATES:
-        outcome = f"not run: job is {_t(state)}"
+    if score is None or record_state(state) not in DELAYED_STATES:
+        outcome = f"not run: job is {record_state(state)}"
     else:
         r2 = yield [Cmd.of("ZADD", keys.delayed, "XX", 0, job_id),
                     Cmd.of("PUBLISH", keys.wake_channel, 0)]

@@ -16,7 +16,7 @@ import attrs
 from .._core.config import QueueConfig
 from .._core.errors import InvalidArgument, JobNotFound, UnknownQueue
 from .._core.keys import GROUP, Keys, check_job_id, queues_key
-from .._core.model import JobInfo, decode_record
+from .._core.model import BRIEF_FIELDS, JobInfo, brief, decode_record, entry_id, record_state
 from .._core.scripts import Arg
 
 T = TypeVar("T")
@@ -164,13 +164,12 @@ def pending(keys: Keys, *, min_idle_s: float = 0, consumer: str | None = None,
         entries = ok(rep)
         fields = _dict(entries[0][1]) if entries and entries[0][1] else {}
         ids.append(_s(fields.get("id", b"")))
-    recs = yield [Cmd.of("HMGET", keys.job(j), "type", "state", "attempts") if j else
+    recs = yield [Cmd.of("HMGET", keys.job(j), *BRIEF_FIELDS) if j else
                   Cmd.of("ECHO", "") for j in ids]
     items = []
     for (eid, cons, idle, deliveries), jid, rec in zip(rows, ids, recs, strict=True):
-        t, st, att = (ok(rec) if jid else [None, None, None])
-        items.append(PendingEntry(eid, jid, _s(t or ""), _s(st or ""), cons, idle / 1000,
-                                  deliveries, int(att or 0)))
+        t, st, att = brief(ok(rec)) if jid else ("", "", 0)
+        items.append(PendingEntry(eid, jid, t, st, cons, idle / 1000, deliveries, att))
     return Page(items, rows[-1][0] if len(rows) == count else None)
 
 
@@ -197,15 +196,19 @@ def _dict_b(reply: Any) -> dict[bytes, Any]:
 def requeue(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
     """Hand a pending (stuck) job back to the queue now, as a new attempt."""
     check_job_id(job_id)
-    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "state", "entry")]
-    state, entry = ok(rec)
+    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "e", "state", "entry")]
+    state, entry, state1, entry1 = ok(rec)
+    if state is None:  # a layout-1 record, or none
+        state, entry = state1, entry1
     if state is None:
         raise JobNotFound(f"job {job_id!r} not found in queue {keys.queue!r}")
-    if _s(state) not in ("active", "queued") or not entry:
-        return f"not requeued: job is {_s(state)}"
+    state = record_state(state)
+    entry = entry_id(entry).encode()
+    if state not in ("active", "queued") or not entry:
+        return f"not requeued: job is {state}"
     (res,) = yield [Call("requeue", [keys.stream, keys.dead, keys.stats, keys.events,
                                      keys.job(job_id)],
-                         [GROUP, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen, who,
+                         [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, who,
                           _s(entry), job_id])]
     return _s(ok(res)[0])
 
@@ -277,7 +280,7 @@ def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
     outcome: dict[str, int] = {}
     for i in range(0, len(entries), PAGE):
         part = entries[i:i + PAGE]
-        args: list[Arg] = [cfg.events_maxlen, who]
+        args: list[Arg] = [cfg.events_arg, who]
         for e in part:
             args += [e.dead_id, e.job_id]
         (res,) = yield [Call("redrive", [keys.stream, keys.dead, keys.stats, keys.events,
@@ -326,7 +329,7 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
             more = len(page) == PAGE
         batch = [(j, d) for j, d in batch if j or d][: max_jobs - purged]
         if batch:
-            args: list[Arg] = [GROUP, cfg.events_maxlen, state]
+            args: list[Arg] = [GROUP, cfg.events_arg, state]
             for j, d in batch:
                 args += [j or "-", d]
             (res,) = yield [Call("purge", [keys.stream, keys.delayed, keys.dead, keys.stats,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import math
 import os
 import re
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -27,7 +27,7 @@ from .._core.model import (
     EnqueueResult,
     JobInfo,
     decode_record,
-    plain_envelope,
+    plain_options,
 )
 from .._core.scripts import Arg
 from .._core.serde import JsonSerde, dumps_str_keys, render_path
@@ -47,7 +47,11 @@ fits a datetime or an exact Lua number, and Redis's EXPIRE refuses the TTL."""
 
 
 def new_job_id() -> str:
-    return os.urandom(16).hex()
+    """22 characters of URL-safe base64 over 16 random bytes (128 bits, like a UUID, in
+    10 fewer bytes than hex: the id is stored in the record's key and its stream entry). A
+    leading '-' or '_' (not allowed first in a job id) becomes 'x'."""
+    jid = base64.urlsafe_b64encode(os.urandom(16))[:22].decode()
+    return jid if jid[0] not in "-_" else "x" + jid[1:]
 
 
 def _seconds(name: str, v: Any, *, allow_zero: bool) -> float:
@@ -146,36 +150,36 @@ def prepare(
     hdrs = dict(headers or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in hdrs.items()):
         raise InvalidArgument("headers must map str to str")
+    options = plain_options(version, attempts, run_at_ms, deadline_arg if deadline_arg > 0
+                            else 0, idempotency_key, dict(trace or {}), hdrs)
     try:
-        data = cfg.serde.dumps(plain_envelope(
-            jid, job_type, payload, version, attempts, int(time.time() * 1000), run_at_ms,
-            deadline_arg if deadline_arg > 0 else 0, idempotency_key, dict(trace or {}), ttl_s,
-            hdrs,
-        ))
+        data = cfg.serde.dumps(payload)
     except SerializationError as exc:
         raise _in_payload(exc) from exc
-    return _sealed(keys, cfg, jid, data, (jid, job_type, data, attempts, ttl_s, deadline_arg,
-                                         delay_ms, run_at_ms, notify))
+    opts = cfg.serde.dumps(options) if options else b""
+    return _sealed(keys, cfg, jid, job_type, data, opts, (attempts, ttl_s, deadline_arg,
+                                                          delay_ms, run_at_ms, notify))
 
 
 def _in_payload(exc: SerializationError) -> SerializationError:
-    """Name the key path from the payload (the envelope keeps it under "p")."""
+    """Name the key path from the payload."""
     path = exc.path
-    if not path or path[0] != "p":
+    if not path:
         return exc
-    inner = tuple(path[1:])
-    return SerializationError(str(exc).replace(render_path(path), "payload" + render_path(inner),
-                                               1), path=inner)
+    return SerializationError(str(exc).replace(render_path(path), "payload" + render_path(path),
+                                               1), path=tuple(path))
 
 
-def _sealed(keys: Keys, cfg: QueueConfig, jid: str, data: bytes, args: tuple[Arg, ...]
-            ) -> Prepared:
-    if len(data) > cfg.max_payload_bytes:
+def _sealed(keys: Keys, cfg: QueueConfig, jid: str, job_type: str, data: bytes, opts: bytes,
+            rest: tuple[Arg, ...]) -> Prepared:
+    """enqueue.lua's arguments of one job: id, options, body ('<type> <payload>'), rest."""
+    size = len(data) + len(opts) + len(job_type) + 1
+    if size > cfg.max_payload_bytes:
         raise PayloadTooLarge(
-            f"job {jid!r}: envelope is {len(data)} bytes, over the queue's max_payload_bytes"
-            f" of {cfg.max_payload_bytes}"
+            f"job {jid!r}: payload and options are {size} bytes, over the queue's"
+            f" max_payload_bytes of {cfg.max_payload_bytes}"
         )
-    return Prepared(jid, keys.job(jid), args)
+    return Prepared(jid, keys.job(jid), (jid, opts, job_type.encode() + b" " + data, *rest))
 
 
 def prepare_row(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any, job_id: str,
@@ -189,36 +193,28 @@ def prepare_row(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any, job_i
     delay_ms = 0
     if delay is not None:
         delay_ms = math.ceil(_seconds("delay", delay, allow_zero=True) * 1000)
-    ttl_s = cfg.default_result_ttl_s
-    env = plain_envelope(job_id, job_type, payload, 1, 0, created_ms, 0, 0, None, {}, ttl_s, {})
-    data = dumps_str_keys(cfg.serde, env) if str_keys_only else cfg.serde.dumps(env)
-    return _sealed(keys, cfg, job_id, data, (job_id, job_type, data, 0, ttl_s, 0, delay_ms, 0,
-                                             ""))
+    try:
+        data = dumps_str_keys(cfg.serde, payload) if str_keys_only else cfg.serde.dumps(payload)
+    except SerializationError as exc:
+        raise _in_payload(exc) from exc
+    return _sealed(keys, cfg, job_id, job_type, data, b"", (0, cfg.default_result_ttl_s, 0,
+                                                            delay_ms, 0, ""))
 
 
 class RowTemplate(NamedTuple):
-    """The JSON envelope prepare_row() builds, cut around the job id and the payload."""
+    """What prepare_row() sends for a row, around the payload: the body's head."""
 
     head: str
-    mid: str
-    tail: str
-
-
-_ID_MARK, _P_MARK = "@@streamq-id@@", "@@streamq-payload@@"
+    """'<type> ': the body is the head and the payload's JSON text."""
 
 
 def row_template(cfg: QueueConfig, job_type: str, created_ms: int) -> RowTemplate | None:
-    """The envelope of prepare_row(), made once by the serde from plain_envelope() with
-    marks where the id and the payload go; None unless the queue's serde is the default
-    JSON one. With it, a row whose payload is already JSON text costs two concatenations."""
+    """The body head of prepare_row(); None unless the queue's serde is the default JSON one
+    (then a payload that is already JSON text is the serialised payload as it is).
+    ``created_ms`` is not stored (the record's creation time is the server's)."""
     if type(cfg.serde) is not JsonSerde:
         return None
-    env = plain_envelope(_ID_MARK, job_type, _P_MARK, 1, 0, created_ms, 0, 0, None, {},
-                         cfg.default_result_ttl_s, {})
-    text = cfg.serde.dumps(env).decode()
-    head, _, rest = text.partition(f'"{_ID_MARK}"')
-    mid, _, tail = rest.partition(f'"{_P_MARK}"')
-    return RowTemplate(head, mid, tail)
+    return RowTemplate(f"{job_type} ")
 
 
 def prepare_row_json(keys: Keys, cfg: QueueConfig, tpl: RowTemplate, job_type: str,
@@ -229,9 +225,9 @@ def prepare_row_json(keys: Keys, cfg: QueueConfig, tpl: RowTemplate, job_type: s
     delay_ms = 0
     if delay is not None:
         delay_ms = math.ceil(_seconds("delay", delay, allow_zero=True) * 1000)
-    data = f'{tpl.head}"{job_id}"{tpl.mid}{payload_json}{tpl.tail}'.encode()
-    return _sealed(keys, cfg, job_id, data, (job_id, job_type, data, 0,
-                                             cfg.default_result_ttl_s, 0, delay_ms, 0, ""))
+    data = payload_json.encode()
+    return _sealed(keys, cfg, job_id, job_type, data, b"", (0, cfg.default_result_ttl_s, 0,
+                                                            delay_ms, 0, ""))
 
 
 def prepare_many(keys: Keys, cfg: QueueConfig, jobs: Iterable[Mapping[str, Any]],
@@ -261,10 +257,10 @@ def enqueue_call(
 ) -> tuple[list[str], list[Arg]]:
     """enqueue.lua's keys and arguments for ``batch``. ``tags``: one writer tag per job (the
     Spark path: it identifies the row, see enqueue.lua); without, a repeated call is told by
-    its envelopes."""
+    its bodies and options."""
     k = [keys.stream, keys.delayed, keys.stats, keys.events]
     k.extend(p.key for p in batch)
-    args: list[Arg] = [cfg.events_maxlen, cfg.max_depth, keys.wake_channel, len(batch)]
+    args: list[Arg] = [cfg.events_arg, cfg.max_depth, keys.wake_channel, len(batch)]
     if tags is None:
         for p in batch:
             args.extend(p.args)
@@ -333,7 +329,7 @@ def single(queue: str, results: list[EnqueueResult]) -> EnqueueResult:
 def cancel_call(keys: Keys, cfg: QueueConfig, job_id: str) -> tuple[list[str], list[Arg]]:
     check_job_id(job_id)
     return ([keys.job(job_id), keys.stream, keys.delayed, keys.stats, keys.events],
-            [GROUP, job_id, cfg.events_maxlen])
+            [GROUP, job_id, cfg.events_arg])
 
 
 def parse_cancel(job_id: str, reply: list[bytes], *, retried: bool) -> CancelResult:

@@ -11,7 +11,7 @@ import time
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, RetryPolicy, WorkerConfig
 from .._core.errors import Fail, PayloadTooLarge, Retry, SerializationError
-from .._core.model import Envelope, Job, envelope_from_plain
+from .._core.model import Envelope, Job, envelope_from_data
 from .._core.timeseries import SeriesRecorder
 from .invoke import Expired, SyncRunner, bounded, error_info
 from .lease import Lease
@@ -67,7 +67,7 @@ class Attempts:
             return (*ident, "dead", serde.dumps(err), reason, etype)
 
         try:
-            env = envelope_from_plain(serde.loads(data))
+            env = envelope_from_data(lease.job_id, data, serde)
         except (SerializationError, RecursionError) as exc:
             return dead("MalformedEnvelope", str(exc)[:500], "malformed envelope")
         if env.id != lease.job_id:  # never hand a handler another job's id (idempotency key)
@@ -169,8 +169,8 @@ class Attempts:
                 log.warning("handler of job %s raised %s; treated as a job failure",
                             job.id, type(exc).__name__)
             return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, None)
-        try:
-            payload = serde.dumps(result)
+        try:  # a None result is not stored (finish.lua): b'' reads back as None
+            payload = b"" if result is None else serde.dumps(result)
         except Exception as exc:  # noqa: BLE001 - a custom serde may raise anything
             err = exc if isinstance(exc, SerializationError) else SerializationError(
                 f"result not serialisable: {exc!r}")

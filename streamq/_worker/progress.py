@@ -152,7 +152,7 @@ class Progress:
             for i in range(0, len(items), _BATCH):
                 part = items[i:i + _BATCH]
                 k = part[0].lease.keys
-                args: list[Any] = [self.config.events_maxlen, MAX_LINES, len(part)]
+                args: list[Any] = [self.config.events_arg, MAX_LINES, len(part)]
                 for p in part:
                     args += [p.lease.job_id, p.lease.token, p.progress or "",
                              json.dumps(p.lines) if p.lines else ""]

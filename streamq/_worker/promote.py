@@ -76,7 +76,7 @@ class Promoter:
         keys.extend(k.job(i) for i in names)
         cfg = self.config
         moved, now, next_due = await SCRIPTS["promote"].run_async(
-            client, keys, [cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen, *names])
+            client, keys, [cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, *names])
         self._observe(now)
         self.next_due_ms = int(next_due)
         return int(moved), len(ids) == BATCH

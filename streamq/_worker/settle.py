@@ -79,7 +79,7 @@ class Settler:
         batch = qs.buf[:_BATCH]
         keys = [k.stream, k.delayed, k.dead, k.stats, k.events]
         keys.extend(k.job(b[0]) for b in batch)
-        args: list[Any] = [GROUP, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen,
+        args: list[Any] = [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
                            k.wake_channel, len(batch)]
         for b in batch:
             args.extend(b)
@@ -149,7 +149,7 @@ class Settler:
                 for i in range(0, len(todo), _BATCH):
                     part = todo[i:i + _BATCH]
                     keys = [k.stream, k.stats, k.events, *(k.job(j) for _, (j, _t) in part)]
-                    args: list[Any] = [GROUP, self.config.events_maxlen, self.consumer]
+                    args: list[Any] = [GROUP, self.config.events_arg, self.consumer]
                     for eid, (jid, token) in part:
                         args += [jid, eid, token]
                     released = await SCRIPTS["release"].run_async(self.client, keys, args)

@@ -9,12 +9,145 @@ local function now_ms()
 end
 
 -- Lifecycle event. The entry id carries the server time (ms); every entry has the same
--- three fields, so the stream stores field names once per node.
-local function emit(events, maxlen, job_id, ev, now, detail)
-  if maxlen ~= '0' then
-    redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', 'job', job_id, 'ev', ev,
-      'd', detail or '')
+-- three fields, so the stream stores field names once per node. spec is the caller's events
+-- argument: '0' (no events), '<maxlen>' (every kind) or '<maxlen>:,<kind>,<kind>,' (only the
+-- kinds listed: QueueConfig.event_kinds).
+local ev_spec, ev_maxlen, ev_kinds = nil, '0', nil
+local function emit(events, spec, job_id, ev, now, detail)
+  if spec ~= ev_spec then
+    ev_spec = spec
+    local c = string.find(spec, ':', 1, true)
+    if c then
+      ev_maxlen, ev_kinds = string.sub(spec, 1, c - 1), string.sub(spec, c + 1)
+    else
+      ev_maxlen, ev_kinds = spec, nil
+    end
   end
+  if ev_maxlen == '0' then return end
+  if ev_kinds and not string.find(ev_kinds, ',' .. ev .. ',', 1, true) then return end
+  redis.call('XADD', events, 'MAXLEN', '~', ev_maxlen, '*', 'job', job_id, 'ev', ev,
+    'd', detail or '')
+end
+
+-- The job record (layout 2; docs/key-layout.md). Short field names, the state as one letter,
+-- the stream entry id as one integer, and no defaults or copies, so that a typical record
+-- stays a listpack (every value <= 64 bytes) of about 50 bytes:
+--   s state letter, b body ('<type> <serialised payload>'), op options (serialised, only
+--   when not default), e stream entry (ENC_ENTRY), c created (only when it differs from e's
+--   time), n attempts, k lease token, o owner, a started, f finished, r result (absent:
+--   None), x result TTL s (absent: 86400); rare fields keep their layout-1 names.
+-- A layout-1 record (state, type, env, entry, ...; written by releases before it) is upgraded
+-- in place the first time a script writes to it (upgrade_v1), read as it is until then.
+local STATE_CODE = {scheduled = 's', queued = 'q', active = 'a', retrying = 'r',
+                    completed = 'c', failed = 'f', cancelled = 'x'}
+local STATE_NAME = {s = 'scheduled', q = 'queued', a = 'active', r = 'retrying',
+                    c = 'completed', f = 'failed', x = 'cancelled'}
+local DEFAULT_TTL = '86400'
+local V1_NAME = {s = 'state', e = 'entry', c = 'created', n = 'attempts', k = 'token',
+                 o = 'owner', a = 'started', f = 'finished', r = 'result', x = 'result_ttl'}
+
+-- Stream entry id '<ms>-<seq>' as it is stored in 'e': '<ms><seq, 3 digits>' (an integer,
+-- which a listpack keeps in 9 bytes) when seq < 1000, else the id as it is.
+local function enc_entry(id)
+  local ms, seq = string.match(id, '^(%d+)%-(%d+)$')
+  if ms and #seq <= 3 then return ms .. string.rep('0', 3 - #seq) .. seq end
+  return id
+end
+
+local function dec_entry(v)
+  if not v or #v < 4 or not string.match(v, '^%d+$') then return v end  -- (or damaged)
+  return string.sub(v, 1, -4) .. '-' .. tonumber(string.sub(v, -3))
+end
+
+-- The ms part of a stored entry ('e', either form), as a number.
+local function entry_ms(v)
+  if not v or v == '' then return nil end
+  local ms = string.match(v, '^(%d+)%-')
+  if ms then return tonumber(ms) end
+  return tonumber(string.sub(v, 1, -4))
+end
+
+-- Rewrite a layout-1 record in layout 2 (same key, same TTL). Safe to repeat: a record that
+-- has 's' (or no 'state') is left alone. 'type' and 'env' stay as they are (the envelope is
+-- the producer's serde's bytes, which Lua cannot split): readers take them when 'b' is absent.
+local function upgrade_v1(jobkey)
+  local h = redis.call('HGETALL', jobkey)
+  local t = {}
+  for i = 1, #h, 2 do t[h[i]] = h[i + 1] end
+  if t.s or not t.state then return false end
+  local set = {'s', STATE_CODE[t.state] or t.state}
+  if t.entry and t.entry ~= '' then set[#set + 1] = 'e'; set[#set + 1] = enc_entry(t.entry) end
+  for short, long in pairs(V1_NAME) do
+    if short ~= 's' and short ~= 'e' and t[long] and t[long] ~= ''
+        and not (short == 'x' and t[long] == DEFAULT_TTL) then
+      set[#set + 1] = short; set[#set + 1] = t[long]
+    end
+  end
+  redis.call('HDEL', jobkey, 'state', 'entry', 'created', 'enqueued', 'attempts', 'token',
+    'owner', 'started', 'finished', 'result', 'result_ttl')
+  redis.call('HSET', jobkey, unpack(set))
+  return true
+end
+
+-- HMGET of a job record by layout-2 names, decoded: 's' as the state name, 'e' as the stream
+-- entry id, 'x' with its default, 'c' from 'e' when absent. A layout-1 record is upgraded
+-- first when write is true or it is not active (an old worker may still be running an active
+-- one: it is read as it is, and left for its owner, until a script takes it over); otherwise
+-- it is read through its layout-1 names. Returns the reply table, or the error of a key that
+-- is not a hash (its .err set).
+local function rec(jobkey, write, ...)
+  local names = {...}
+  local r = redis.pcall('HMGET', jobkey, unpack(names))
+  if r.err then return r end
+  if names[1] == 's' and not r[1] then
+    local v1 = redis.call('HGET', jobkey, 'state')
+    if v1 then
+      if write or v1 ~= 'active' then
+        upgrade_v1(jobkey)
+        r = redis.call('HMGET', jobkey, unpack(names))
+      else
+        local old = {}
+        for i, f in ipairs(names) do old[i] = V1_NAME[f] or f end
+        r = redis.call('HMGET', jobkey, unpack(old))
+        for i, f in ipairs(names) do
+          if f == 's' then r[i] = STATE_CODE[r[i]] or r[i]
+          elseif f == 'e' and r[i] then r[i] = enc_entry(r[i])
+          elseif f == 'x' and r[i] == DEFAULT_TTL then r[i] = false end
+        end
+      end
+    end
+  end
+  local e
+  for i, f in ipairs(names) do
+    if f == 'e' then e = r[i] end
+  end
+  for i, f in ipairs(names) do
+    if f == 's' then
+      if r[i] then r[i] = STATE_NAME[r[i]] or ('?' .. r[i]) end
+    elseif f == 'e' then
+      r[i] = dec_entry(r[i])
+    elseif f == 'x' then
+      r[i] = r[i] or DEFAULT_TTL
+    elseif f == 'c' and not r[i] then
+      r[i] = entry_ms(e)
+    end
+  end
+  return r
+end
+
+-- Point a record at a new stream entry (promotion, hand-back, requeue, re-drive), keeping
+-- its creation time: 'c' is written once, from the old entry's time, when it was implied.
+local function set_entry(jobkey, state, new_entry, ...)
+  local old = redis.call('HMGET', jobkey, 'e', 'c')
+  if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
+  redis.call('HSET', jobkey, 's', STATE_CODE[state], 'e', enc_entry(new_entry), ...)
+end
+
+-- The job type of a record, either layout.
+local function job_type(jobkey)
+  local r = redis.call('HMGET', jobkey, 'b', 'type')
+  if r[1] then return string.match(r[1], '^(%S*)') or '' end
+  return r[2] or ''
 end
 
 local function count(stats, field, n)
@@ -62,18 +195,16 @@ end
 -- Dead-letter a job: terminal 'failed' state, dead index entry, retention TTL, waiters told.
 -- The caller counts it in the stats HASH ('failed'). clear_token: anyone but the lease holder
 -- settling its own attempt buries the job, so the old lease ends here (a worker still running
--- it gets 'lost' from finish.lua, never another's outcome).
+-- it gets 'lost' from finish.lua, never another's outcome). The record is in layout 2.
 local function bury(jobkey, dead, events, job_id, reason, err, etype, now,
                     dead_ttl, dead_maxlen, events_maxlen, clear_token)
   if err and err ~= '' then
-    redis.call('HSET', jobkey, 'state', 'failed', 'finished', now, 'reason', reason,
-      'error', err, 'entry', '')
+    redis.call('HSET', jobkey, 's', 'f', 'f', now, 'reason', reason, 'error', err)
   else
-    redis.call('HSET', jobkey, 'state', 'failed', 'finished', now, 'reason', reason, 'entry', '')
+    redis.call('HSET', jobkey, 's', 'f', 'f', now, 'reason', reason)
   end
-  if clear_token then redis.call('HSET', jobkey, 'token', '') end
-  local r = redis.call('HMGET', jobkey, 'type', 'notify')
-  local jtype = r[1] or ''
+  if clear_token then redis.call('HDEL', jobkey, 'k') end
+  local jtype = job_type(jobkey)
   if tonumber(dead_maxlen) > 0 then
     redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', job_id,
       'reason', reason, 'etype', etype or '', 'type', jtype, 't', now)
@@ -82,7 +213,7 @@ local function bury(jobkey, dead, events, job_id, reason, err, etype, now,
     redis.call('EXPIRE', jobkey, dead_ttl)
   end
   emit(events, events_maxlen, job_id, 'failed', now, reason)
-  notify(r[2], 'failed', job_id)
+  notify(redis.call('HGET', jobkey, 'notify'), 'failed', job_id)
 end
 
 -- Whether an existing record was written by the caller's row, told by writer tags
@@ -106,25 +237,26 @@ local function writer_mine(jobkey, stored, tag)
   return 0
 end
 
--- Accept one job (enqueue.lua, fire.lua). The job's 9 arguments start at args[b]: id, type,
--- envelope, max_attempts (0 = handler decides), result_ttl_s, deadline_ms (0 = none; negative
--- = that many ms after now), delay_ms, run_at_ms (0 = none), notify channel ('' = none).
+-- Accept one job (enqueue.lua, fire.lua). The job's 9 arguments start at args[b]: id,
+-- options (serialised; '' = all default), body ('<type> <serialised payload>'), max_attempts
+-- (0 = handler decides), result_ttl_s, deadline_ms (0 = none; negative = that many ms after
+-- now), delay_ms, run_at_ms (0 = none), notify channel ('' = none).
 -- tag: the caller's writer tag (nil or '' = none; see writer_mine), kept in the record as
 -- 'w' when the job is created.
 -- Returns status (queued|scheduled|duplicate|full), state, result, error, mine (1 when an
 -- existing duplicate was written by this very call or row: by writer tag when one is given,
--- else when it carries this very envelope). The caller counts stats. known_new: the caller
--- already knows the record does not exist (enqueue.lua's batch check).
+-- else when it carries this very body and options). The caller counts stats. known_new: the
+-- caller already knows the record does not exist (enqueue.lua's batch check).
 local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now, args, b, full,
                       known_new, tag)
-  local id, jtype, env = args[b], args[b + 1], args[b + 2]
+  local id, opts, body = args[b], args[b + 1], args[b + 2]
   if tag == '' then tag = nil end
   if not known_new and redis.call('EXISTS', jobkey) == 1 then
-    local existing = redis.call('HMGET', jobkey, 'state', 'result', 'error', 'env', 'w')
+    local existing = rec(jobkey, false, 's', 'r', 'error', 'b', 'op', 'w', 'env')
     local mine = 0
     if tag then
-      mine = writer_mine(jobkey, existing[5], tag)
-    elseif existing[4] == env then
+      mine = writer_mine(jobkey, existing[6], tag)
+    elseif existing[4] == body and (existing[5] or '') == opts then
       mine = 1
     end
     return 'duplicate', existing[1] or '', existing[2] or '', existing[3] or '', mine
@@ -142,26 +274,26 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
     wake_if_sooner(delayed, wake, due)
     redis.call('ZADD', delayed, due, id)
     status = 'scheduled'
-    if tag then
-      redis.call('HSET', jobkey, 'type', jtype, 'env', env, 'result_ttl', args[b + 4],
-        'created', now, 'due', due, 'state', status, 'w', tag)
-    else
-      redis.call('HSET', jobkey, 'type', jtype, 'env', env, 'result_ttl', args[b + 4],
-        'created', now, 'due', due, 'state', status)
-    end
+    redis.call('HSET', jobkey, 's', 's', 'b', body, 'c', now, 'due', due)
   else
     local entry = redis.call('XADD', stream, '*', 'id', id)
     status = 'queued'
-    if tag then
-      redis.call('HSET', jobkey, 'type', jtype, 'env', env, 'result_ttl', args[b + 4],
-        'created', now, 'entry', entry, 'enqueued', now, 'state', status, 'w', tag)
-    else
-      redis.call('HSET', jobkey, 'type', jtype, 'env', env, 'result_ttl', args[b + 4],
-        'created', now, 'entry', entry, 'enqueued', now, 'state', status)
-    end
+    redis.call('HSET', jobkey, 's', 'q', 'b', body, 'e', enc_entry(entry))
   end
   local extra = nil
-  if args[b + 3] ~= '0' then extra = {'max_attempts', args[b + 3]} end
+  if tag then extra = {'w', tag} end
+  if opts ~= '' then
+    extra = extra or {}
+    extra[#extra + 1] = 'op'; extra[#extra + 1] = opts
+  end
+  if args[b + 4] ~= DEFAULT_TTL then
+    extra = extra or {}
+    extra[#extra + 1] = 'x'; extra[#extra + 1] = args[b + 4]
+  end
+  if args[b + 3] ~= '0' then
+    extra = extra or {}
+    extra[#extra + 1] = 'max_attempts'; extra[#extra + 1] = args[b + 3]
+  end
   if deadline > 0 then
     extra = extra or {}
     extra[#extra + 1] = 'deadline'; extra[#extra + 1] = deadline

@@ -1,16 +1,18 @@
 -- enqueue.lua: accept N jobs (N >= 1) atomically per job, with dedup by id and backpressure.
 -- Safe to repeat: a repeat finds its own jobs and answers 'duplicate' with mine = 1 (the same
--- writer tag and offset, or without tags the same envelope), writing nothing new.
+-- writer tag and offset, or without tags the same body and options), writing nothing new.
+-- Records are written in layout 2 (_lib.lua's rec); a duplicate's layout-1 record is read too.
 -- KEYS[1]   ready stream
 -- KEYS[2]   delayed ZSET
 -- KEYS[3]   stats HASH
 -- KEYS[4]   events STREAM
 -- KEYS[4+i] job record HASH of job i (i = 1..N)
--- ARGV[1]   events max length (0 = no events)
+-- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   max queue depth, ready + in flight + delayed (0 = unlimited)
 -- ARGV[3]   wake channel published when a delayed job becomes the earliest ('' = none)
 -- ARGV[4]   N, the number of jobs
--- ARGV[5 + 10*(i-1) ..] per job i: id, type, envelope, max_attempts, result_ttl_s,
+-- ARGV[5 + 10*(i-1) ..] per job i: id, options (serialised; '' = all default), body
+--           ('<type> <serialised payload>'), max_attempts, result_ttl_s,
 --           deadline_ms (0 = none; negative = that many ms after the server's now),
 --           delay_ms, run_at_ms (0 = none), notify channel ('' = none), writer tag ('' =
 --           none; Spark rows: '<run>:<partition>:<task attempt id>:<row offset>', stored as
@@ -19,8 +21,8 @@
 --           (queued|scheduled|full); 5 for a duplicate: 'duplicate', its state, result
 --           ('' unless completed), error ('' unless failed), mine: 1 when this very row
 --           wrote it (with a writer tag: by writer_mine's rules, a retried call or a row of
---           an earlier task attempt; without: it carries this very envelope, a retried
---           call) else 0.
+--           an earlier task attempt; without: it carries this very body and options, a
+--           retried call) else 0.
 local stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events_maxlen = ARGV[1]
 local max_depth = tonumber(ARGV[2])
@@ -54,7 +56,7 @@ if bad then return bad end
 local none_exist = redis.call('EXISTS', unpack(KEYS, 5, 4 + n)) == 0
 if not none_exist then
   for i = 1, n do
-    bad = expect(KEYS[4 + i], 'HGET', 'hash', 'state')
+    bad = expect(KEYS[4 + i], 'HGET', 'hash', 's')
     if bad then return bad end
   end
 end

@@ -5,6 +5,8 @@
 -- more, even when the job has moved on since (a retry promoted or started again, a dead letter
 -- re-driven): a retry or dead outcome leaves 'ft' = '<state>:<token>' in the record for that.
 -- A lapsed-lease dead letter (error type LeaseExpired) is not added to the errors history.
+-- A job is settled only under a lease that a layout-2 start issued, so its record is in
+-- layout 2; a layout-1 record (an older worker's lease) only ever answers 'lost' here.
 -- KEYS[1]   ready stream
 -- KEYS[2]   delayed ZSET
 -- KEYS[3]   dead STREAM
@@ -12,13 +14,14 @@
 -- KEYS[5]   events STREAM
 -- KEYS[5+i] job record HASH of attempt i (i = 1..N)
 -- ARGV[1]   consumer group
--- ARGV[2]   events max length (0 = no events)
+-- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   dead-letter retention in seconds
 -- ARGV[4]   dead stream max length
 -- ARGV[5]   wake channel ('' = none)
 -- ARGV[6]   N, the number of attempts
 -- ARGV[7 + 7*(i-1) ..] per attempt i: job id, stream entry id, lease token,
---           outcome ('ok' | 'retry' | 'dead'), data (result for ok, error JSON otherwise),
+--           outcome ('ok' | 'retry' | 'dead'), data (result for ok, '' = None, which is
+--           not stored; error JSON otherwise),
 --           retry delay ms (retry) or reason (dead), error type ('' for ok)
 -- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed') or 'lost'.
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -34,8 +37,7 @@ for i = 1, n do
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
-  local r = redis.pcall('HMGET', jobkey, 'state', 'token', 'attempts', 'max_attempts',
-    'result_ttl', 'notify', 'ft')
+  local r = rec(jobkey, false, 's', 'k', 'n', 'max_attempts', 'x', 'notify', 'ft')
   local state, cur = r[1], r[2]
   if r.err or not state then  -- (a corrupted record is settled by a reclaim)
     lost = lost + 1
@@ -59,8 +61,11 @@ for i = 1, n do
     if entry ~= '' then settled[#settled + 1] = entry end
     local max_attempts = tonumber(r[4]) or 0
     if outcome == 'ok' then
-      redis.call('HSET', jobkey, 'state', 'completed', 'result', data, 'finished', now,
-        'entry', '')
+      if data ~= '' then
+        redis.call('HSET', jobkey, 's', 'c', 'r', data, 'f', now)
+      else  -- a None result is not stored
+        redis.call('HSET', jobkey, 's', 'c', 'f', now)
+      end
       local ttl = tonumber(r[5]) or 0
       if r[5] == '0' then  -- fire-and-forget: nothing is kept once the job completed
         redis.call('DEL', jobkey)
@@ -75,8 +80,7 @@ for i = 1, n do
       local due = now + tonumber(extra)
       wake_if_sooner(delayed, wake, due)
       redis.call('ZADD', delayed, due, id)
-      redis.call('HSET', jobkey, 'state', 'retrying', 'due', due, 'error', data, 'entry', '',
-        'ft', 'retrying:' .. token)
+      redis.call('HSET', jobkey, 's', 'r', 'due', due, 'error', data, 'ft', 'retrying:' .. token)
       remember_error(jobkey, r[3], etype, now)
       retried = retried + 1
       emit(events, events_maxlen, id, 'retrying', now, etype)

@@ -7,12 +7,12 @@
 -- KEYS[4]   events STREAM
 -- KEYS[5]   job record HASH of the tick's job
 -- KEYS[6]   cron state HASH (field '<name>:last' = last fired tick ms, '<name>' = ops info)
--- ARGV[1]   events max length (0 = no events)
+-- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   wake channel ('' = none)
 -- ARGV[3]   cron entry name
 -- ARGV[4]   tick, ms since the epoch
 -- ARGV[5]   ops info (JSON text) stored under '<name>' when the tick fires
--- ARGV[6..14] the job: id, type, envelope, max_attempts, result_ttl_s, deadline_ms, delay_ms,
+-- ARGV[6..14] the job: id, options, body, max_attempts, result_ttl_s, deadline_ms, delay_ms,
 --           run_at_ms, notify channel (as in enqueue.lua)
 -- ARGV[15]  mode: 'fire' (enqueue the tick's job) or 'skip' (a missed tick: only mark it fired)
 -- Returns {status, state}: status 'queued' | 'scheduled' | 'duplicate' | 'skipped' | 'stale'

@@ -6,7 +6,7 @@
 -- ('logseq' in the record holds the highest written), so a repeated call appends nothing.
 -- KEYS[1]   events STREAM
 -- KEYS[1+i] job record HASH of report i (i = 1..N)
--- ARGV[1]   events max length (0 = no events)
+-- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   log lines kept per job (the oldest go first)
 -- ARGV[3]   N, the number of reports
 -- ARGV[4 + 4*(i-1) ..] per report i: job id, lease token, progress (JSON text, '' = none),
@@ -20,7 +20,7 @@ for i = 1, n do
   local b = 4 + 4 * (i - 1)
   local id, token, progress, lines = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local jobkey = KEYS[1 + i]
-  local r = redis.pcall('HMGET', jobkey, 'state', 'token', 'notify', 'logs', 'logseq')
+  local r = rec(jobkey, false, 's', 'k', 'notify', 'logs', 'logseq')
   if r.err or r[1] ~= 'active' or r[2] ~= token then
     out[i] = 0
   else

@@ -2,13 +2,14 @@
 -- The caller passes candidate ids (the lowest scores it read); this script re-checks each one
 -- against the server clock, so concurrent promoters move every job exactly once.
 -- Safe to repeat: a repeat finds its candidates no longer in the delayed ZSET and moves nothing.
+-- A layout-1 record is upgraded in place as it is moved (_lib.lua's rec).
 -- KEYS[1]   delayed ZSET
 -- KEYS[2]   ready stream
 -- KEYS[3]   dead STREAM (for ids whose job record is missing)
 -- KEYS[4]   stats HASH
 -- KEYS[5]   events STREAM
 -- KEYS[5+i] job record HASH of candidate i
--- ARGV[1]   events max length (0 = no events)
+-- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   dead-letter retention in seconds
 -- ARGV[3]   dead stream max length
 -- ARGV[4..] candidate job ids, in the same order as KEYS[6..]
@@ -23,12 +24,11 @@ for i = 4, #ARGV do
   local score = redis.call('ZSCORE', delayed, id)
   if score and tonumber(score) <= now then
     redis.call('ZREM', delayed, id)
-    local state = redis.pcall('HGET', jobkey, 'state')
-    if type(state) == 'table' and state.err then state = nil end  -- corrupted: as missing
+    local state = rec(jobkey, true, 's')
+    state = not state.err and state[1] or nil  -- corrupted: as missing
     if state == 'retrying' then retries = retries + 1 end
     if state == 'scheduled' or state == 'retrying' then
-      local entry = redis.call('XADD', stream, '*', 'id', id)
-      redis.call('HSET', jobkey, 'state', 'queued', 'entry', entry, 'enqueued', now)
+      set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
       emit(events, events_maxlen, id, 'queued', now, state)
       moved = moved + 1
     elseif not state then

@@ -8,7 +8,7 @@
 -- KEYS[5]   events STREAM
 -- KEYS[5+i] job record HASH of job i (i = 1..N)
 -- ARGV[1]   consumer group
--- ARGV[2]   events max length (0 = no events)
+-- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   the state to purge: queued | scheduled | retrying | failed
 -- ARGV[4..] per job i: job id, dead entry id (for failed jobs; '' otherwise) (pairs)
 -- Returns per job: 'purged' | 'skipped' (the job is in another state now)
@@ -21,7 +21,7 @@ local n = (#ARGV - 3) / 2
 for i = 1, n do
   local id, dead_id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
   local jobkey = KEYS[5 + i]
-  local r = redis.call('HMGET', jobkey, 'state', 'entry')
+  local r = rec(jobkey, false, 's', 'e')
   local state = r[1]
   if wanted == 'failed' and dead_id ~= '' and (state == 'failed' or not state) then
     redis.call('XDEL', dead, dead_id)  -- also clears entries whose record already expired

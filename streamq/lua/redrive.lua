@@ -1,13 +1,14 @@
 -- redrive.lua: send dead-lettered jobs back to the queue with fresh attempts.
 -- Each dead entry is consumed atomically (checked, then deleted), so two operators re-driving
 -- the same selection at once re-drive every job exactly once; re-running is harmless.
--- Safe to repeat: a repeat finds its dead entries gone and answers 'gone'.
+-- Safe to repeat: a repeat finds its dead entries gone and answers 'gone'. A layout-1 record
+-- is upgraded in place first (_lib.lua's rec).
 -- KEYS[1]   ready stream
 -- KEYS[2]   dead STREAM
 -- KEYS[3]   stats HASH
 -- KEYS[4]   events STREAM
 -- KEYS[4+i] job record HASH of dead entry i (i = 1..N)
--- ARGV[1]   events max length (0 = no events)
+-- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   who re-drives (recorded in the event)
 -- ARGV[3..] per dead entry i: dead entry id, job id (pairs)
 -- Returns per entry: 'redriven' | 'gone' (entry no longer in the dead stream) | 'missing'
@@ -28,17 +29,15 @@ for i = 1, n do
     out[i] = 'not_a_job'
   else
     redis.call('XDEL', dead, dead_id)
-    local state = redis.call('HGET', jobkey, 'state')
+    local state = rec(jobkey, true, 's')[1]
     if not state then
       out[i] = 'missing'
     elseif state ~= 'failed' then
       out[i] = 'not_failed'
     else
-      local entry = redis.call('XADD', stream, '*', 'id', id)
       redis.call('PERSIST', jobkey)
-      redis.call('HDEL', jobkey, 'reason', 'finished', 'owner', 'result')
-      redis.call('HSET', jobkey, 'state', 'queued', 'attempts', 0, 'entry', entry,
-        'token', '', 'enqueued', now)
+      redis.call('HDEL', jobkey, 'reason', 'f', 'o', 'r', 'k', 'n')
+      set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
       emit(events, events_maxlen, id, 'redriven', now, who)
       redriven = redriven + 1
       out[i] = 'redriven'

@@ -9,7 +9,7 @@
 -- KEYS[3]   events STREAM
 -- KEYS[3+i] job record HASH of job i (i = 1..N)
 -- ARGV[1]   consumer group
--- ARGV[2]   events max length (0 = no events)
+-- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   consumer name releasing (unstarted entries of a previous life of it may go too)
 -- ARGV[4..] per job i: job id, stream entry id, lease token ('' when never started) (triples)
 -- Returns per job: 1 released, 0 not ours to release (left untouched)
@@ -21,13 +21,13 @@ local n = (#ARGV - 3) / 3
 for i = 1, n do
   local id, entry, token = ARGV[1 + 3 * i], ARGV[2 + 3 * i], ARGV[3 + 3 * i]
   local jobkey = KEYS[3 + i]
-  local r = redis.call('HMGET', jobkey, 'state', 'token', 'entry', 'attempts', 'owner')
+  local r = rec(jobkey, false, 's', 'k', 'e', 'n', 'o')
   local ok = false
   if r[3] == entry then
     if token ~= '' then
       ok = r[1] == 'active' and r[2] == token
       if ok then
-        redis.call('HSET', jobkey, 'attempts', math.max(0, (tonumber(r[4]) or 1) - 1))
+        redis.call('HSET', jobkey, 'n', math.max(0, (tonumber(r[4]) or 1) - 1))
       end
     else
       ok = r[1] == 'queued' or (r[1] == 'active' and r[5] == consumer)
@@ -35,9 +35,9 @@ for i = 1, n do
   end
   if ok then
     ack_del(stream, group, entry)
-    local new = redis.call('XADD', stream, '*', 'id', id)
-    redis.call('HSET', jobkey, 'state', 'queued', 'entry', new, 'token', '', 'enqueued', now)
-    redis.call('HDEL', jobkey, 'owner')
+    rec(jobkey, true, 's')  -- a layout-1 record (handed back unstarted) is upgraded first
+    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+    redis.call('HDEL', jobkey, 'k', 'o')
     redis.call('HINCRBY', stats, 'released', 1)
     emit(events, events_maxlen, id, 'released', now, consumer)
     out[i] = 1

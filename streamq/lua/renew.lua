@@ -13,7 +13,7 @@ local out, ids = {}, {}
 local n = (#ARGV - 2) / 2
 for i = 1, n do
   local entry, token = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
-  local r = redis.call('HMGET', KEYS[1 + i], 'state', 'token')
+  local r = rec(KEYS[1 + i], false, 's', 'k')
   if r[1] == 'active' and r[2] == token then
     ids[#ids + 1] = entry
     out[i] = 1

@@ -8,7 +8,7 @@
 -- KEYS[4]   events STREAM
 -- KEYS[4+i] job record HASH of entry i (i = 1..N)
 -- ARGV[1]   consumer group
--- ARGV[2]   events max length (0 = no events)
+-- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   dead-letter retention in seconds
 -- ARGV[4]   dead stream max length
 -- ARGV[5]   who requeues (recorded in the event)
@@ -17,7 +17,8 @@
 --           this job: acked and deleted as a ghost) | 'missing' (no record, or an empty job id:
 --           a malformed stream entry; dead-lettered)
 -- Safe to repeat: a dead letter is written only while the entry is still in the stream, and a
--- requeued job's record points at its new entry, so a repeat skips it.
+-- requeued job's record points at its new entry, so a repeat skips it. A layout-1 record (an
+-- older worker's) is upgraded in place first (_lib.lua's rec), itself safe to repeat.
 local stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, events_maxlen, dead_ttl, dead_maxlen, who = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5]
@@ -31,7 +32,7 @@ for i = 1, n do
   redis.call('XACK', stream, group, entry)
   local present = redis.call('XDEL', stream, entry) == 1  -- a repeated call finds it gone
   local r = {}
-  if id ~= '' then r = redis.call('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts') end
+  if id ~= '' then r = rec(jobkey, true, 's', 'e', 'n', 'max_attempts') end
   local state = r[1]
   if id == '' then  -- an entry without a job id
     if present then
@@ -57,8 +58,8 @@ for i = 1, n do
     failed = failed + 1
     out[i] = 'failed'
   else
-    local new = redis.call('XADD', stream, '*', 'id', id)
-    redis.call('HSET', jobkey, 'state', 'queued', 'entry', new, 'token', '', 'enqueued', now)
+    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+    redis.call('HDEL', jobkey, 'k')
     emit(events, events_maxlen, id, 'requeued', now, who)
     requeued = requeued + 1
     out[i] = 'requeued'

@@ -8,7 +8,8 @@
 -- entries are handed back as fresh stream entries with no attempt counted (pause is atomic).
 -- Safe to repeat: a job already 'active' under the very token of this call and owned by the
 -- caller is the same start seen again (a lost reply): it answers 'run' with the same lease and
--- attempt and writes nothing new.
+-- attempt and writes nothing new. A layout-1 record (an older release's) is upgraded in place
+-- by the first start that owns its entry (_lib.lua's rec), which is itself safe to repeat.
 -- KEYS[1]   ready stream
 -- KEYS[2]   dead STREAM
 -- KEYS[3]   stats HASH
@@ -17,7 +18,7 @@
 -- KEYS[5+i] job record HASH of entry i (i = 1..N)
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name
--- ARGV[3]   events max length (0 = no events)
+-- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[4]   dead-letter retention in seconds
 -- ARGV[5]   dead stream max length
 -- ARGV[6]   N, the number of entries with a job id
@@ -25,7 +26,7 @@
 -- ARGV[7 + 3*N]        M, the number of malformed entries (no usable job id)
 -- ARGV[8 + 3*N + 2*(j-1) ..] per malformed entry j: stream entry id, description
 -- Returns a flat array, 7 per job entry: code ('run' | 'skip' | 'dead' | 'paused'), token,
---           attempt, envelope ('' unless run) or the reason (for skip and dead), deadline ms
+--           attempt, the job's data (job_data below; run) or the reason (skip, dead), deadline ms
 --           (0 = none), ms since the job (re)entered the stream, ms since it was created.
 local stream, dead, stats, events, paused = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, consumer = ARGV[1], ARGV[2]
@@ -38,6 +39,13 @@ local started, reclaimed, failed, handed = 0, 0, 0, 0
 local is_paused = redis.call('EXISTS', paused) == 1
 local KNOWN = {scheduled = true, queued = true, active = true, retrying = true,
                completed = true, failed = true, cancelled = true}
+-- What the worker needs to run a job: '<body>' or '!<n>:<options, n bytes><body>' (layout
+-- 2), or '~<envelope>' (a layout-1 record: its producer's envelope, kept as it was).
+local function job_data(r)
+  if not r[6] then return '~' .. (r[11] or '') end
+  if r[10] then return '!' .. #r[10] .. ':' .. r[10] .. r[6] end
+  return r[6]
+end
 local function push(a, b, c, d, e, f, g)
   out[#out + 1] = a; out[#out + 1] = b; out[#out + 1] = c; out[#out + 1] = d
   out[#out + 1] = e or 0; out[#out + 1] = f or 0; out[#out + 1] = g or 0
@@ -46,12 +54,15 @@ for i = 1, n do
   local b = 7 + 3 * (i - 1)
   local entry, id, token = ARGV[b], ARGV[b + 1], ARGV[b + 2]
   local jobkey = KEYS[5 + i]
-  local r = redis.pcall('HMGET', jobkey, 'state', 'entry', 'attempts', 'max_attempts',
-    'deadline', 'env', 'enqueued', 'created', 'token', 'owner')
-  local state = r[1]
   -- Only the consumer whose pending list holds the entry may start it: a stale delivery (the
   -- caller stalled after XREADGROUP and another worker took the entry over) is left alone.
   local owner = redis.call('XPENDING', stream, group, entry, entry, 1)
+  local r, state = {}, nil
+  if owner[1] ~= nil and owner[1][2] == consumer then
+    r = rec(jobkey, true, 's', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o',
+      'op', 'env')
+    state = r[1]
+  end
   if owner[1] == nil or owner[1][2] ~= consumer then
     push('skip', 0, 0, 'not the owner')
   elseif r.err then  -- the key holds something else than a job record
@@ -67,7 +78,8 @@ for i = 1, n do
     failed = failed + 1
     push('dead', 0, 0, 'job record missing')
   elseif not state or not KNOWN[state]
-      or ((state == 'queued' or state == 'active') and (not r[2] or r[2] == '')) then
+      or ((state == 'queued' or state == 'active')
+        and not string.match(r[2] or '', '^%d+%-%d+$')) then
     -- a record without a usable state or stream entry is damaged, not a ghost: bury it
     ack_del(stream, group, entry)
     bury(jobkey, dead, events, id, 'job record corrupted', '', 'CorruptRecord', now,
@@ -78,17 +90,17 @@ for i = 1, n do
     -- a ghost of an older delivery, or a job already finished or cancelled
     ack_del(stream, group, entry)
     push('skip', 0, 0, state)
-  elseif state == 'active' and r[9] == token and r[10] == consumer then
+  elseif state == 'active' and r[8] == token and r[9] == consumer then
     -- this very start ran before (its reply was lost): the same lease, the same attempt
     fresh[#fresh + 1] = entry
     local deadline = tonumber(r[5]) or 0
-    push('run', token, tonumber(r[3]) or 1, r[6] or '', deadline,
-      now - (tonumber(r[7]) or now), now - (tonumber(r[8]) or now))
+    push('run', token, tonumber(r[3]) or 1, job_data(r), deadline,
+      now - (entry_ms(r[2]) or now), now - (tonumber(r[7]) or now))
   elseif is_paused then
     -- hand it back untouched (no attempt counted); a lapsed lease's owner is fenced out
     ack_del(stream, group, entry)
-    local new = redis.call('XADD', stream, '*', 'id', id)
-    redis.call('HSET', jobkey, 'state', 'queued', 'entry', new, 'token', '', 'enqueued', now)
+    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+    redis.call('HDEL', jobkey, 'k')
     handed = handed + 1
     push('paused', 0, 0, 'queue paused')
   else
@@ -109,8 +121,7 @@ for i = 1, n do
       push('dead', 0, attempts, 'attempts exhausted (lease lapsed)')
     else
       attempts = attempts + 1
-      redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'token', token,
-        'owner', consumer, 'started', now)
+      redis.call('HSET', jobkey, 's', 'a', 'n', attempts, 'k', token, 'o', consumer, 'a', now)
       if state == 'active' then
         reclaimed = reclaimed + 1
         emit(events, events_maxlen, id, 'reclaimed', now, consumer)
@@ -118,8 +129,8 @@ for i = 1, n do
       started = started + 1
       fresh[#fresh + 1] = entry
       emit(events, events_maxlen, id, 'started', now, attempts)
-      push('run', token, attempts, r[6] or '', deadline, now - (tonumber(r[7]) or now),
-        now - (tonumber(r[8]) or now))
+      push('run', token, attempts, job_data(r), deadline, now - (entry_ms(r[2]) or now),
+        now - (tonumber(r[7]) or now))
     end
   end
 end

@@ -26,6 +26,7 @@ from pyspark.sql import types as t
 from .._core.config import QueueConfig
 from .._core.errors import InvalidArgument
 from .._core.keys import Keys
+from .._core.model import decode_record, normalize_record
 from .._core.scripts import SCRIPTS
 from .._producer import prepare as prod
 from ._enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
@@ -259,11 +260,14 @@ def read_jobs(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
                 part = batch[i:i + PAGE]
                 pipe = c.pipeline(transaction=False)
                 for jid in part:
-                    pipe.hmget(k.job(jid), "type", "state", "attempts", "created", "finished",
-                               "reason", "error", "env")
-                for jid, r in zip(part, pipe.execute(), strict=True):
-                    if r[1] is None:
+                    pipe.hgetall(k.job(jid))
+                for jid, h in zip(part, pipe.execute(), strict=True):
+                    if not h:
                         continue
+                    info = decode_record(queue, jid, h, cfg.serde)
+                    n = normalize_record(h)
+                    r: list[Any] = [info.type.encode(), info.state.encode(), info.attempts,
+                                    n.get(b"c"), n.get(b"f"), n.get(b"reason"), n.get(b"error")]
                     etype = ""
                     if r[6]:
                         try:
@@ -271,9 +275,9 @@ def read_jobs(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
                         except Exception:  # noqa: BLE001 - a corrupt error blob is just unknown
                             etype = ""
                     payload = ""
-                    if r[7]:
+                    if info.envelope is not None:
                         try:
-                            payload = json.dumps(cfg.serde.loads(r[7]).get("p"), default=str)
+                            payload = json.dumps(info.payload, default=str)
                         except Exception:  # noqa: BLE001
                             payload = ""
                     yield (jid, _s(r[0]), _s(r[1]), int(r[2] or 0),
@@ -323,7 +327,7 @@ def _redrive(client: Any, k: Keys, cfg: QueueConfig, batch: list[tuple[str, str]
              local: dict[str, int]) -> None:
     if not batch:
         return
-    args: list[Any] = [cfg.events_maxlen, "spark"]
+    args: list[Any] = [cfg.events_arg, "spark"]
     for dead_id, jid in batch:
         args += [dead_id, jid or ""]
     res = SCRIPTS["redrive"](client, [k.stream, k.dead, k.stats, k.events,

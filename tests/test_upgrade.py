@@ -1,0 +1,141 @@
+"""Upgrade without loss: records, stream entries and events written by the release before
+compact records (layout 1; its scripts are in tests/fixtures/v1) keep working with today's
+code: new workers run jobs an old producer enqueued, jobs an old worker had started are
+reclaimed (or finished by that old worker), and readers accept both layouts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from helpers import eventually, record
+from test_worker import running
+
+from streamq import Job, Keys, Queue, Registry
+from streamq._core.keys import GROUP
+from streamq.admin import Admin
+
+V1 = Path(__file__).parent / "fixtures" / "v1"
+
+
+def v1_script(r: redis.Redis, name: str) -> Any:
+    return r.register_script((V1 / "_lib.lua").read_text() + "\n"
+                             + (V1 / f"{name}.lua").read_text())
+
+
+def v1_enqueue(r: redis.Redis, k: Keys, jobs: list[tuple[str, str, Any, int]]) -> list[Any]:
+    """An old producer: (id, type, payload, delay_ms) per job, 100,000 events kept."""
+    keys = [k.stream, k.delayed, k.stats, k.events, *(k.job(j) for j, *_ in jobs)]
+    args: list[Any] = [100_000, 0, k.wake_channel, len(jobs)]
+    for jid, jtype, payload, delay_ms in jobs:
+        env = json.dumps({"i": jid, "t": jtype, "p": payload, "created_ms": 1,
+                          "result_ttl_s": 86400}, separators=(",", ":"))
+        args += [jid, jtype, env, 0, 86400, 0, delay_ms, 0, "", ""]
+    out: list[Any] = v1_script(r, "enqueue")(keys=keys, args=args)
+    return out
+
+
+def v1_start(r: redis.Redis, k: Keys, consumer: str, count: int) -> list[tuple[str, str, str]]:
+    """An old worker: read ``count`` entries and start them (layout-1 start.lua)."""
+    with contextlib.suppress(redis.ResponseError):
+        r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    got: Any = r.xreadgroup(GROUP, consumer, {k.stream: ">"}, count=count)
+    part = [(e.decode(), f[b"id"].decode(), f"old-{n}") for n, (e, f) in enumerate(got[0][1])]
+    keys = [k.stream, k.dead, k.stats, k.events, k.paused, *(k.job(j) for _, j, _ in part)]
+    args: list[Any] = [GROUP, consumer, 100_000, 3600, 1000, len(part)]
+    for e, j, t in part:
+        args += [e, j, t]
+    args.append(0)
+    reply = v1_script(r, "start")(keys=keys, args=args)
+    assert [reply[7 * i] for i in range(len(part))] == [b"run"] * len(part)
+    return part
+
+
+def v1_finish(r: redis.Redis, k: Keys, jid: str, entry: str, token: str, result: str) -> Any:
+    keys = [k.stream, k.delayed, k.dead, k.stats, k.events, k.job(jid)]
+    args = [GROUP, 100_000, 3600, 1000, "", 1, jid, entry, token, "ok", result, 0, ""]
+    return v1_script(r, "finish")(keys=keys, args=args)
+
+
+@pytest.fixture
+def q(url: str, qname: str) -> Any:
+    queue = Queue.from_url(url, qname)
+    yield queue
+    queue.close()
+
+
+async def test_new_code_drains_what_the_old_release_wrote(
+        url: str, q: Queue, r: redis.Redis) -> None:
+    k = q.keys
+    ids = [f"old-{i}" for i in range(20)]
+    assert v1_enqueue(r, k, [(j, "add", {"n": i}, 0) for i, j in enumerate(ids)]) == \
+        [b"queued"] * 20
+    assert v1_enqueue(r, k, [("old-later", "add", {"n": 100}, 50)]) == [b"scheduled"]
+    assert record(r, k.job("old-0"))[b"state"] == b"queued"
+    assert r.hget(k.job("old-0"), "state") == b"queued"  # layout 1 as it was written
+    # an old worker starts three jobs; it finishes one itself while new code runs, and
+    # dies with the other two in flight
+    started = v1_start(r, k, "old-worker", 3)
+    (e_kept, j_kept, t_kept), *lapsed = started
+    # new readers see both layouts
+    admin = Admin.from_url(url)
+    info = admin.job(q.name, j_kept)
+    admin.close()
+    assert info.state == "active" and info.payload == {"n": 0} and info.owner == "old-worker"
+    # a new producer's duplicate enqueue answers from the old record and leaves it alone
+    dup = q.enqueue("add", {"n": 0}, job_id=j_kept)
+    assert (dup.status, dup.state) == ("duplicate", "active")
+    assert r.hget(k.job(j_kept), "state") == b"active"  # an old worker's: not rewritten
+
+    reg = Registry()
+    ran: list[str] = []
+
+    @reg.handler("add")
+    async def add(job: Job) -> int:
+        ran.append(job.id)
+        return int(job.payload["n"]) + 1
+
+    # the old worker finishes its job after new code read and touched it
+    assert v1_finish(r, k, j_kept, e_kept, t_kept, "1") == [b"completed"]
+    async with running(url, q.name, reg, visibility_timeout_s=0.5, reclaim_interval_s=0.1):
+        await eventually(lambda: all(record(r, k.job(j)).get(b"state") == b"completed"
+                                     for j in [*ids, "old-later"]),
+                         timeout_s=20, what="every old job completed")
+    assert j_kept not in ran  # the old worker's own outcome stood
+    assert {j for _, j, _ in lapsed} <= set(ran)  # reclaimed from the dead old worker
+    for i, j in enumerate(ids):
+        assert q.result(j, timeout=1) == i + 1
+    assert q.result("old-later", timeout=1) == 101
+    assert r.xlen(k.stream) == 0 and r.zcard(k.delayed) == 0
+    pending: Any = r.xpending(k.stream, GROUP)
+    assert pending["pending"] == 0
+    # the records new code touched are in layout 2 now; the old events stay readable
+    assert r.hget(k.job("old-5"), "s") == b"c" and r.hget(k.job("old-5"), "state") is None
+    events: Any = r.xrange(k.events)
+    assert {f[b"ev"] for _, f in events} >= {b"enqueued", b"started", b"reclaimed"}
+    # a new producer's duplicate of an old completed job answers with its result
+    dup = q.enqueue("add", job_id="old-3")
+    assert (dup.status, dup.state, dup.result) == ("duplicate", "completed", 4)
+
+
+def test_old_record_upgrade_keeps_every_field(q: Queue, r: redis.Redis, url: str) -> None:
+    k = q.keys
+    v1_enqueue(r, k, [("u1", "add", {"n": 7}, 60_000)])
+    r.hset(k.job("u1"), mapping={"errors": '[{"attempt":1,"type":"E","t":5}]',
+                                 "error": '{"type":"E","message":"m"}'})
+    ttl_before = r.ttl(k.job("u1"))
+    admin = Admin.from_url(url)
+    before = admin.job(q.name, "u1")
+    assert q.cancel("u1").cancelled  # cancel.lua upgrades the record, then cancels
+    raw: Any = r.hgetall(k.job("u1"))
+    assert b"state" not in raw and raw[b"s"] == b"x"
+    after = admin.job(q.name, "u1")
+    admin.close()
+    assert after.state == "cancelled" and after.payload == {"n": 7} == before.payload
+    assert after.created_at == before.created_at and after.errors == before.errors
+    assert after.error == before.error and after.type == "add"
+    assert ttl_before == -1 and r.ttl(k.job("u1")) > 0
