@@ -576,7 +576,7 @@ def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[st
     """KEYS and ARGV of one start.lua call: (entry, job id, token) per entry to start, and
     (entry, description) per malformed entry."""
     keys = [k.stream, k.dead, k.stats, k.events, k.paused, *(k.job(j) for _, j, _t in part)]
-    args: list[Any] = [GROUP, consumer, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen,
+    args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
                        len(part)]
     for eid, jid, token in part:
         args += [eid, jid, token]
