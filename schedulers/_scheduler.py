@@ -267,7 +267,7 @@ class Scheduler:
         reply = await SCRIPTS["fire"].run_async(
             self._client,
             [keys.stream, keys.delayed, keys.stats, keys.events, p.key, keys.cron],
-            [self.queue_config.events_maxlen, keys.wake_channel, entry.name, tick, info,
+            [self.queue_config.events_arg, keys.wake_channel, entry.name, tick, info,
              *p.args, mode])
         status = reply[0].decode()
         if status == "future":
@@ -333,7 +333,7 @@ class Scheduler:
                 jid = (fields or {}).get(b"id", b"")
                 pairs.append((eid.decode(), jid.decode(errors="replace")))
             if pairs:
-                args: list[Any] = [GROUP, cfg.events_maxlen, cfg.dead_ttl_s, cfg.dead_maxlen,
+                args: list[Any] = [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
                                    self.consumer]
                 for eid, jid in pairs:
                     args += [eid, jid]
