@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from helpers import eventually, fast
-from redis.exceptions import TryAgainError
+from redis.exceptions import ClusterError, TryAgainError
 
 from schedulers import Cron, Scheduler, SchedulerConfig
 from streamq import (
@@ -493,6 +493,8 @@ async def test_calls_follow_ask_while_a_queues_slot_is_half_moved(
                 with pytest.raises(TryAgainError) as exc:
                     admin.stats(name)
                 assert transient(exc.value)
+                # what redis-py raises when it gives up following redirects: also transient
+                assert transient(ClusterError("TTL exhausted."))
             finally:
                 admin.close()
                 await aadmin.close()
