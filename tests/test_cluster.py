@@ -100,9 +100,11 @@ async def test_producer_worker_and_admin_across_nodes(redis_cluster: ClusterServ
                 assert await aq.enqueue_and_wait("ok", job_id="waited", timeout=20) == 1
             finally:
                 await aq.close()
+            assert await asyncio.to_thread(
+                queues[2].enqueue_and_wait, "ok", job_id="waited-sync", timeout=20) == 1
         assert sorted(seen) == sorted([f"one-{i}" for i in range(3)]
                                       + [f"m{i}-{j}" for i in range(3) for j in range(20)]
-                                      + ["waited"])
+                                      + ["waited", "waited-sync"])
         for i, q in enumerate(queues):
             assert q.result(f"flaky-{i}") == "second"
         admin = Admin.from_url(url)
