@@ -513,3 +513,38 @@ async def test_calls_follow_ask_while_a_queues_slot_is_half_moved(
             assert admin.stats(name).ready == 10
         finally:
             admin.close()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_enqueue_and_read_with_a_cluster_url(redis_cluster: ClusterServer) -> None:
+    """Spark's executors build their clients from the URL: a redis+cluster:// URL needs no
+    flag; cluster=True with one node's redis:// URL is the older spelling of the same."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from pyspark.sql import SparkSession
+
+    from streamq import QueueConfig
+    from streamq._core.config import ALL_EVENTS
+    from streamq.spark import enqueue_dataframe, read_events, read_jobs
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    spark = (SparkSession.builder.master("local[2]").appName("streamq-cluster-tests")
+             .config("spark.ui.enabled", "false")
+             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
+    url = redis_cluster.url
+    (name,) = spread_queues(redis_cluster, 1)
+    df = spark.createDataFrame([(f"r{i}", i) for i in range(2000)], ["id", "n"])
+    every_event = QueueConfig(event_kinds=ALL_EVENTS)
+    counts = enqueue_dataframe(df, url=url, queue=name, job_type="ok", id_col="id",
+                               payload_cols=["n"], queue_config=every_event)
+    assert (counts.enqueued, counts.duplicates, counts.total_rejected) == (2000, 0, 0)
+    one_node = redis_cluster.node_url(redis_cluster.ports[-1]).removesuffix("/0")
+    again = enqueue_dataframe(df, url=one_node, queue=name, job_type="ok", id_col="id",
+                              payload_cols=["n"], cluster=True)
+    assert (again.enqueued, again.duplicates) == (0, 2000)
+    events = read_events(spark, url=url, queue=name, partitions=4)
+    assert events.select("job_id").distinct().count() == 2000
+    jobs = read_jobs(spark, url=one_node, queue=name, cluster=True)
+    assert {r["state"]: r["count"] for r in jobs.groupBy("state").count().collect()} == {
+        "queued": 2000}
