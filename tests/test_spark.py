@@ -20,7 +20,7 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")  # CI 
 from helpers import wait_until
 from pyspark.sql import SparkSession
 
-from streamq import QueueConfig
+from streamq import ALL_EVENTS, QueueConfig
 from streamq.admin import Admin
 from streamq.spark import (
     enqueue_dataframe,
@@ -65,7 +65,8 @@ def rows() -> list[tuple[Any, ...]]:
 
 def test_bulk_enqueue_drain_export_and_redrive(spark: SparkSession, url: str, qname: str,
                                                tmp_path: Path) -> None:
-    cfg = QueueConfig(max_payload_bytes=2000, events_maxlen=1_000_000)  # keep all history
+    # keep all history, every kind of event the producer writes
+    cfg = QueueConfig(max_payload_bytes=2000, events_maxlen=1_000_000, event_kinds=ALL_EVENTS)
     df = spark.createDataFrame(rows(), "id string, path string, size int, delay double"
                                ).repartition(4)
     counts = enqueue_dataframe(df, url=url, queue=qname, job_type="image.process", id_col="id",
@@ -102,7 +103,8 @@ def test_bulk_enqueue_drain_export_and_redrive(spark: SparkSession, url: str, qn
     assert first["gap"] is False
     events = spark.read.parquet(str(out / "events"))
     by_kind = {r["event"]: r["count"] for r in events.groupBy("event").count().collect()}
-    assert by_kind["enqueued"] == N and by_kind["completed"] == N - dead_expected
+    # the workers run with the default event kinds: a completion is no event, a failure is
+    assert by_kind["enqueued"] == N and "completed" not in by_kind
     assert by_kind["failed"] == dead_expected and first["exported"] == events.count()
     assert export_events(spark, url=url, queue=qname, to=str(out))["exported"] == 0
 
@@ -131,7 +133,7 @@ def test_export_warns_when_history_was_trimmed(spark: SparkSession, url: str, qn
                                                tmp_path: Path) -> None:
     from streamq import Queue
 
-    q = Queue.from_url(url, qname, QueueConfig(events_maxlen=10))
+    q = Queue.from_url(url, qname, QueueConfig(events_maxlen=10, event_kinds=ALL_EVENTS))
     q.enqueue_many([{"type": "t"} for _ in range(500)])
     result = export_events(spark, url=url, queue=qname, to=str(tmp_path / "x"))
     assert result["gap"] is True and 0 < result["exported"] < 500
@@ -150,7 +152,7 @@ def test_export_command_appends_incrementally(spark: SparkSession, url: str, qna
 
     from streamq import Queue
 
-    q = Queue.from_url(url, qname)
+    q = Queue.from_url(url, qname, QueueConfig(event_kinds=ALL_EVENTS))
     q.enqueue_many([{"type": "t"} for _ in range(20)])
     cmd = [sys.executable, "-m", "streamq", "export", qname, "--to", str(tmp_path), "--url", url,
            "--json", "--master", "local[1]"]
@@ -180,7 +182,8 @@ def test_enqueue_against_redis_cluster(spark: SparkSession, qname: str, tmp_path
         url = server.url
         df = spark.createDataFrame([(f"c-{i}", i) for i in range(2000)], "id string, n int")
         counts = enqueue_dataframe(df, url=url, queue=qname, job_type="t", id_col="id",
-                                   payload_cols=["n"], cluster=True)
+                                   payload_cols=["n"], cluster=True,
+                                   queue_config=QueueConfig(event_kinds=ALL_EVENTS))
         assert counts.enqueued == 2000 and counts.rejected == {}
         assert admin.xlen(f"streamq:{{{qname}}}:stream") == 2000
         # reading and exporting go through the node that holds the queue's keys

@@ -47,8 +47,9 @@ from redis.exceptions import ResponseError
 
 import schedulers
 import streamq
-from streamq import Keys, Queue, QueueConfig
+from streamq import ALL_EVENTS, Keys, Queue, QueueConfig
 from streamq._core.keys import GROUP
+from streamq._core.model import V1_FIELDS, normalize_record, record_state
 from streamq._core.retry import TRANSIENT
 from streamq._core.server import RedisServer
 from streamq.admin import Admin
@@ -265,7 +266,7 @@ class Chaos:
         self.queue = f"chaos-{opts.seed}"
         self.keys = Keys(self.queue)
         planned = int(opts.rate * opts.minutes * 60)
-        self.qcfg = QueueConfig(events_maxlen=max(100_000, planned * 10))
+        self.qcfg = QueueConfig(events_maxlen=max(100_000, planned * 10), event_kinds=ALL_EVENTS)
         self._own_dir = opts.workdir is None
         self.dir = Path(opts.workdir or tempfile.mkdtemp(prefix="streamq-chaos-"))
         if self.dir.exists() and any(self.dir.iterdir()):
@@ -909,7 +910,8 @@ class Chaos:
                     key, pid = self.keys.job(jid), c.pid
 
                     def promoted(key: str = key) -> bool:
-                        return r.hget(key, "state") not in (None, b"scheduled")
+                        st: Any = r.hmget(key, "s", "state")
+                        return record_state(st[0] or st[1]) not in ("", "scheduled")
 
                     def ran(jid: str = jid, pid: int = pid, offset: int = offset) -> bool:
                         starts = read_ledger(self.ledger, offset).starts.get(jid, [])
@@ -991,7 +993,7 @@ class Chaos:
             pipe = r.pipeline(transaction=False)
             for i in chunk:
                 pipe.hgetall(k.job(i))
-            records.update(zip(chunk, pipe.execute(), strict=True))
+            records.update(zip(chunk, map(_long_names, pipe.execute()), strict=True))
         led = read_ledger(self.ledger)
         events = self.read_events()
         v = Verdict()
@@ -1421,3 +1423,14 @@ def run(opts: Options) -> dict[str, Any]:
         opts.out.parent.mkdir(parents=True, exist_ok=True)
         opts.out.write_text(json.dumps(rep, indent=2, default=str) + "\n")
     return rep
+
+
+_LONG = {v: k for k, v in V1_FIELDS.items()}
+
+
+def _long_names(h: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """A job record in either layout by its long names (state, attempts, owner, result,
+    started, ...: the checks below read those), state and entry decoded."""
+    if not h:
+        return {}
+    return {_LONG.get(k, k): v for k, v in normalize_record(h).items()}

@@ -45,6 +45,7 @@ import redis
 
 from streamq import Keys
 from streamq._core.keys import GROUP
+from streamq._core.model import record_state
 
 SAMPLE_S = 0.5
 HEARTBEAT_BOUND_S = 5.0
@@ -147,9 +148,9 @@ class Monitor:
                 jids.append((_s(p["consumer"]), _s(fields.get(b"id", b""))))
             pipe = r.pipeline(transaction=False)
             for _c, j in jids:
-                pipe.hmget(k.job(j or "-"), "state", "owner")
-            for (c, j), (state, owner) in zip(jids, pipe.execute(), strict=True):
-                pending.append((c, j, _s(state or b""), _s(owner or b"")))
+                pipe.hmget(k.job(j or "-"), "s", "o", "state", "owner")
+            for (c, j), (state, owner, state1, owner1) in zip(jids, pipe.execute(), strict=True):
+                pending.append((c, j, record_state(state or state1), _s(owner or owner1 or b"")))
         return Sample(t, now_ms, {_s(m): float(s) for m, s in hb}, overdue, pending)
 
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from streamq import Fail, Job, QueueConfig, Registry, Retry, Worker, WorkerConfig
+from streamq import ALL_EVENTS, Fail, Job, QueueConfig, Registry, Retry, Worker, WorkerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "procs"))
 from worker_proc import dump_state  # tests/procs: SIGUSR1 dumps every stack
@@ -141,7 +141,8 @@ def main(argv: list[str]) -> int:
     ledger = Ledger(ledger_path, name)
     threading.Thread(target=ledger.watch, name="chaos-watchdog", daemon=True).start()
     Worker(url, [queue], build_registry(ledger), WorkerConfig(**config["worker"]),
-           QueueConfig(events_maxlen=int(config["events_maxlen"])), consumer=name).run()
+           QueueConfig(events_maxlen=int(config["events_maxlen"]), event_kinds=ALL_EVENTS),
+           consumer=name).run()
     return 0
 
 
