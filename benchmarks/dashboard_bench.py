@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from streamq import Fail, Job, Queue, Registry, Worker, WorkerConfig
+from streamq import ALL_EVENTS, Fail, Job, Queue, QueueConfig, Registry, Worker, WorkerConfig
 from streamq._core.server import RedisServer
 from streamq.dashboard import DashboardConfig, create_app
 
@@ -54,7 +54,8 @@ def _enqueue(q: Queue, jobs: list[dict[str, Any]]) -> None:
 
 async def _drain(url: str, queue: str, until: int) -> None:
     cfg = WorkerConfig(concurrency=256, fetch_batch=512)
-    async with Worker(url, [queue], _registry(), cfg) as w:
+    # every event kind: the completed tab lists completed events
+    async with Worker(url, [queue], _registry(), cfg, QueueConfig(event_kinds=ALL_EVENTS)) as w:
         while w.stats.completed + w.stats.failed < until:  # noqa: ASYNC110 - polls counters
             await asyncio.sleep(0.2)
 

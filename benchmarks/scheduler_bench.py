@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from streamq import Queue
+from streamq._core.model import entry_id
 from streamq._core.server import RedisServer
 
 
@@ -51,8 +52,9 @@ def run(jobs: int, spread_s: float, idle_s: float) -> dict[str, Any]:
                 time.sleep(0.1)
             pipe = client.pipeline(transaction=False)
             for i in range(jobs):
-                pipe.hmget(q.keys.job(f"j{i}"), "due", "enqueued")
-            lat = [int(e) - int(d) for d, e in pipe.execute() if d and e]
+                pipe.hmget(q.keys.job(f"j{i}"), "due", "e")  # e: the entry, its ms = enqueued
+            lat = [int(entry_id(e).partition("-")[0]) - int(d) for d, e in pipe.execute()
+                   if d and e]
         finally:
             proc.terminate()
             proc.wait(10)

@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any
 
-from streamq import QueueConfig
+from streamq import ALL_EVENTS, QueueConfig
 from streamq._core.server import RedisServer
 
 
@@ -43,7 +43,7 @@ def run(rows: int, partitions: int, reps: int) -> dict[str, Any]:
         df.count()  # materialise, so the timing is the enqueue alone
         for _ in range(reps):
             with RedisServer() as srv, tempfile.TemporaryDirectory() as out:
-                cfg = QueueConfig(events_maxlen=rows + 1000)
+                cfg = QueueConfig(events_maxlen=rows + 1000, event_kinds=ALL_EVENTS)
                 t0 = time.perf_counter()
                 counts = enqueue_dataframe(df, url=srv.url, queue="bench",
                                            job_type="image.process", id_col="id",
