@@ -74,3 +74,29 @@ def test_an_unreachable_seed_is_a_connection_error_not_a_setup_error() -> None:
 
     with pytest.raises(redis.ConnectionError):
         sync_client(f"redis+cluster://127.0.0.1:{free_port()}?socket_connect_timeout=0.5")
+
+
+def test_the_old_cluster_flag_means_the_cluster_form_of_one_nodes_url() -> None:
+    from streamq._core.conn import as_cluster_url
+
+    assert as_cluster_url("redis://10.0.0.1:7000") == "redis+cluster://10.0.0.1:7000"
+    assert as_cluster_url("redis://10.0.0.1:7000/0") == "redis+cluster://10.0.0.1:7000"
+    assert (as_cluster_url("rediss://ada:s3cret@h:7000?socket_timeout=2")
+            == "rediss+cluster://ada:s3cret@h:7000?socket_timeout=2")
+    assert as_cluster_url("redis+cluster://a:1,b:2") == "redis+cluster://a:1,b:2"
+    for bad, says in [("redis://h:7000/3", "only database 0"),
+                      ("unix:///run/redis.sock", "cannot name a Redis Cluster"),
+                      ("redis+sentinel://s:26379/p", "cannot name a Redis Cluster")]:
+        with pytest.raises(InvalidArgument, match=says):
+            as_cluster_url(bad)
+
+
+def test_each_command_is_routed_by_its_key() -> None:
+    from streamq._core.nodes import key_of
+
+    assert key_of(("EVALSHA", "abc", 2, "k1", "k2", "arg")) == "k1"
+    assert key_of(("EVALSHA", "abc", 0, "arg")) is None
+    assert key_of(("XINFO", "GROUPS", "s")) == "s"
+    assert key_of(("XREADGROUP", "GROUP", "g", "c", "COUNT", 5, "STREAMS", "s", ">")) == "s"
+    assert key_of(("TIME",)) is None and key_of((b"ECHO", "")) is None
+    assert key_of(("HGETALL", "h")) == "h"
