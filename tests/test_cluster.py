@@ -1,7 +1,8 @@
 """Every component on a real Redis Cluster (3 primaries + 3 replicas on loopback, started once
 per session by the ``redis_cluster`` fixture): producer, worker, scheduler, cron, admin, CLI,
-dashboard; a standalone URL at a cluster node; a failover while jobs flow; a slot migration
-while a worker runs. Run this set alone with ``pytest -m cluster``."""
+dashboard, the demo, Spark; a standalone URL at a cluster node; scripts lost by a node; while
+jobs flow: a failover, a SIGKILLed primary, a slot migration; calls on a half-moved slot.
+Run this set alone with ``pytest -m cluster``."""
 
 from __future__ import annotations
 
@@ -172,20 +173,25 @@ async def test_scheduler_promotes_and_fires_cron(redis_cluster: ClusterServer) -
         qa.close()
 
 
-def test_cli_stats_and_dead_list_with_a_cluster_url(redis_cluster: ClusterServer) -> None:
+async def test_cli_stats_and_dead_list_with_a_cluster_url(
+        redis_cluster: ClusterServer) -> None:
     url = redis_cluster.url
     (name,) = spread_queues(redis_cluster, 1)
     with Queue.from_url(url, name) as q:
+        q.enqueue("bad", {"n": 1}, job_id="broken", max_attempts=1)
+        async with Worker(url, [name], registry(), fast()) as w:
+            await eventually(lambda: w.stats.failed == 1, what="the bad job dead-lettered")
         q.enqueue_many([{"type": "ok"} for _ in range(4)])
-    stats = cli(url, "--json", "stats", name)
+    stats = await asyncio.to_thread(cli, url, "--json", "stats", name)
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)[0]["ready"] == 4
-    dead = cli(url, "--json", "dead", "list", name)
+    row = json.loads(stats.stdout)[0]
+    assert (row["ready"], row["dead"]) == (4, 1)
+    dead = await asyncio.to_thread(cli, url, "--json", "dead", "list", name)
     assert dead.returncode == 0, dead.stderr
-    assert json.loads(dead.stdout) == [] or json.loads(dead.stdout).get("items") == []
+    assert [e["job_id"] for e in json.loads(dead.stdout)["items"]] == ["broken"]
     # the old flag still works: one node's redis:// URL plus --cluster
     node = redis_cluster.node_url(redis_cluster.ports[-1]).removesuffix("/0")
-    flagged = cli(node, "--cluster", "--json", "stats", name)
+    flagged = await asyncio.to_thread(cli, node, "--cluster", "--json", "stats", name)
     assert flagged.returncode == 0, flagged.stderr
     assert json.loads(flagged.stdout)[0]["ready"] == 4
 
