@@ -188,7 +188,8 @@ def _split(target: Target, socket_timeout_s: float,
 
 def sync_client(url: str | Target, *, socket_timeout_s: float = 30.0, **extra: Any) -> Any:
     """A blocking client for ``url``: ``redis.Redis`` (standalone or the Sentinel primary) or
-    ``redis.cluster.RedisCluster``. Nothing connects until the first command."""
+    ``redis.cluster.RedisCluster``. A standalone or Sentinel client connects at its first
+    command; a cluster client reads the slot map from a seed node at once."""
     target = url if isinstance(url, Target) else parse(url)
     no_retry = Retry(NoBackoff(), 0)
     if target.kind == "standalone":
