@@ -81,3 +81,21 @@ async def test_every_event_kind_is_opt_in(url: str, qname: str, r: redis.Redis) 
     assert QueueConfig(event_kinds=ALL_EVENTS).events_arg == "100000"
     with pytest.raises(InvalidArgument, match="unknown event kinds"):
         QueueConfig(event_kinds=frozenset({"enqueud"}))
+
+
+async def test_an_entry_stored_as_its_id_and_a_non_default_ttl_work(url: str, q: Queue,
+                                                                      r: redis.Redis) -> None:
+    """'e' holds '<ms><seq, 3 digits>' or, when seq >= 1000, the stream id as it is; both
+    start and settle. A result TTL other than the default is kept in 'x' and applied."""
+    k = q.keys
+    jid = q.enqueue("noop", {"n": 1}, result_ttl=600).job_id
+    [(entry, _)] = r.xrange(k.stream)
+    ms, seq = entry.decode().split("-")
+    assert r.hget(k.job(jid), "e") == f"{ms}{int(seq):03d}".encode()
+    assert r.hget(k.job(jid), "x") == b"600"
+    r.hset(k.job(jid), "e", entry)  # the other form, as a seq >= 1000 is stored
+    async with running(url, q.name, _registry()):
+        await eventually(lambda: r.hget(k.job(jid), "s") == b"c", what="completed")
+    assert 0 < r.ttl(k.job(jid)) <= 600
+    info = q.get(jid)
+    assert info is not None and info.result is None and info.enqueued_at is not None
