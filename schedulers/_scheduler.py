@@ -25,10 +25,11 @@ from redis.exceptions import NoPermissionError
 from streamq import InvalidArgument, QueueConfig
 from streamq._core.config import _positive_seconds
 from streamq._core.conn import async_client, averify
-from streamq._core.keys import GROUP, Keys, queues_key
+from streamq._core.keys import GROUP, Keys, queues_key, shard_keys
 from streamq._core.retry import acall
 from streamq._core.scripts import SCRIPTS
 from streamq._core.supervise import LoopHealth, Outage, Supervised
+from streamq._ops.shards import check as _check_shards
 from streamq._worker.promote import Promoter
 
 from ._entries import Cron
@@ -73,8 +74,12 @@ class Scheduler:
         self._client: aredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._running = False
-        self._promoters = {q: Promoter(k, self.queue_config) for q, k in self.queues.items()}
-        self._cursors = {q: "0-0" for q in self.queues}
+        self.shards = {q: shard_keys(q, self.queue_config.shards, prefix) for q in self.queues}
+        """Every shard's keys of each queue (shard 0 holds the cron state)."""
+        self._promoters = {k.tag: Promoter(k, self.queue_config)
+                           for ks in self.shards.values() for k in ks}
+        """One per shard, by tag (a queue's name is its shard 0's tag)."""
+        self._cursors = {t: "0-0" for t in self._promoters}
         self.promoted = 0
         self.fired = 0
         self.requeued = 0
@@ -104,6 +109,8 @@ class Scheduler:
             # a URL of the wrong form (redis:// at a cluster node, …): one clear error
             await acall(lambda _retried: averify(client, self.url))
             await acall(lambda _retried: self._register(client))
+            for k in self.queues.values():  # the stored shard count: ShardCountMismatch
+                await acall(functools.partial(_shards_ok, client, k, self.queue_config.shards))
             for p in self._promoters.values():
                 await acall(functools.partial(_sync, p, client))
         except BaseException:
@@ -175,7 +182,8 @@ class Scheduler:
             if pubsub[0] is None:
                 ps = client.pubsub(ignore_subscribe_messages=True)
                 try:
-                    await ps.subscribe(*(k.wake_channel for k in self.queues.values()))
+                    await ps.subscribe(*(k.wake_channel for ks in self.shards.values()
+                                         for k in ks))
                     pubsub[0] = ps
                 except Exception as exc:  # noqa: BLE001 - optional: poll meanwhile
                     log.warning("wake-up channel unavailable (%s); polling", exc)
@@ -260,8 +268,9 @@ class Scheduler:
         the next tick, or this one again soon when the server says it is still to come (this
         host's clock runs ahead of the server's)."""
         assert self._client is not None
-        keys = self.queues[entry.queue]
-        p = entry.prepare(keys, self.queue_config, tick)
+        home = self.queues[entry.queue]
+        p = entry.prepare(home, self.queue_config, tick)
+        keys = home.of_shard(p.shard)  # the tick's job id decides its shard (and cron hash)
         info = json.dumps({**entry.describe(), "last_tick_ms": tick, "last_job": p.job_id,
                            "next_tick_ms": entry.next_after(tick)})
         reply = await SCRIPTS["fire"].run_async(
@@ -270,6 +279,9 @@ class Scheduler:
             [self.queue_config.events_arg, keys.wake_channel, entry.name, tick, info,
              *p.args, mode])
         status = reply[0].decode()
+        if p.shard != 0 and status != "future":
+            await self._mirror_cron(home, entry.name, tick, info if status in (
+                "queued", "scheduled", "duplicate") else None)
         if status == "future":
             promoter = self._promoters[entry.queue]
             await promoter.sync_clock(self._client)  # our estimate ran ahead: read it again
@@ -278,6 +290,20 @@ class Scheduler:
             self.fired += 1
             log.info("cron %s fired tick %d as job %s", entry.name, tick, p.job_id)
         return entry.next_after(tick)
+
+    async def _mirror_cron(self, home: Keys, name: str, tick: int, info: str | None) -> None:
+        """A sharded queue's tick fired (exactly once, by fire.lua) in the cron hash of its
+        job's shard; shard 0's cron hash, which decides the next tick to try and which ops
+        read, learns it here. Not atomic with the firing, and need not be: a tick tried
+        again meets its own shard's record and is 'stale' (nothing written)."""
+        assert self._client is not None
+        raw: Any = await self._client.hget(home.cron, f"{name}:last")
+        if raw is not None and int(raw) >= tick:
+            return
+        fields: Any = {f"{name}:last": tick}
+        if info is not None:
+            fields[name] = info
+        await self._client.hset(home.cron, mapping=fields)
 
     async def _publish_cron_info(self) -> None:
         """Make every entry visible to ops before its first firing (next tick, definition).
@@ -312,9 +338,20 @@ class Scheduler:
         return 0.0
 
     async def sweep(self, queue: str) -> int:
-        """Hand back lapsed entries of a queue that has no live worker; returns how many."""
+        """Hand back lapsed entries of a queue (every shard) that has no live worker;
+        returns how many."""
+        handed = 0
+        for keys in self.shards[queue]:
+            try:
+                handed += await self._sweep_shard(keys)
+            except Exception as exc:
+                if "NOGROUP" not in str(exc) or len(self.shards[queue]) == 1:
+                    raise
+        return handed
+
+    async def _sweep_shard(self, keys: Keys) -> int:
         assert self._client is not None
-        keys = self.queues[queue]
+        queue = keys.tag
         now = self._server_now_ms()
         alive = await self._client.zcount(
             keys.workers, now - int(self.config.workers_gone_after_s * 1000), "+inf")
@@ -359,3 +396,9 @@ async def _close(pubsub: Any) -> None:
         await pubsub.aclose()
     except Exception as exc:  # noqa: BLE001 - closing a broken subscription
         log.debug("closing the wake-up subscription: %s", exc)
+
+
+async def _shards_ok(client: aredis.Redis, keys: Keys, shards: int, _retried: bool) -> None:
+    from streamq.admin import adrive
+
+    await adrive(client, _check_shards(keys, shards))

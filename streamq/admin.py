@@ -33,6 +33,7 @@ from ._core.scripts import SCRIPTS
 from ._core.timeseries import Point
 from ._ops import browse as _browse
 from ._ops import operations as _ops
+from ._ops import shards as _sh
 from ._ops.browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
 from ._ops.operations import (
     ConsumerInfo,
@@ -158,6 +159,8 @@ class Admin:
         self.config = config or QueueConfig()
         self.url: str | None = None
         """The URL the client was built from (None for a client given as is)."""
+        self._o = _sh.QueueOps(self.config)
+        """Whole-queue operations (every shard of a sharded queue; _ops/shards.py)."""
 
     @classmethod
     def from_url(cls, url: str, config: QueueConfig | None = None, **kwargs: Any) -> Admin:
@@ -186,32 +189,37 @@ class Admin:
         names: Any = self.client.smembers(queues_key(self.config.key_prefix))
         return sorted(n.decode() for n in names)
 
-    def stats(self, queue: str) -> QueueStats:
-        return drive(self.client, _ops.stats(self._k(queue)))
+    def stats(self, queue: str, *, shard: int | None = None) -> QueueStats:
+        """Summed over every shard, or of one ``shard`` (0..shards-1)."""
+        return drive(self.client, self._o.stats(queue, shard))
 
     def pending(self, queue: str, *, min_idle_s: float = 0, consumer: str | None = None,
-                count: int = 100, cursor: str | None = None) -> Page:
-        return drive(self.client, _ops.pending(self._k(queue), min_idle_s=min_idle_s,
-                                               consumer=consumer, count=count, cursor=cursor))
+                count: int = 100, cursor: str | None = None, shard: int | None = None
+                ) -> Page:
+        return drive(self.client, self._o.pending(queue, shard, min_idle_s=min_idle_s,
+                                                  consumer=consumer, count=count,
+                                                  cursor=cursor))
 
     def job(self, queue: str, job_id: str) -> JobInfo:
-        return drive(self.client, _ops.job(self._k(queue), self.config, job_id))
+        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _ops.job(
+            k, self.config, job_id)))
 
     def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
-        return drive(self.client, _ops.requeue(self._k(queue), self.config, job_id,
-                                               who or _who()))
+        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _ops.requeue(
+            k, self.config, job_id, who or _who())))
 
     def dead(self, queue: str, flt: DeadFilter | None = None, *, limit: int = 100,
-             cursor: str | None = None, oldest_first: bool = False) -> Page:
-        return drive(self.client, _ops.dead_list(self._k(queue), flt or DeadFilter(),
-                                                 limit=limit, cursor=cursor,
-                                                 oldest_first=oldest_first))
+             cursor: str | None = None, oldest_first: bool = False,
+             shard: int | None = None) -> Page:
+        """Dead entries of every shard (shard by shard: oldest_first orders each shard), or
+        of one ``shard``."""
+        return drive(self.client, self._o.dead(queue, shard, flt or DeadFilter(), limit=limit,
+                                               cursor=cursor, oldest_first=oldest_first))
 
     def redrive(self, queue: str, entries: Sequence[DeadEntry], *, who: str | None = None
                 ) -> dict[str, int]:
         """Re-drive these dead entries (from :meth:`dead`); safe to re-run."""
-        return drive(self.client, _ops.redrive(self._k(queue), self.config, entries,
-                                               who or _who()))
+        return drive(self.client, self._o.redrive(queue, entries, who or _who()))
 
     def redrive_matching(self, queue: str, flt: DeadFilter | None = None,
                          max_jobs: int = 100_000) -> dict[str, int]:
@@ -229,48 +237,55 @@ class Admin:
             cursor = page.cursor
         return total
 
-    def purge(self, queue: str, state: str, max_jobs: int = 100_000) -> int:
-        return drive(self.client, _ops.purge(self._k(queue), self.config, state,
-                                             max_jobs=max_jobs))
+    def purge(self, queue: str, state: str, max_jobs: int = 100_000, *,
+              shard: int | None = None) -> int:
+        return drive(self.client, self._o.purge(queue, shard, state, max_jobs))
 
     def pause(self, queue: str) -> None:
-        drive(self.client, _ops.set_paused(self._k(queue), True))
+        drive(self.client, self._o.set_paused(queue, True))  # every shard
 
     def resume(self, queue: str) -> None:
-        drive(self.client, _ops.set_paused(self._k(queue), False))
+        drive(self.client, self._o.set_paused(queue, False))
 
-    def consumers(self, queue: str) -> list[ConsumerInfo]:
-        return drive(self.client, _ops.consumers(self._k(queue)))
+    def consumers(self, queue: str, *, shard: int | None = None) -> list[ConsumerInfo]:
+        """Each shard's consumers (a worker is one consumer in every shard)."""
+        return drive(self.client, self._o.concat(queue, shard, _ops.consumers))
 
     def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
-        return drive(self.client, _ops.prune(self._k(queue), dead_after_s))
+        return drive(self.client, self._o.concat(queue, None, lambda k: _ops.prune(
+            k, dead_after_s)))
 
     def ready(self, queue: str, flt: ListFilter | None = None, *, limit: int = 50,
-              cursor: str | None = None) -> Page:
-        """Ready jobs not yet delivered, oldest first (:class:`JobRow` items)."""
-        return drive(self.client, _browse.ready(self._k(queue), flt, limit=limit, cursor=cursor))
+              cursor: str | None = None, shard: int | None = None) -> Page:
+        """Ready jobs not yet delivered, oldest first in each shard (:class:`JobRow`)."""
+        return drive(self.client, self._o.listing(queue, shard, cursor, limit, lambda k, c, n:
+                                                  _browse.ready(k, flt, limit=n, cursor=c)))
 
     def delayed(self, queue: str, state: str | None = None, flt: ListFilter | None = None, *,
-                limit: int = 50, cursor: str | None = None) -> Page:
-        """Scheduled and retrying jobs by due time (``state`` keeps one of them)."""
-        return drive(self.client, _browse.delayed(self._k(queue), state, flt, limit=limit,
-                                                  cursor=cursor))
+                limit: int = 50, cursor: str | None = None, shard: int | None = None) -> Page:
+        """Scheduled and retrying jobs by due time in each shard (``state`` keeps one)."""
+        return drive(self.client, self._o.listing(queue, shard, cursor, limit, lambda k, c, n:
+                                                  _browse.delayed(k, state, flt, limit=n,
+                                                                  cursor=c)))
 
     def recent(self, queue: str, event: str, flt: ListFilter | None = None, *,
-               limit: int = 50, cursor: str | None = None) -> Page:
-        """Jobs with a recent ``event`` (completed, cancelled, ...) from the events stream."""
-        return drive(self.client, _browse.recent(self._k(queue), event, flt, limit=limit,
-                                                 cursor=cursor))
+               limit: int = 50, cursor: str | None = None, shard: int | None = None) -> Page:
+        """Jobs with a recent ``event`` (completed, cancelled, ...) from the events streams."""
+        return drive(self.client, self._o.listing(queue, shard, cursor, limit, lambda k, c, n:
+                                                  _browse.recent(k, event, flt, limit=n,
+                                                                 cursor=c)))
 
     def timeline(self, queue: str, job_id: str, since_ms: int = 0,
                  at_ms: Sequence[int] = ()) -> Timeline:
         """The job's events: those at the times ``at_ms`` and the newest 1,000 since
         ``since_ms`` (see :class:`Timeline`)."""
-        return drive(self.client, _browse.timeline(self._k(queue), job_id, since_ms, at_ms))
+        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.timeline(
+            k, job_id, since_ms, at_ms)))
 
-    def count_dead(self, queue: str, flt: DeadFilter | None = None) -> tuple[int, bool]:
-        """Dead jobs matching ``flt``, reading at most 100,000 entries: (count, exact)."""
-        return drive(self.client, _browse.count_dead(self._k(queue), flt or DeadFilter()))
+    def count_dead(self, queue: str, flt: DeadFilter | None = None, *,
+                   shard: int | None = None) -> tuple[int, bool]:
+        """Dead jobs matching ``flt``, reading at most 100,000 entries per shard."""
+        return drive(self.client, self._o.count_dead(queue, shard, flt or DeadFilter()))
 
     def last_minute(self, queue: str) -> tuple[int, int] | None:
         """Completed and failed in the last full minute, from the time series."""
@@ -281,11 +296,13 @@ class Admin:
         return drive(self.client, _browse.series(self._k(queue), hours))
 
     def lease(self, queue: str, job_id: str) -> Lease | None:
-        return drive(self.client, _browse.lease(self._k(queue), job_id))
+        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.lease(
+            k, job_id)))
 
     def find_dead(self, queue: str, job_id: str, around_ms: int) -> DeadEntry | None:
         """A failed job's dead entry, looked up near its finish time (for :meth:`redrive`)."""
-        return drive(self.client, _browse.find_dead(self._k(queue), job_id, around_ms))
+        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.find_dead(
+            k, job_id, around_ms)))
 
     def workers(self, queue: str) -> list[WorkerInfo]:
         return drive(self.client, _browse.workers(self._k(queue)))
@@ -295,12 +312,12 @@ class Admin:
 
     def run_now(self, queue: str, job_id: str, *, who: str | None = None) -> str:
         """Make a scheduled or retrying job due now ('due now' or 'not run: job is ...')."""
-        return drive(self.client, _browse.run_now(self._k(queue), self.config, job_id,
-                                                  who or _who()))
+        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.run_now(
+            k, self.config, job_id, who or _who())))
 
     def cancel(self, queue: str, job_id: str, *, who: str | None = None) -> CancelResult:
-        return drive(self.client, _browse.cancel(self._k(queue), self.config, job_id,
-                                                 who or _who()))
+        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.cancel(
+            k, self.config, job_id, who or _who())))
 
     def audit(self, queue: str, action: str, *, job_id: str = "", outcome: str = "",
               who: str | None = None) -> None:
@@ -317,6 +334,8 @@ class AsyncAdmin:
         self.config = config or QueueConfig()
         self.url: str | None = None
         """The URL the client was built from (None for a client given as is)."""
+        self._o = _sh.QueueOps(self.config)
+        """Whole-queue operations (every shard of a sharded queue; _ops/shards.py)."""
 
     @classmethod
     def from_url(cls, url: str, config: QueueConfig | None = None, **kwargs: Any
@@ -356,31 +375,33 @@ class AsyncAdmin:
         _check_version(version)
         return version
 
-    async def stats(self, queue: str) -> QueueStats:
-        return await self._run(queue, _ops.stats(self._k(queue)))
+    async def stats(self, queue: str, *, shard: int | None = None) -> QueueStats:
+        return await self._run(queue, self._o.stats(queue, shard))
 
     async def pending(self, queue: str, *, min_idle_s: float = 0, consumer: str | None = None,
-                      count: int = 100, cursor: str | None = None) -> Page:
-        return await self._run(queue, _ops.pending(
-            self._k(queue), min_idle_s=min_idle_s, consumer=consumer, count=count, cursor=cursor))
+                      count: int = 100, cursor: str | None = None, shard: int | None = None
+                      ) -> Page:
+        return await self._run(queue, self._o.pending(
+            queue, shard, min_idle_s=min_idle_s, consumer=consumer, count=count, cursor=cursor))
 
     async def job(self, queue: str, job_id: str) -> JobInfo:
-        return await self._run(queue, _ops.job(self._k(queue), self.config, job_id))
+        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _ops.job(
+            k, self.config, job_id)))
 
     async def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
-        return await self._run(queue, _ops.requeue(self._k(queue), self.config, job_id,
-                                                      who or _who()))
+        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _ops.requeue(
+            k, self.config, job_id, who or _who())))
 
     async def dead(self, queue: str, flt: DeadFilter | None = None, *, limit: int = 100,
-                   cursor: str | None = None, oldest_first: bool = False) -> Page:
-        return await self._run(queue, _ops.dead_list(
-            self._k(queue), flt or DeadFilter(), limit=limit, cursor=cursor,
+                   cursor: str | None = None, oldest_first: bool = False,
+                   shard: int | None = None) -> Page:
+        return await self._run(queue, self._o.dead(
+            queue, shard, flt or DeadFilter(), limit=limit, cursor=cursor,
             oldest_first=oldest_first))
 
     async def redrive(self, queue: str, entries: Sequence[DeadEntry], *, who: str | None = None
                       ) -> dict[str, int]:
-        return await self._run(queue, _ops.redrive(self._k(queue), self.config, entries,
-                                                      who or _who()))
+        return await self._run(queue, self._o.redrive(queue, entries, who or _who()))
 
     async def queues(self) -> list[str]:
         names: Any = await self.client.smembers(queues_key(self.config.key_prefix))
@@ -401,45 +422,51 @@ class AsyncAdmin:
             cursor = page.cursor
         return total
 
-    async def purge(self, queue: str, state: str, max_jobs: int = 100_000) -> int:
-        return await self._run(queue, _ops.purge(self._k(queue), self.config, state,
-                                                    max_jobs=max_jobs))
+    async def purge(self, queue: str, state: str, max_jobs: int = 100_000, *,
+                    shard: int | None = None) -> int:
+        return await self._run(queue, self._o.purge(queue, shard, state, max_jobs))
 
     async def pause(self, queue: str) -> None:
-        await self._run(queue, _ops.set_paused(self._k(queue), True))
+        await self._run(queue, self._o.set_paused(queue, True))  # every shard
 
     async def resume(self, queue: str) -> None:
-        await self._run(queue, _ops.set_paused(self._k(queue), False))
+        await self._run(queue, self._o.set_paused(queue, False))
 
-    async def consumers(self, queue: str) -> list[ConsumerInfo]:
-        return await self._run(queue, _ops.consumers(self._k(queue)))
+    async def consumers(self, queue: str, *, shard: int | None = None) -> list[ConsumerInfo]:
+        return await self._run(queue, self._o.concat(queue, shard, _ops.consumers))
 
     async def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
-        return await self._run(queue, _ops.prune(self._k(queue), dead_after_s))
+        return await self._run(queue, self._o.concat(queue, None, lambda k: _ops.prune(
+            k, dead_after_s)))
 
     async def ready(self, queue: str, flt: ListFilter | None = None, *, limit: int = 50,
-                    cursor: str | None = None) -> Page:
-        return await self._run(queue, _browse.ready(self._k(queue), flt, limit=limit,
-                                                       cursor=cursor))
+                    cursor: str | None = None, shard: int | None = None) -> Page:
+        return await self._run(queue, self._o.listing(
+            queue, shard, cursor, limit, lambda k, c, n: _browse.ready(k, flt, limit=n,
+                                                                       cursor=c)))
 
     async def delayed(self, queue: str, state: str | None = None,
                       flt: ListFilter | None = None, *, limit: int = 50,
-                      cursor: str | None = None) -> Page:
-        return await self._run(queue, _browse.delayed(self._k(queue), state, flt,
-                                                         limit=limit, cursor=cursor))
+                      cursor: str | None = None, shard: int | None = None) -> Page:
+        return await self._run(queue, self._o.listing(
+            queue, shard, cursor, limit, lambda k, c, n: _browse.delayed(
+                k, state, flt, limit=n, cursor=c)))
 
     async def recent(self, queue: str, event: str, flt: ListFilter | None = None, *,
-                     limit: int = 50, cursor: str | None = None) -> Page:
-        return await self._run(queue, _browse.recent(self._k(queue), event, flt,
-                                                        limit=limit, cursor=cursor))
+                     limit: int = 50, cursor: str | None = None, shard: int | None = None
+                     ) -> Page:
+        return await self._run(queue, self._o.listing(
+            queue, shard, cursor, limit, lambda k, c, n: _browse.recent(
+                k, event, flt, limit=n, cursor=c)))
 
     async def timeline(self, queue: str, job_id: str, since_ms: int = 0,
                        at_ms: Sequence[int] = ()) -> Timeline:
-        return await self._run(queue, _browse.timeline(self._k(queue), job_id, since_ms,
-                                                          at_ms))
+        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.timeline(
+            k, job_id, since_ms, at_ms)))
 
-    async def count_dead(self, queue: str, flt: DeadFilter | None = None) -> tuple[int, bool]:
-        return await self._run(queue, _browse.count_dead(self._k(queue), flt or DeadFilter()))
+    async def count_dead(self, queue: str, flt: DeadFilter | None = None, *,
+                         shard: int | None = None) -> tuple[int, bool]:
+        return await self._run(queue, self._o.count_dead(queue, shard, flt or DeadFilter()))
 
     async def last_minute(self, queue: str) -> tuple[int, int] | None:
         return await self._run(queue, _browse.last_minute(self._k(queue)))
@@ -448,10 +475,12 @@ class AsyncAdmin:
         return await self._run(queue, _browse.series(self._k(queue), hours))
 
     async def lease(self, queue: str, job_id: str) -> Lease | None:
-        return await self._run(queue, _browse.lease(self._k(queue), job_id))
+        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.lease(
+            k, job_id)))
 
     async def find_dead(self, queue: str, job_id: str, around_ms: int) -> DeadEntry | None:
-        return await self._run(queue, _browse.find_dead(self._k(queue), job_id, around_ms))
+        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.find_dead(
+            k, job_id, around_ms)))
 
     async def workers(self, queue: str) -> list[WorkerInfo]:
         return await self._run(queue, _browse.workers(self._k(queue)))
@@ -460,13 +489,13 @@ class AsyncAdmin:
         return await self._run(queue, _browse.cron_entries(self._k(queue)))
 
     async def run_now(self, queue: str, job_id: str, *, who: str | None = None) -> str:
-        return await self._run(queue, _browse.run_now(self._k(queue), self.config, job_id,
-                                                         who or _who()))
+        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.run_now(
+            k, self.config, job_id, who or _who())))
 
     async def cancel(self, queue: str, job_id: str, *, who: str | None = None
                      ) -> CancelResult:
-        return await self._run(queue, _browse.cancel(self._k(queue), self.config, job_id,
-                                                        who or _who()))
+        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.cancel(
+            k, self.config, job_id, who or _who())))
 
     async def audit(self, queue: str, action: str, *, job_id: str = "", outcome: str = "",
                     who: str | None = None) -> None:

@@ -152,7 +152,8 @@ def test_every_key_is_documented() -> None:
     keys = streamq.Keys("Q")
     placeholders = {"job_id": "<id>", "consumer": "<consumer>", "tag": "<tag>"}
     for name, member in inspect.getmembers(streamq.Keys):
-        if name.startswith("_") or name in ("base", "queue", "prefix"):
+        if name.startswith("_") or name in ("base", "queue", "prefix", "shard", "tag",
+                                            "of_shard", "for_job"):  # not key names
             continue
         if isinstance(member, property):
             key = getattr(keys, name)

@@ -21,6 +21,13 @@ def _non_negative_int(_inst: object, att: attrs.Attribute[int], v: int) -> None:
         raise InvalidArgument(f"{att.name} must be an integer >= 0, got {v!r}")
 
 
+def _shard_count(_inst: object, att: attrs.Attribute[int], v: int) -> None:
+    from .keys import MAX_SHARDS
+
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_SHARDS:
+        raise InvalidArgument(f"{att.name} must be an integer 1..{MAX_SHARDS}, got {v!r}")
+
+
 def _positive_seconds(_inst: object, att: attrs.Attribute[float], v: float) -> None:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
         raise InvalidArgument(f"{att.name} must be a positive, finite number of seconds, got {v!r}")
@@ -94,6 +101,11 @@ class QueueConfig:
     warning. See docs/durability.md."""
     min_replicas_timeout_ms: int = attrs.field(default=1000, validator=_positive_int)
     """How long that WAIT blocks at most (keep it well below the client's socket timeout)."""
+    shards: int = attrs.field(default=1, validator=_shard_count)
+    """How many key sets (hash slots) the queue is spread over, 1..256 (keys.MAX_SHARDS):
+    1 is the unsharded layout. Stored with the queue by its first user; every producer,
+    worker, scheduler and admin must use the same number (else ShardCountMismatch). See
+    docs/scaling.md#sharded-queues."""
 
 
     @property

@@ -63,6 +63,22 @@ class UnknownQueue(StreamqError, LookupError):
     """No key of this queue exists (never used, or a typo, or the wrong key prefix)."""
 
 
+class ShardCountMismatch(StreamqError):
+    """``QueueConfig.shards`` disagrees with the shard count stored with the queue. Nothing
+    was read or written: use the stored count, or move the jobs to a new queue (drain,
+    ``streamq forget``, recreate) to change it (docs/scaling.md#sharded-queues)."""
+
+    def __init__(self, queue: str, configured: int, stored: int) -> None:
+        super().__init__(
+            f"queue {queue!r} is stored with shards={stored}, but this object was configured"
+            f" with shards={configured}: use QueueConfig(shards={stored}) (every producer,"
+            " worker, scheduler and admin of a queue must agree); to change the count, drain"
+            " the queue, `streamq forget` it and use it again with the new count")
+        self.queue = queue
+        self.configured = configured
+        self.stored = stored
+
+
 class ReplicationTimeout(StreamqError):
     """With ``QueueConfig.min_replicas``: fewer replicas than asked confirmed an enqueue in
     time. The jobs ARE written on the primary (``results`` says how each was answered); they

@@ -2,19 +2,32 @@
 
 Every key of queue ``Q`` carries the hash tag ``{Q}``, so all keys of a queue live in one
 Redis Cluster slot and one script may touch them all.
+
+A sharded queue (``QueueConfig(shards=N)``) is N complete key sets: shard 0 keeps the keys
+above, shard i >= 1 has the same keys under the hash tag ``{Q#i}`` (``#`` cannot occur in
+a queue name, so no other queue's tag can equal it). A job lives in shard
+``shard_of(job_id, N)`` (CRC-32 of the id's UTF-8 bytes, modulo N): every key one script
+touches belongs to one shard, so scripts never cross slots (docs/scaling.md#sharded-queues).
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 
 import attrs
 
-from .errors import InvalidJobId, InvalidQueueName
+from .errors import InvalidArgument, InvalidJobId, InvalidQueueName
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}")
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=#-]{0,199}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+
+MAX_SHARDS = 256
+"""Upper bound of ``QueueConfig.shards``: a worker runs one blocking fetch loop (and keeps one
+connection busy) per shard of each queue, and every admin read of a whole queue visits every
+shard; 256 shards already spread a queue over any cluster one would run (each shard is one
+slot), while keeping those costs bounded."""
 
 GROUP = "streamq"
 """The consumer group every worker of every queue reads with."""
@@ -45,20 +58,55 @@ def queues_key(prefix: str = "streamq") -> str:
     return f"{prefix}:queues"
 
 
+def shard_of(job_id: str, shards: int) -> int:
+    """The shard of a job: CRC-32 (zlib) of the id's UTF-8 bytes modulo ``shards``. Fixed
+    and documented (never Python's salted ``hash()``): every producer, worker and admin of
+    any version and language finds a job in the same shard, so dedup by id stays exact."""
+    if shards == 1:
+        return 0
+    return zlib.crc32(job_id.encode()) % shards
+
+
+def _shard_no(_inst: object, _att: object, v: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < MAX_SHARDS:
+        raise InvalidArgument(f"shard must be an integer 0..{MAX_SHARDS - 1}, got {v!r}")
+
+
 @attrs.frozen
 class Keys:
-    """Key names of one queue."""
+    """Key names of one queue (of one shard of it: ``shard`` 0 is the unsharded layout)."""
 
     queue: str = attrs.field(validator=lambda _i, _a, v: check_queue_name(v))
     prefix: str = "streamq"
+    shard: int = attrs.field(default=0, validator=_shard_no)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not _PREFIX_RE.fullmatch(self.prefix):
             raise InvalidQueueName(f"invalid key prefix {self.prefix!r}")
 
     @property
+    def tag(self) -> str:
+        """The hash tag's content: the queue name for shard 0, '<queue>#<i>' for shard i.
+        It names one shard wherever a worker keys its state (leases, loops)."""
+        return self.queue if self.shard == 0 else f"{self.queue}#{self.shard}"
+
+    def of_shard(self, shard: int) -> Keys:
+        """The keys of another shard of the same queue."""
+        return Keys(self.queue, self.prefix, shard)
+
+    def for_job(self, job_id: str, shards: int) -> Keys:
+        """The keys of the shard that holds ``job_id`` in a queue of ``shards`` shards."""
+        n = shard_of(job_id, shards)
+        return self if n == self.shard else Keys(self.queue, self.prefix, n)
+
+    @property
+    def meta(self) -> str:
+        """HASH on shard 0: 'shards' = the queue's shard count (written once, HSETNX)."""
+        return f"{self.prefix}:{{{self.queue}}}:meta"
+
+    @property
     def base(self) -> str:
-        return f"{self.prefix}:{{{self.queue}}}"
+        return f"{self.prefix}:{{{self.tag}}}"
 
     @property
     def stream(self) -> str:
@@ -121,7 +169,7 @@ class Keys:
         return f"{self.base}:worker:{consumer}"
 
     def job(self, job_id: str) -> str:
-        return f"{self.prefix}:{{{self.queue}}}:job:{job_id}"
+        return f"{self.base}:job:{job_id}"
 
     def done_channel(self, job_id: str) -> str:
         """Pub/sub channel told when this job reaches a terminal state (releases before the
@@ -142,3 +190,8 @@ def notify_allowed(keys: Keys, channel: str, job_id: str) -> bool:
     prefix = keys.waiter_channel("")
     tag = channel[len(prefix):]
     return channel.startswith(prefix) and 0 < len(tag) <= 64 and tag.isalnum()
+
+
+def shard_keys(queue: str, shards: int, prefix: str = "streamq") -> list[Keys]:
+    """The key sets of every shard of a queue, shard 0 first."""
+    return [Keys(queue, prefix, i) for i in range(shards)]

@@ -89,7 +89,8 @@ def _worker(args: argparse.Namespace) -> int:
     cfg = WorkerConfig(concurrency=args.concurrency, visibility_timeout_s=args.visibility_timeout,
                        grace_period_s=args.grace_period, promote=not args.no_promote,
                        gauges_interval_s=args.metrics_interval)
-    qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen)
+    qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen,
+                       shards=args.shards)
     Worker(args.url, args.queue, registry, cfg, qcfg).run()
     return 0
 
@@ -115,7 +116,8 @@ def _scheduler(args: argparse.Namespace) -> int:
         raise SystemExit("streamq scheduler: give at least one --queue or --cron")
     cfg = SchedulerConfig(poll_interval_s=args.poll_interval,
                           visibility_timeout_s=args.visibility_timeout)
-    qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen)
+    qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen,
+                       shards=args.shards)
     scheduler = Scheduler(args.url, args.queue or [], cron, cfg, qcfg)
     interval = args.metrics_interval if args.metrics_port is not None else None
     asyncio.run(run_scheduler(scheduler, interval))
@@ -190,6 +192,11 @@ def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         default=d(os.environ.get("STREAMQ_LOG_FORMAT", "text")),
                         help="text, or json: one JSON object per line with the job's fields"
                         " (worker and scheduler; default $STREAMQ_LOG_FORMAT, else text)")
+    parser.add_argument("--shards", type=int,
+                        default=d(int(os.environ.get("STREAMQ_SHARDS", "1"))),
+                        help="the queues' shard count (QueueConfig.shards; default"
+                        " $STREAMQ_SHARDS, else 1); it must equal the one stored with each"
+                        " queue")
     parser.add_argument("--events-maxlen", type=int, default=d(QueueConfig().events_maxlen),
                         help="approximate cap of the lifecycle events stream (0 = no events);"
                         " keep it the same for producers, workers and schedulers")

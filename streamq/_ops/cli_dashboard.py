@@ -25,7 +25,8 @@ def _serve(args: argparse.Namespace) -> int:
                           queues=tuple(args.queue or ()),
                           secret=secret.encode() if secret else None,
                           queue_config=QueueConfig(key_prefix=args.prefix,
-                                                   events_maxlen=args.events_maxlen))
+                                                   events_maxlen=args.events_maxlen,
+                                                   shards=args.shards))
     app = create_app(args.url, config=cfg, cluster=args.cluster)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.read_only:
         print(f"streamq dashboard: listening on {args.host}, not loopback, with actions on;"

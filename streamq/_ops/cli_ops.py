@@ -16,10 +16,12 @@ from urllib.parse import urlsplit, urlunsplit
 import attrs
 
 from .._core.config import QueueConfig
-from .._core.errors import InvalidArgument, UnknownQueue
-from .._core.keys import Keys, check_job_id
+from .._core.errors import InvalidArgument, ShardCountMismatch, UnknownQueue
+from .._core.keys import Keys, check_job_id, shard_keys
 from .._producer.queue import Queue
-from ..admin import Admin, DeadFilter
+from ..admin import Admin, DeadFilter, drive
+from . import operations as _ops
+from . import shards as _shards
 from .queues import check_queue, forget
 
 
@@ -72,15 +74,26 @@ def redact(url: str) -> str:
 class Ctx:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.config = QueueConfig(key_prefix=args.prefix)
+        self.config = QueueConfig(key_prefix=args.prefix, shards=args.shards)
         self.admin = Admin.from_url(args.url, self.config, socket_timeout_s=15.0)
         self.admin.check_server()
 
     def queue(self, name: str) -> str:
         """The queue named on the command line, refused (with "did you mean ...") when none
         of its keys exist: every command fails the same way on a typo."""
-        check_queue(self.admin.client, Keys(name, self.config.key_prefix))
+        keys = Keys(name, self.config.key_prefix)
+        if self.config.shards == 1:
+            check_queue(self.admin.client, keys)
+        elif not drive(self.admin.client, _shards.exists(shard_keys(
+                name, self.config.shards, self.config.key_prefix))):
+            raise _ops.unknown_queue(keys, self.admin.queues())
         return name
+
+    @property
+    def shard(self) -> int | None:
+        """--shard: one shard of a sharded queue (None: the whole queue)."""
+        value: int | None = getattr(self.args, "shard", None)
+        return value
 
     def out(self, data: Any, human: Callable[[], str]) -> None:
         if self.args.json:
@@ -109,10 +122,15 @@ def cmd_stats(ctx: Ctx) -> None:
         stats = []
         for q in queues:
             try:
-                stats.append(ctx.admin.stats(q))
+                stats.append(ctx.admin.stats(q, shard=ctx.shard))
             except UnknownQueue:  # registered once, its keys gone since (purged, expired)
                 if ctx.args.queues:
                     raise
+            except ShardCountMismatch as exc:  # a queue not named: shown with its own count
+                if ctx.args.queues:
+                    raise
+                own = Admin(ctx.admin.client, attrs.evolve(ctx.config, shards=exc.stored))
+                stats.append(own.stats(q))
         if not stats:
             raise InvalidArgument("no known queue has any keys: name one (streamq stats QUEUE)")
 
@@ -145,7 +163,7 @@ def cmd_stats(ctx: Ctx) -> None:
 def cmd_pending(ctx: Ctx) -> None:
     page = ctx.admin.pending(ctx.queue(ctx.args.queue), min_idle_s=ctx.args.idle or 0,
                              consumer=ctx.args.consumer, count=ctx.args.limit,
-                             cursor=ctx.args.cursor)
+                             cursor=ctx.args.cursor, shard=ctx.shard)
     ctx.out(page, lambda: _table([{**_plain(p), "idle_s": f"{p.idle_s:.1f}"}
                                   for p in page.items],
                                  ["job_id", "type", "state", "consumer", "idle_s", "deliveries",
@@ -190,7 +208,8 @@ def cmd_dead(ctx: Ctx) -> None:
     a = ctx.args
     ctx.queue(a.queue)
     if a.action == "list":
-        page = ctx.admin.dead(a.queue, _filter(a), limit=a.limit, cursor=a.cursor)
+        page = ctx.admin.dead(a.queue, _filter(a), limit=a.limit, cursor=a.cursor,
+                              shard=ctx.shard)
         ctx.out(page, lambda: _table(
             [{**_plain(e), "at": dt.datetime.fromtimestamp(e.at_ms / 1000).isoformat(
                 timespec="seconds")} for e in page.items],
@@ -213,7 +232,7 @@ def cmd_dead(ctx: Ctx) -> None:
         ctx.out(result, lambda: ", ".join(f"{k}: {v}" for k, v in result.items()) or "nothing")
     elif a.action == "purge":
         ctx.confirm(f"delete every dead job of {a.queue!r}")
-        n = ctx.admin.purge(a.queue, "failed")
+        n = ctx.admin.purge(a.queue, "failed", shard=ctx.shard)
         ctx.out({"purged": n}, lambda: f"purged {n} dead jobs")
 
 
@@ -259,7 +278,7 @@ def cmd_consumers(ctx: Ctx) -> None:
 def cmd_purge(ctx: Ctx) -> None:
     ctx.queue(ctx.args.queue)
     ctx.confirm(f"delete every {ctx.args.state} job of {ctx.args.queue!r}")
-    n = ctx.admin.purge(ctx.args.queue, ctx.args.state)
+    n = ctx.admin.purge(ctx.args.queue, ctx.args.state, shard=ctx.shard)
     ctx.out({"purged": n, "state": ctx.args.state}, lambda: f"purged {n} {ctx.args.state} jobs")
 
 
@@ -378,18 +397,25 @@ COMMANDS: dict[str, Callable[[Ctx], None]] = {
 }
 
 
+def _shard_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shard", type=int, default=None, metavar="I",
+                   help="only shard I (0..shards-1) of a sharded queue (default: all)")
+
+
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("stats", parents=[common], help="queue depths, counters, consumers")
     p.add_argument("queues", nargs="*", default=None)
     p.add_argument("--watch", type=_duration, nargs="?", const=2.0, default=None,
                    help="refresh in place every N seconds (default 2)")
     p.add_argument("--count", type=int, default=0, help="with --watch: stop after N refreshes")
+    _shard_option(p)
     p = sub.add_parser("pending", parents=[common], help="delivered, unsettled entries")
     p.add_argument("queue")
     p.add_argument("--idle", type=_duration, help="only entries idle at least this long")
     p.add_argument("--consumer")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--cursor")
+    _shard_option(p)
     p = sub.add_parser("job", parents=[common], help="a job's whole record and error history")
     p.add_argument("queue")
     p.add_argument("job_id")
@@ -403,6 +429,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--newer-than", type=_duration)
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--cursor")
+    _shard_option(p)
     for name, text in [("requeue", "hand a stuck pending job back now"),
                        ("cancel", "cancel a scheduled, queued or retrying job")]:
         p = sub.add_parser(name, parents=[common], help=text)
@@ -419,6 +446,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("purge", parents=[common], help="delete every job in a state")
     p.add_argument("queue")
     p.add_argument("--state", required=True, choices=["queued", "scheduled", "retrying", "failed"])
+    _shard_option(p)
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one job")
     p.add_argument("queue")
     p.add_argument("type")

@@ -90,6 +90,8 @@ class Prepared(NamedTuple):  # a plain tuple: one per job on the enqueue hot pat
     job_id: str
     key: str
     args: tuple[Arg, ...]
+    shard: int = 0
+    """The queue shard the job goes to (keys.shard_of its id)."""
 
 
 def prepare(
@@ -179,7 +181,9 @@ def _sealed(keys: Keys, cfg: QueueConfig, jid: str, job_type: str, data: bytes, 
             f"job {jid!r}: payload and options are {size} bytes, over the queue's"
             f" max_payload_bytes of {cfg.max_payload_bytes}"
         )
-    return Prepared(jid, keys.job(jid), (jid, opts, job_type.encode() + b" " + data, *rest))
+    jk = keys.for_job(jid, cfg.shards)  # the job's shard (its id's CRC-32 modulo shards)
+    return Prepared(jid, jk.job(jid), (jid, opts, job_type.encode() + b" " + data, *rest),
+                    jk.shard)
 
 
 def prepare_row(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any, job_id: str,
@@ -248,16 +252,39 @@ def prepare_many(keys: Keys, cfg: QueueConfig, jobs: Iterable[Mapping[str, Any]]
 
 
 def chunks(prepared: Sequence[Prepared]) -> list[Sequence[Prepared]]:
-    return [prepared[i:i + MAX_BATCH] for i in range(0, len(prepared), MAX_BATCH)]
+    """Script calls of at most MAX_BATCH jobs, each within one shard (one slot); jobs keep
+    their order within a shard. ``in_order`` puts the answers back in the caller's order."""
+    if all(p.shard == 0 for p in prepared):
+        return [prepared[i:i + MAX_BATCH] for i in range(0, len(prepared), MAX_BATCH)]
+    by: dict[int, list[Prepared]] = {}
+    for p in prepared:
+        by.setdefault(p.shard, []).append(p)
+    return [part[i:i + MAX_BATCH] for _, part in sorted(by.items())
+            for i in range(0, len(part), MAX_BATCH)]
+
+
+def in_order(prepared: Sequence[Prepared], batches: Sequence[Sequence[Prepared]],
+             results: Sequence[EnqueueResult]) -> list[EnqueueResult]:
+    """``results`` (batch after batch, from ``chunks``) in the order of ``prepared``."""
+    if len(batches) <= 1 or all(p.shard == 0 for p in prepared):
+        return list(results)
+    at = {id(p): i for i, p in enumerate(prepared)}
+    out: list[EnqueueResult | None] = [None] * len(prepared)
+    flat = (p for b in batches for p in b)
+    for p, r in zip(flat, results, strict=True):
+        out[at[id(p)]] = r
+    return [r for r in out if r is not None]
 
 
 def enqueue_call(
     keys: Keys, cfg: QueueConfig, batch: Sequence[Prepared],
     tags: Sequence[str] | None = None,
 ) -> tuple[list[str], list[Arg]]:
-    """enqueue.lua's keys and arguments for ``batch``. ``tags``: one writer tag per job (the
-    Spark path: it identifies the row, see enqueue.lua); without, a repeated call is told by
-    its bodies and options."""
+    """enqueue.lua's keys and arguments for ``batch`` (jobs of one shard: see ``chunks``).
+    ``tags``: one writer tag per job (the Spark path: it identifies the row, see
+    enqueue.lua); without, a repeated call is told by its bodies and options."""
+    if batch and batch[0].shard != keys.shard:
+        keys = keys.of_shard(batch[0].shard)
     k = [keys.stream, keys.delayed, keys.stats, keys.events]
     k.extend(p.key for p in batch)
     args: list[Arg] = [cfg.events_arg, cfg.max_depth, keys.wake_channel, len(batch)]
@@ -328,6 +355,7 @@ def single(queue: str, results: list[EnqueueResult]) -> EnqueueResult:
 
 def cancel_call(keys: Keys, cfg: QueueConfig, job_id: str) -> tuple[list[str], list[Arg]]:
     check_job_id(job_id)
+    keys = keys.for_job(job_id, cfg.shards)
     return ([keys.job(job_id), keys.stream, keys.delayed, keys.stats, keys.events],
             [GROUP, job_id, cfg.events_arg])
 

@@ -22,6 +22,8 @@ from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, call
 from .._core.scripts import SCRIPTS
 from .._ops import queues as _queues
+from .._ops import shards as _shards
+from ..admin import adrive, drive
 from . import prepare as prod
 from .autobatch import AsyncBatcher, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters
@@ -53,6 +55,11 @@ class _Base:
         self._types_at = -1e9
         self._barrier = self.keys.waiter_channel(durable.BARRIER_TAG)
         """With min_replicas: published before each WAIT (see durable.py)."""
+        self._shards_checked = False
+        """The stored shard count was compared with config.shards (once per object)."""
+
+    def _job_key(self, job_id: str) -> str:
+        return self.keys.for_job(job_id, self.config.shards).job(job_id)
 
     def _unknown_types(self, job_types: Sequence[Any]) -> set[str]:
         """With ``require_handler``: the job types not in the cached published set."""
@@ -98,9 +105,11 @@ class Queue(_Base):
         self.close()
 
     def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
+        self._check()
         out: list[EnqueueResult] = []
         acked = []
-        for batch in prod.chunks(prepared):
+        batches = prod.chunks(prepared)
+        for batch in batches:
             keys, args = prod.enqueue_call(self.keys, self.config, batch)
 
             def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
@@ -112,8 +121,16 @@ class Queue(_Base):
             out.extend(results)
             acked.append(n)
         self._note()
+        out = prod.in_order(prepared, batches, out)
         durable.confirm(self.config, out, min(acked, default=0))
         return out
+
+    def _check(self) -> None:
+        """Refuse (ShardCountMismatch) a queue stored with another shard count; once."""
+        if not self._shards_checked:
+            call(lambda _retried: drive(self.client, _shards.check(self.keys,
+                                                                   self.config.shards)))
+            self._shards_checked = True
 
     def _note(self) -> None:
         if not self._noted:  # after the first accepted enqueue: `streamq stats` shows the queue
@@ -156,16 +173,20 @@ class Queue(_Base):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
             return out, acked
 
+        self._check()
         out, acked = call(once)
         self._note()
+        out = prod.in_order(prepared, batches, out)
         durable.confirm(self.config, out, acked)
         return out
 
     def get(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (never enqueued, or expired)."""
         check_job_id(job_id)
+        self._check()
+        key = self._job_key(job_id)
         try:
-            h: Any = call(lambda _retried: self.client.hgetall(self.keys.job(job_id)))
+            h: Any = call(lambda _retried: self.client.hgetall(key))
         except redis.exceptions.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
@@ -189,6 +210,7 @@ class Queue(_Base):
         return self._wait(job_id, timeout, None)
 
     def cancel(self, job_id: str) -> CancelResult:
+        self._check()
         keys, args = prod.cancel_call(self.keys, self.config, job_id)
         return call(lambda retried: prod.parse_cancel(
             job_id, SCRIPTS["cancel"](self.client, keys, args), retried=retried))
@@ -277,9 +299,11 @@ class AsyncQueue(_Base):
         await self.close()
 
     async def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
+        await self._check()
         out: list[EnqueueResult] = []
         acked = []
-        for batch in prod.chunks(prepared):
+        batches = prod.chunks(prepared)
+        for batch in batches:
             keys, args = prod.enqueue_call(self.keys, self.config, batch)
 
             async def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
@@ -291,8 +315,15 @@ class AsyncQueue(_Base):
             out.extend(results)
             acked.append(n)
         await self._note()
+        out = prod.in_order(prepared, batches, out)
         durable.confirm(self.config, out, min(acked, default=0))
         return out
+
+    async def _check(self) -> None:
+        if not self._shards_checked:
+            await acall(lambda _retried: adrive(self.client, _shards.check(
+                self.keys, self.config.shards)))
+            self._shards_checked = True
 
     async def _note(self) -> None:
         if not self._noted:
@@ -329,16 +360,20 @@ class AsyncQueue(_Base):
                 out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
             return out, acked
 
+        await self._check()
         out, acked = await acall(once)
         await self._note()
+        out = prod.in_order(prepared, batches, out)
         durable.confirm(self.config, out, acked)
         return out
 
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
+        await self._check()
+        key = self._job_key(job_id)
 
         async def once(_retried: bool) -> Any:
-            return await self.client.hgetall(self.keys.job(job_id))
+            return await self.client.hgetall(key)
 
         try:
             h = await acall(once)
@@ -361,6 +396,7 @@ class AsyncQueue(_Base):
         return await self._wait(job_id, timeout, None)
 
     async def cancel(self, job_id: str) -> CancelResult:
+        await self._check()
         keys, args = prod.cancel_call(self.keys, self.config, job_id)
 
         async def once(retried: bool) -> CancelResult:

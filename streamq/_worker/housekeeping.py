@@ -39,13 +39,15 @@ class Housekeeper:
         self.consumer = consumer
         self.queues = queues
         self.gauges_read = False
-        self.series = SeriesRecorder([q.keys.queue for q in queues])
+        names = list(dict.fromkeys(q.keys.queue for q in queues))
+        self.series = SeriesRecorder(names)
         """Outcome counts and wait/run times for the dashboard's charts (timeseries.lua)."""
-        self._keys = {q.keys.queue: q.keys for q in queues}
+        self._keys = {q.keys.queue: q.keys for q in queues if q.keys.shard == 0}
+        """The series of a sharded queue are kept on its shard 0."""
         self.loops: dict[str, Supervised] = {}
         self._info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                  "concurrency": config.concurrency,
-                                 "queues": [q.keys.queue for q in queues]})
+                                 "queues": names})
 
     def tasks(self, running: Callable[[], bool]) -> list[asyncio.Task[None]]:
         steps: list[tuple[str, Callable[[], Any]]] = [
@@ -53,7 +55,7 @@ class Housekeeper:
             ("gauges", self._gauges_step), ("pruning", self._prune_step),
             ("charts", self._series_step)]
         if self.config.promote:  # one loop per queue: one queue's failure stalls no other
-            steps.extend((f"promotion on {qs.keys.queue}", self._promote_step(qs))
+            steps.extend((f"promotion on {qs.keys.tag}", self._promote_step(qs))
                          for qs in self.queues)
         out = []
         for name, step in steps:
@@ -87,7 +89,13 @@ class Housekeeper:
 
     def gauge_values(self) -> list[tuple[str, dict[str, float]]]:
         self.gauges_read = True  # a metrics reader is collecting: keep the cache fresh
-        return [(qs.keys.queue, qs.gauges) for qs in self.queues]
+        out: dict[str, dict[str, float]] = {}
+        for qs in self.queues:  # a sharded queue's gauges add up over its shards
+            g = out.setdefault(qs.keys.queue, {})
+            for name, v in qs.gauges.items():
+                most = name in ("oldest_ready_age", "workers")
+                g[name] = max(g.get(name, 0.0), v) if most else g.get(name, 0.0) + v
+        return list(out.items())
 
     async def _gauges_step(self) -> float:
         if self.gauges_read:

@@ -52,7 +52,7 @@ class LeaseKeeper:
 
     def add(self, lease: Lease) -> None:
         with self._lock:
-            self._leases[(lease.keys.queue, lease.entry)] = lease
+            self._leases[(lease.keys.tag, lease.entry)] = lease
 
     def remove(self, queue: str, entry: str) -> None:
         with self._lock:
@@ -105,7 +105,7 @@ class LeaseKeeper:
         by_queue: dict[str, list[Lease]] = {}
         for lease in self.snapshot():
             if lease.started <= cutoff and not lease.lost:
-                by_queue.setdefault(lease.keys.queue, []).append(lease)
+                by_queue.setdefault(lease.keys.tag, []).append(lease)
         for leases in by_queue.values():
             for i in range(0, len(leases), _BATCH):
                 batch = leases[i:i + _BATCH]

@@ -91,7 +91,7 @@ class Progress:
                                       f" {MAX_PROGRESS_BYTES}: report less")
         else:
             text = str(value)[:MAX_LINE_CHARS]
-        key = (lease.keys.queue, lease.job_id)
+        key = (lease.keys.tag, lease.job_id)
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -135,7 +135,7 @@ class Progress:
             await self.write(batch)
             with self._lock:
                 for p in batch:
-                    key = (p.lease.keys.queue, p.lease.job_id)
+                    key = (p.lease.keys.tag, p.lease.job_id)
                     cur = self._pending.get(key)
                     if cur is p and cur.seq == p.seq and len(cur.lines) == len(p.lines):
                         del self._pending[key]
@@ -147,7 +147,7 @@ class Progress:
     async def write(self, batch: list[_Pending]) -> None:
         by_queue: dict[str, list[_Pending]] = {}
         for p in batch:
-            by_queue.setdefault(p.lease.keys.queue, []).append(p)
+            by_queue.setdefault(p.lease.keys.tag, []).append(p)
         for items in by_queue.values():
             for i in range(0, len(items), _BATCH):
                 part = items[i:i + _BATCH]

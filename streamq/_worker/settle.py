@@ -48,7 +48,7 @@ class Settler:
     async def flush_loop(self, qs: QState, settling: Callable[[], bool]) -> None:
         """Settle the outcomes buffered for ``qs``, a batch per call, until the worker stops
         settling and the buffer is empty (the worker's stop() bounds that wait)."""
-        name = f"settling on {qs.keys.queue}"
+        name = f"settling on {qs.keys.tag}"
         sup = self.loops[name] = Supervised(name, log, max_backoff_s=2.0, outage=self.outage)
         permanent = [0]
 
@@ -86,7 +86,7 @@ class Settler:
         (reply,), acked = await durable.arun(SCRIPTS["finish"], self.client, [(keys, args)],
                                              cfg)  # min_replicas: + WAIT on that connection
         del qs.buf[:len(batch)]
-        self.leases.remove_many(k.queue, [(b[1], b[2]) for b in batch])
+        self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
         for b, state in zip(batch, reply, strict=True):
             self.count(qs, b, state)
         self.on_settled(len(batch))
@@ -99,7 +99,7 @@ class Settler:
         log.error("settling %d jobs of %s failed for good (%s); they recover by reclaim after"
                   " the visibility timeout", len(batch), qs.keys.queue, exc)
         del qs.buf[:len(batch)]
-        self.leases.remove_many(qs.keys.queue, [(b[1], b[2]) for b in batch])
+        self.leases.remove_many(qs.keys.tag, [(b[1], b[2]) for b in batch])
         for b in batch:
             self.count(qs, b, b"lost")
         self.on_settled(len(batch))
@@ -130,7 +130,7 @@ class Settler:
             k = qs.keys
             items: dict[str, tuple[str, str]] = {}
             for lease in self.leases.snapshot():
-                if lease.keys.queue == k.queue:
+                if lease.keys.tag == k.tag:
                     items[lease.entry] = (lease.job_id, lease.token)
             try:
                 after = "0"
@@ -158,4 +158,4 @@ class Settler:
                 log.warning("could not hand back jobs of %s (%s: %s); they recover after the"
                             " visibility timeout", k.queue, type(exc).__name__, exc)
             for eid in items:
-                self.leases.remove(k.queue, eid)
+                self.leases.remove(k.tag, eid)

@@ -28,11 +28,12 @@ from .._core import telemetry as tel
 from .._core.args import check_queue_list
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.conn import async_client, averify, sync_client
-from .._core.keys import GROUP, Keys, queues_key
+from .._core.keys import GROUP, Keys, queues_key, shard_keys
 from .._core.retry import acall, transient
 from .._core.scripts import SCRIPTS
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .._ops.queues import publish_types
+from .._ops.shards import check as _check_shards
 from .attempt import Attempts
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
@@ -71,8 +72,11 @@ class Worker:
         self.consumer = consumer or (f"{socket.gethostname()}:{os.getpid()}:{next(_instance)}"
                                      f":{secrets.token_hex(3)}")
         self._client_kwargs = client_kwargs
-        self._qs = {q: QState(Keys(q, self.queue_config.key_prefix), labels=tel.attrs_for(q))
-                    for q in queues}
+        self._names = list(dict.fromkeys(queues))
+        # one QState (fetch loop, settling, promotion, ...) per shard of each queue, by tag
+        self._qs = {k.tag: QState(k, labels=tel.attrs_for(q)) for q in self._names
+                    for k in shard_keys(q, self.queue_config.shards,
+                                        self.queue_config.key_prefix)}
         self.stats = WorkerStats()
         self._attempts = Attempts(self.config, self.queue_config, registry, self.stats)
         self._free = self.config.concurrency
@@ -128,7 +132,7 @@ class Worker:
     @property
     def queues(self) -> list[str]:
         """The queues this worker serves."""
-        return list(self._qs)
+        return list(self._names)
 
     @property
     def running(self) -> bool:
@@ -172,11 +176,14 @@ class Worker:
             # a URL of the wrong form (redis:// at a cluster node, …): one clear error
             await acall(lambda _retried: averify(client, self.url))
             await acall(lambda _retried: self._register(client))
+            for name in self._names:  # the queue's stored shard count: ShardCountMismatch
+                await acall(functools.partial(_shard_check, client, Keys(
+                    name, self.queue_config.key_prefix), self.queue_config.shards))
             for qs in queues:
                 await acall(functools.partial(self._ensure_group_retried, client, qs.keys))
             # producers with require_handler refuse types that no worker has registered
-            await acall(lambda _retried: publish_types(client, [q.keys for q in queues],
-                                                       self.registry.names()))
+            await acall(lambda _retried: publish_types(
+                client, [q.keys for q in queues if q.keys.shard == 0], self.registry.names()))
             # never fetch from a queue that is already paused
             await acall(lambda _retried: hk.refresh_paused())
         except BaseException:
@@ -207,8 +214,8 @@ class Worker:
         self._leases.start()
         self._settler.leases = self._leases
         for qs in queues:
-            fetch = self._sup[f"fetch from {qs.keys.queue}"] = Supervised(
-                f"fetch from {qs.keys.queue}", log, outage=self._outage)
+            fetch = self._sup[f"fetch from {qs.keys.tag}"] = Supervised(
+                f"fetch from {qs.keys.tag}", log, outage=self._outage)
             self._loops.append(asyncio.create_task(
                 fetch.run(self._fetch_step(qs), lambda: self._running)))
             self._flushers.append(asyncio.create_task(
@@ -221,11 +228,11 @@ class Worker:
                                           self.config.loop_stall_warn_s, self._handler_codes, log)
             self._watchdog.start()
         log.info("worker %s started on %s (concurrency %d)", self.consumer,
-                 ", ".join(self._qs), self.config.concurrency)
+                 ", ".join(self._names), self.config.concurrency)
 
     async def _register(self, client: aredis.Redis) -> None:
         try:
-            await client.sadd(queues_key(self.queue_config.key_prefix), *self._qs)
+            await client.sadd(queues_key(self.queue_config.key_prefix), *self._names)
         except NoPermissionError:  # an ACL user confined to its own queues' keys
             log.info("queue names not registered in %s (no ACL permission): `streamq stats`"
                      " needs them named", queues_key(self.queue_config.key_prefix))
@@ -382,7 +389,7 @@ class Worker:
 
     def _busy(self, qs: QState, entry: str) -> bool:
         """This worker runs the entry under a live lease (or its outcome awaits settling)."""
-        return self._leases.holds(qs.keys.queue, entry)
+        return self._leases.holds(qs.keys.tag, entry)
 
     def _fetch_step(self, qs: QState) -> Any:
         """One round of fetching for one queue: own pending entries first, lapsed leases when
@@ -482,8 +489,8 @@ class Worker:
                 bad.append((eid, repr(fields)[:500]))
         calls = [good[i:i + _BATCH] for i in range(0, len(good), _BATCH)] or [[]]
         unreleased = len(entries)
-        sup = self._sup.setdefault(f"start on {k.queue}", Supervised(
-            f"start on {k.queue}", log, outage=self._outage))
+        sup = self._sup.setdefault(f"start on {k.tag}", Supervised(
+            f"start on {k.tag}", log, outage=self._outage))
         try:
             while True:
                 try:
@@ -546,7 +553,7 @@ class Worker:
         self._leases.add(lease)
         task = asyncio.create_task(self._run_job(qs, lease, attempt, data, times))
         self._tasks.add(task)
-        key = (qs.keys.queue, entry)
+        key = (qs.keys.tag, entry)
         self._jobs[key] = task
 
         def done(t: asyncio.Task[None]) -> None:
@@ -563,12 +570,19 @@ class Worker:
         try:
             item = await self._attempts.run(qs, lease, attempt, data, times)
             if self._progress is not None:  # its last reports go in before its outcome
-                await self._progress.settle_first(qs.keys.queue, lease.job_id)
+                await self._progress.settle_first(qs.keys.tag, lease.job_id)
         except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
             return
         qs.buf.append(item)
         qs.flush.set()
         self._handed_over()
+
+
+async def _shard_check(client: aredis.Redis, keys: Keys, shards: int, _retried: bool
+                       ) -> None:
+    from ..admin import adrive
+
+    await adrive(client, _check_shards(keys, shards))
 
 
 def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[str, str, str]],

@@ -27,8 +27,11 @@ from .._core.config import QueueConfig
 from .._core.errors import InvalidArgument
 from .._core.keys import Keys
 from .._core.model import decode_record, normalize_record
+from .._core.retry import call
 from .._core.scripts import SCRIPTS
+from .._ops import shards as _shards
 from .._producer import prepare as prod
+from ..admin import drive
 from ._enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
 from ._read import ReadTask, plan
 
@@ -133,7 +136,12 @@ def enqueue_dataframe(
         raise InvalidArgument(f"no such column(s) {missing}; the DataFrame has {df.columns}")
     prod.check_type(job_type)
     cfg = queue_config or QueueConfig()
-    Keys(queue, cfg.key_prefix)  # validates the queue name on the driver
+    keys = Keys(queue, cfg.key_prefix)  # validates the queue name on the driver
+    client = _client(url, cluster)  # the stored shard count, checked once on the driver
+    try:
+        call(lambda _retried: drive(client, _shards.check(keys, cfg.shards)))
+    finally:
+        client.close()
     types = [df.schema[c].dataType for c in cols]
     delay = [df[delay_col]] if delay_col else []
     nested = (t.StructType, t.MapType, t.ArrayType)

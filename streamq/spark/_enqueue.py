@@ -103,19 +103,20 @@ class EnqueueTask:
                   else f"{self.run}:0:0:")
         try:
             with Pipelined(SCRIPTS["enqueue"], client, tally) as pipe:
-                pending: list[prod.Prepared] = []
-                tags: list[str] = []
+                # one batch being filled per shard (a script call stays in one slot)
+                pending: dict[int, tuple[list[prod.Prepared], list[str]]] = {}
                 offset = 0  # of the row in the partition, rejected rows included
                 for rb in batches:
                     for at, p in self._prepare(keys, rb, reject, offset):
-                        pending.append(p)
+                        part, tags = pending.setdefault(p.shard, ([], []))
+                        part.append(p)
                         tags.append(writer + str(at))
-                        if len(pending) >= self.batch_size:
-                            pipe.send(pending, *prod.enqueue_call(keys, self.cfg, pending, tags))
-                            pending, tags = [], []
+                        if len(part) >= self.batch_size:
+                            pipe.send(part, *prod.enqueue_call(keys, self.cfg, part, tags))
+                            del pending[p.shard]
                     offset += rb.num_rows
-                if pending:
-                    pipe.send(pending, *prod.enqueue_call(keys, self.cfg, pending, tags))
+                for part, tags in pending.values():
+                    pipe.send(part, *prod.enqueue_call(keys, self.cfg, part, tags))
         finally:
             client.close()
         yield pa.RecordBatch.from_pydict({"outcome": list(counts), "n": list(counts.values())})

@@ -1,0 +1,245 @@
+"""Sharded queues over the sans-IO operations: the stored shard count and whole-queue views.
+
+A queue of ``QueueConfig.shards`` = N is N key sets (``keys.shard_keys``); each operation in
+``operations.py`` works on one of them. The operations here run those per shard (one step
+per shard at a time, so every step stays inside one slot) and add the answers up; the
+admin API calls them for the whole queue and the per-shard ones for ``shard=``.
+
+Paged listings over all shards walk the shards in order: the cursor is
+``'<shard>:<cursor in that shard>'``, so a page never mixes the order of two shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from .._core.config import QueueConfig
+from .._core.errors import InvalidArgument, ShardCountMismatch, UnknownQueue
+from .._core.keys import Keys, check_job_id, shard_keys, shard_of
+from . import browse as _browse
+from . import operations as _ops
+from .operations import Cmd, DeadEntry, DeadFilter, Op, Page, QueueStats, ok
+
+T = TypeVar("T")
+SHARDS_FIELD = "shards"
+
+
+def check(keys: Keys, shards: int) -> Op[int]:
+    """Compare ``shards`` with the count stored with the queue (``keys.meta`` on shard 0)
+    and store it when the queue has none yet. A queue with keys and no stored count has 1
+    shard (the layout before sharding). Raises ShardCountMismatch; writes nothing then.
+
+    Safe to repeat: HSETNX writes only the first count; a second caller reads it back. The
+    unsharded count is never written (an N = 1 queue keeps exactly its old keys)."""
+    k0 = keys.of_shard(0)
+    (stored,) = yield [Cmd.of("HGET", k0.meta, SHARDS_FIELD)]
+    if stored is None or isinstance(stored, Exception):
+        ok(stored)
+        if shards == 1:
+            return 1
+        (present,) = yield [Cmd.of("EXISTS", k0.stream, k0.delayed, k0.dead, k0.stats)]
+        if ok(present):
+            raise ShardCountMismatch(keys.queue, shards, 1)
+        (wrote,) = yield [Cmd.of("HSETNX", k0.meta, SHARDS_FIELD, shards)]
+        if ok(wrote):
+            return shards
+        (stored,) = yield [Cmd.of("HGET", k0.meta, SHARDS_FIELD)]
+    n = int(ok(stored))
+    if n != shards:
+        raise ShardCountMismatch(keys.queue, shards, n)
+    return n
+
+
+def select(keys: Keys, cfg: QueueConfig, shard: int | None) -> list[Keys]:
+    """Every shard's keys (``shard`` None), or the one asked for."""
+    if shard is None:
+        return shard_keys(keys.queue, cfg.shards, keys.prefix)
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < cfg.shards:
+        raise InvalidArgument(f"shard must be 0..{cfg.shards - 1} for queue {keys.queue!r}"
+                              f" (shards={cfg.shards}), got {shard!r}")
+    return [keys.of_shard(shard)]
+
+
+def stats(parts: Sequence[Keys]) -> Op[QueueStats]:
+    """One shard's stats, or the sum over several (paused if any shard is; the oldest ready
+    age is the largest). Shards without keys yet count as empty; UnknownQueue only when
+    no shard has any key."""
+    found: list[QueueStats] = []
+    for k in parts:
+        try:
+            found.append((yield from _ops.stats(k)))
+        except UnknownQueue:
+            if len(parts) == 1:
+                raise
+    if not found:
+        raise UnknownQueue(f"queue {parts[0].queue!r} does not exist (no keys under"
+                           f" {parts[0].base} or its other shards)")
+    if len(found) == 1:
+        return found[0]
+    counters: dict[str, int] = {}
+    for s in found:
+        for name, v in s.counters.items():
+            counters[name] = counters.get(name, 0) + v
+    ages = [s.oldest_ready_age_s for s in found if s.oldest_ready_age_s is not None]
+
+    def total(field: str) -> int:
+        return sum(int(getattr(s, field)) for s in found)
+
+    return QueueStats(
+        queue=parts[0].queue, ready=total("ready"), pending=total("pending"),
+        scheduled=total("scheduled"), retrying=total("retrying"), dead=total("dead"),
+        consumers=max(s.consumers for s in found),
+        workers_alive=max(s.workers_alive for s in found),
+        paused=any(s.paused for s in found), oldest_ready_age_s=max(ages) if ages else None,
+        counters=counters)
+
+
+def _cursor(parts: Sequence[Keys], cursor: str | None) -> tuple[int, str | None]:
+    if not cursor or len(parts) == 1:
+        return 0, cursor or None
+    shard, _, inner = cursor.partition(":")
+    if not shard.isdigit() or int(shard) >= len(parts):
+        raise InvalidArgument(f"invalid cursor {cursor!r} for a queue of {len(parts)} shards")
+    return int(shard), inner or None
+
+
+def paged(parts: Sequence[Keys], cursor: str | None, limit: int,
+          one: Any) -> Op[Page]:
+    """A listing over shards in order: ``one(keys, cursor, limit)`` is the per-shard Op."""
+    if len(parts) == 1:
+        page: Page = yield from one(parts[0], cursor, limit)
+        return page
+    at, inner = _cursor(parts, cursor)
+    items: list[Any] = []
+    while at < len(parts):
+        page = yield from one(parts[at], inner, limit - len(items))
+        items.extend(page.items)
+        if page.cursor is not None:
+            return Page(items, f"{at}:{page.cursor}")
+        at, inner = at + 1, None
+        if len(items) >= limit:
+            return Page(items, f"{at}:" if at < len(parts) else None)
+    return Page(items, None)
+
+
+def pending(parts: Sequence[Keys], *, min_idle_s: float = 0, consumer: str | None = None,
+            count: int = 100, cursor: str | None = None) -> Op[Page]:
+    def one(k: Keys, c: str | None, n: int) -> Op[Page]:
+        return _ops.pending(k, min_idle_s=min_idle_s, consumer=consumer, count=n, cursor=c)
+    return (yield from paged(parts, cursor, count, one))
+
+
+def dead_list(parts: Sequence[Keys], flt: DeadFilter, *, limit: int = 100,
+              cursor: str | None = None, oldest_first: bool = False) -> Op[Page]:
+    def one(k: Keys, c: str | None, n: int) -> Op[Page]:
+        return _ops.dead_list(k, flt, limit=n, cursor=c, oldest_first=oldest_first)
+    return (yield from paged(parts, cursor, limit, one))
+
+
+def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
+            ) -> Op[dict[str, int]]:
+    """Each entry re-driven in the shard its job id hashes to (where it died)."""
+    by: dict[int, list[DeadEntry]] = {}
+    for e in entries:
+        by.setdefault(shard_of(e.job_id, cfg.shards), []).append(e)
+    total: dict[str, int] = {}
+    for shard, part in sorted(by.items()):
+        got = yield from _ops.redrive(keys.of_shard(shard), cfg, part, who)
+        for name, v in got.items():
+            total[name] = total.get(name, 0) + v
+    return total
+
+
+def purge(parts: Sequence[Keys], cfg: QueueConfig, state: str, max_jobs: int) -> Op[int]:
+    n = 0
+    for k in parts:
+        if n >= max_jobs:
+            break
+        n += yield from _ops.purge(k, cfg, state, max_jobs=max_jobs - n)
+    return n
+
+
+def set_paused(parts: Sequence[Keys], paused: bool) -> Op[None]:
+    """Every shard's paused flag (each shard's start.lua reads its own, in its slot)."""
+    for k in parts:
+        yield from _ops.set_paused(k, paused)
+
+
+def exists(parts: Sequence[Keys]) -> Op[bool]:
+    for k in parts:
+        if (yield from _ops.exists(k)):
+            return True
+    return False
+
+
+
+class QueueOps:
+    """The admin API's operations over whole (possibly sharded) queues, built once for the
+    sync and the async driver: each checks the queue's stored shard count on its first use
+    by this object (ShardCountMismatch), then runs over every shard, the one ``shard``
+    asked for, or (by job id) the shard that holds the job."""
+
+    def __init__(self, config: QueueConfig) -> None:
+        self.config = config
+        self._checked: set[str] = set()
+
+    def _k(self, queue: str) -> Keys:
+        return Keys(queue, self.config.key_prefix)
+
+    def guard(self, queue: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
+        k = self._k(queue)
+        if queue not in self._checked:
+            yield from check(k, self.config.shards)
+            self._checked.add(queue)
+        return (yield from make(k))
+
+    def parts(self, queue: str, shard: int | None, make: Callable[[list[Keys]], Op[T]]
+              ) -> Op[T]:
+        return self.guard(queue, lambda k: make(select(k, self.config, shard)))
+
+    def by_id(self, queue: str, job_id: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
+        check_job_id(job_id)
+        return self.guard(queue, lambda k: make(k.for_job(job_id, self.config.shards)))
+
+    def stats(self, queue: str, shard: int | None) -> Op[QueueStats]:
+        return self.parts(queue, shard, stats)
+
+    def pending(self, queue: str, shard: int | None, **kw: Any) -> Op[Page]:
+        return self.parts(queue, shard, lambda ps: pending(ps, **kw))
+
+    def dead(self, queue: str, shard: int | None, flt: DeadFilter, **kw: Any) -> Op[Page]:
+        return self.parts(queue, shard, lambda ps: dead_list(ps, flt, **kw))
+
+    def redrive(self, queue: str, entries: Sequence[DeadEntry], who: str
+                ) -> Op[dict[str, int]]:
+        return self.guard(queue, lambda k: redrive(k, self.config, entries, who))
+
+    def purge(self, queue: str, shard: int | None, state: str, max_jobs: int) -> Op[int]:
+        return self.parts(queue, shard, lambda ps: purge(ps, self.config, state, max_jobs))
+
+    def set_paused(self, queue: str, paused: bool) -> Op[None]:
+        return self.parts(queue, None, lambda ps: set_paused(ps, paused))
+
+    def listing(self, queue: str, shard: int | None, cursor: str | None, limit: int,
+                one: Callable[[Keys, str | None, int], Op[Page]]) -> Op[Page]:
+        return self.parts(queue, shard, lambda ps: paged(ps, cursor, limit, one))
+
+    def concat(self, queue: str, shard: int | None, one: Callable[[Keys], Op[list[T]]]
+               ) -> Op[list[T]]:
+        def run(ps: list[Keys]) -> Op[list[T]]:
+            out: list[T] = []
+            for k in ps:
+                out.extend((yield from one(k)))
+            return out
+        return self.parts(queue, shard, run)
+
+    def count_dead(self, queue: str, shard: int | None, flt: DeadFilter
+                   ) -> Op[tuple[int, bool]]:
+        def run(ps: list[Keys]) -> Op[tuple[int, bool]]:
+            n, exact = 0, True
+            for k in ps:
+                c, e = yield from _browse.count_dead(k, flt)
+                n, exact = n + c, exact and e
+            return n, exact
+        return self.parts(queue, shard, run)

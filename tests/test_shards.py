@@ -1,0 +1,325 @@
+"""Sharded queues (QueueConfig.shards): N complete key sets under the hash tags {Q}, {Q#1},
+..., a job in shard crc32(id) % N. On one server and on the session's 3-primary cluster:
+N = 1 keeps today's keys; N = 3 and 16 enqueue (one, many, and wait), dedup across shards,
+drain every shard, promote delayed jobs of every shard from the scheduler, aggregate and
+re-drive dead letters, pause every shard, aggregate stats and drill into one shard; a
+shard count that disagrees with the stored one is refused (producer, worker, scheduler,
+admin) with ShardCountMismatch."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import uuid
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import eventually, fast
+
+from schedulers import Cron, Scheduler, SchedulerConfig
+from streamq import (
+    AsyncQueue,
+    Fail,
+    InvalidArgument,
+    Job,
+    Keys,
+    Queue,
+    QueueConfig,
+    Registry,
+    ShardCountMismatch,
+    Worker,
+)
+from streamq._core.cluster_server import ClusterServer
+from streamq._core.conn import sync_client
+from streamq._core.keys import MAX_SHARDS, shard_keys, shard_of
+from streamq.admin import Admin
+
+
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
+def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
+    """(url, cluster or None): one server, or the session's Redis Cluster."""
+    if request.param == "standalone":
+        yield request.getfixturevalue("url"), None
+    else:
+        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
+        yield cluster.url, cluster
+
+
+def fresh(cluster: ClusterServer | None, shards: int) -> str:
+    """A new queue name; on the cluster, one whose shards sit on every primary."""
+    while True:
+        name = f"sh-{uuid.uuid4().hex[:10]}"
+        if cluster is None or len({cluster.owner(k.stream)
+                                   for k in shard_keys(name, shards)}) == min(shards, 3):
+            return name
+
+
+def registry(seen: list[str]) -> Registry:
+    reg = Registry()
+
+    @reg.handler("ok")
+    async def ok(job: Job) -> str:
+        seen.append(job.id)
+        return f"done {job.id}"
+
+    @reg.handler("bad")
+    async def bad(job: Job) -> None:
+        raise Fail("bad")
+
+    return reg
+
+
+def ids_in_every_shard(shards: int, per_shard: int, tag: str) -> list[str]:
+    """Job ids that fill every shard with ``per_shard`` jobs."""
+    out: list[str] = []
+    count = dict.fromkeys(range(shards), 0)
+    i = 0
+    while min(count.values()) < per_shard:
+        jid = f"{tag}-{i}"
+        i += 1
+        s = shard_of(jid, shards)
+        if count[s] < per_shard:
+            count[s] += 1
+            out.append(jid)
+    return out
+
+
+def test_the_shard_hash_is_crc32_of_the_utf8_id() -> None:
+    """The documented, fixed routing (docs/scaling.md#sharded-queues): any client in any
+    language finds a job by computing the same number."""
+    for jid in ("abc", "job-1", "cron:x:1", "é-ü"):
+        for n in (1, 3, 16, MAX_SHARDS):
+            assert shard_of(jid, n) == zlib.crc32(jid.encode("utf-8")) % n
+    assert (shard_of("abc", 3), shard_of("job-1", 16)) == (0, 15)
+    assert Keys("q", shard=0).job("a") == "streamq:{q}:job:a"
+    assert Keys("q", shard=7).stream == "streamq:{q#7}:stream"
+    assert Keys("q").meta == Keys("q", shard=5).meta == "streamq:{q}:meta"
+    for bad in (0, MAX_SHARDS + 1, True, "3"):
+        with pytest.raises(InvalidArgument, match=r"shards must be an integer 1\.\.256"):
+            QueueConfig(shards=bad)  # type: ignore[arg-type]
+
+
+def test_one_shard_keeps_todays_keys(where: tuple[str, ClusterServer | None]) -> None:
+    url, cluster = where
+    name = fresh(cluster, 1)
+    with Queue.from_url(url, name) as q:
+        jid = q.enqueue("ok", {"n": 1}, job_id="j1").job_id
+        q.enqueue("ok", job_id="later", delay=3600)
+        client: Any = q.client
+        found = sorted(k.decode() for k in client.scan_iter(match=f"streamq:{{{name}*",
+                                                            count=1000))
+    assert found == sorted([f"streamq:{{{name}}}:{s}" for s in ("stream", "delayed", "stats")]
+                           + [f"streamq:{{{name}}}:job:{j}" for j in (jid, "later")])
+
+
+@pytest.mark.parametrize("shards", [3, 16])
+async def test_a_sharded_queue_end_to_end(where: tuple[str, ClusterServer | None],
+                                          shards: int) -> None:
+    url, cluster = where
+    name = fresh(cluster, shards)
+    cfg = QueueConfig(shards=shards)
+    ids = ids_in_every_shard(shards, 2, "m")
+    q = Queue.from_url(url, name, cfg)
+    client: Any = q.client
+    admin = Admin.from_url(url, cfg)
+    try:
+        # enqueue_many splits by shard and answers in the caller's order
+        got = q.enqueue_many([{"type": "ok", "job_id": j} for j in ids])
+        assert [(r.job_id, r.status) for r in got] == [(j, "queued") for j in ids]
+        for j in ids:
+            assert client.exists(Keys(name, shard=shard_of(j, shards)).job(j))
+        # dedup stays exact across shards: the same id again is a duplicate, one by one or
+        # in bulk, and a bulk call with an id twice accepts it once
+        assert q.enqueue("ok", job_id=ids[-1]).status == "duplicate"
+        again = q.enqueue_many([{"type": "ok", "job_id": j} for j in [*ids[:3], "new", "new"]])
+        assert [r.status for r in again] == ["duplicate"] * 3 + ["queued", "duplicate"]
+        ids.append("new")
+        st = admin.stats(name)
+        assert st.ready == len(ids)
+        per = [admin.stats(name, shard=i) for i in range(shards)]
+        assert sum(s.ready for s in per) == len(ids) and all(s.ready >= 2 for s in per)
+        assert sum(s.counters.get("duplicates", 0) for s in per) == 5
+        if cluster is not None:  # the shards really are spread over the primaries
+            assert len({cluster.owner(k.stream) for k in shard_keys(name, shards)}) == 3
+            slots = {client.cluster_keyslot(k.stream) for k in shard_keys(name, shards)}
+            assert len(slots) == shards
+
+        # a worker drains every shard; records read back by id from any shard
+        seen: list[str] = []
+        async with Worker(url, [name], registry(seen), fast(promote=False), cfg):
+            await eventually(lambda: len(seen) == len(ids), 30, "every shard drained")
+            aq = AsyncQueue.from_url(url, name, cfg)
+            try:
+                waited = [await aq.enqueue_and_wait("ok", job_id=j, timeout=20)
+                          for j in ids_in_every_shard(shards, 1, "w")]
+                assert len(waited) == shards and all(w.startswith("done w-") for w in waited)
+            finally:
+                await aq.close()
+            assert await asyncio.to_thread(  # blocking: off the worker's event loop
+                q.enqueue_and_wait, "ok", job_id="sync-wait", timeout=20) == "done sync-wait"
+        assert sorted(seen) == sorted([*ids, *ids_in_every_shard(shards, 1, "w"),
+                                       "sync-wait"])
+        assert all(q.get(j).state == "completed" for j in ids)  # type: ignore[union-attr]
+        assert admin.job(name, ids[0]).state == "completed"
+        assert admin.stats(name).counters["completed"] == len(seen)
+
+        # dead letters of every shard: listed together (page by page), re-driven by id
+        bad = ids_in_every_shard(shards, 1, "bad")
+        q.enqueue_many([{"type": "bad", "job_id": j} for j in bad])
+        async with Worker(url, [name], registry(seen), fast(promote=False), cfg):
+            await eventually(lambda: admin.stats(name).dead == len(bad), 30, "dead letters")
+        listed: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = admin.dead(name, limit=2, cursor=cursor)
+            listed += [e.job_id for e in page.items]
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        assert sorted(listed) == sorted(bad)
+        assert [e.job_id for e in admin.dead(name, shard=shard_of(bad[0], shards)).items] == [
+            bad[0]]
+        assert admin.redrive_matching(name) == {"redriven": len(bad)}
+        st = admin.stats(name)
+        assert (st.dead, st.ready) == (0, len(bad))
+        assert admin.purge(name, "queued") == len(bad) and admin.stats(name).ready == 0
+    finally:
+        q.close()
+        admin.close()
+
+
+@pytest.mark.parametrize("shards", [3, 16])
+async def test_scheduler_and_pause_cover_every_shard(where: tuple[str, ClusterServer | None],
+                                                     shards: int) -> None:
+    url, cluster = where
+    name = fresh(cluster, shards)
+    cfg = QueueConfig(shards=shards)
+    admin = Admin.from_url(url, cfg)
+    q = Queue.from_url(url, name, cfg)
+    try:
+        # delayed jobs in every shard, promoted by a scheduler (no worker promotes)
+        later = ids_in_every_shard(shards, 1, "d")
+        q.enqueue_many([{"type": "ok", "job_id": j, "delay": 0.2} for j in later])
+        assert admin.stats(name).scheduled == len(later)
+        sched_cfg = SchedulerConfig(poll_interval_s=0.1, sweep_interval_s=0.1)
+        every_second = Cron("tick", every=1, job_type="ok", queue=name)
+
+        def fired() -> list[str]:
+            return [r.job_id for r in admin.ready(name, limit=1000).items
+                    if r.job_id.startswith("cron:")]
+
+        async with Scheduler(url, [name], [every_second], sched_cfg, cfg) as s:
+            await eventually(lambda: admin.stats(name).ready >= len(later), 20,
+                             "delayed jobs of every shard promoted")
+            # cron ticks land in their job id's shard (one beyond shard 0 at least)
+            await eventually(lambda: any(shard_of(j, shards) for j in fired()), 30,
+                             "a cron tick fired into a shard other than 0")
+        st = admin.stats(name)
+        assert st.scheduled == 0 and st.ready == len(later) + s.fired == len(later) + len(
+            fired())
+        assert all(q.get(j) is not None for j in fired())  # found by id: the right shard
+        [info] = admin.cron(name)
+        assert info.name == "tick" and info.last_job in fired()
+
+        # pause stops every shard: each shard's flag is set and every fetch loop sees it
+        admin.pause(name)
+        assert all(q.client.exists(k.paused) for k in shard_keys(name, shards))
+        assert admin.stats(name).paused
+        seen: list[str] = []
+        w = Worker(url, [name], registry(seen), fast(promote=False), cfg)
+        async with w:
+            await eventually(lambda: all(s.paused for s in w._qs.values()), 10,
+                             "every shard's fetch loop paused")
+            assert len(w._qs) == shards and seen == []
+            admin.resume(name)
+            await eventually(lambda: len(seen) == st.ready, 30, "drained after resume")
+    finally:
+        q.close()
+        admin.close()
+
+
+def test_a_shard_count_that_disagrees_is_refused(where: tuple[str, ClusterServer | None]
+                                                  ) -> None:
+    url, cluster = where
+    name = fresh(cluster, 3)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("ok", job_id="a")
+        assert q.client.hget(Keys(name).meta, "shards") == b"3"
+    for n in (1, 4):
+        with Queue.from_url(url, name, QueueConfig(shards=n)) as other:
+            with pytest.raises(ShardCountMismatch, match=f"stored with shards=3, but this"
+                               f" object was configured with shards={n}") as exc:
+                other.enqueue("ok", job_id="b")
+            assert (exc.value.stored, exc.value.configured) == (3, n)
+            with pytest.raises(ShardCountMismatch):
+                other.get("a")
+    admin = Admin.from_url(url, QueueConfig(shards=2))
+    try:
+        with pytest.raises(ShardCountMismatch, match="QueueConfig\\(shards=3\\)"):
+            admin.stats(name)
+    finally:
+        admin.close()
+    worker = Worker(url, [name], registry([]), fast(), QueueConfig(shards=1))
+    with pytest.raises(ShardCountMismatch):
+        asyncio.run(worker.start())
+    assert not worker.running
+    sched = Scheduler(url, [name], queue_config=QueueConfig(shards=5))
+    with pytest.raises(ShardCountMismatch):
+        asyncio.run(sched.start())
+
+    # a queue used before sharding (keys, no stored count) has 1 shard
+    legacy = fresh(cluster, 1)
+    with Queue.from_url(url, legacy) as q:
+        q.enqueue("ok", job_id="old")
+        assert q.client.hget(Keys(legacy).meta, "shards") is None
+    with Queue.from_url(url, legacy, QueueConfig(shards=3)) as q:
+        with pytest.raises(ShardCountMismatch, match="stored with shards=1"):
+            q.enqueue("ok", job_id="new")
+        assert sync_client(url).exists(Keys(legacy, shard=1).stream) == 0
+    with Queue.from_url(url, legacy, QueueConfig(shards=1)) as q:
+        assert q.enqueue("ok", job_id="old").status == "duplicate"
+
+
+def test_due_and_run_at_route_like_any_job(where: tuple[str, ClusterServer | None]) -> None:
+    """run_at and cancel by id find the job's shard."""
+    url, cluster = where
+    name = fresh(cluster, 3)
+    cfg = QueueConfig(shards=3)
+    with Queue.from_url(url, name, cfg) as q:
+        at = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+        jobs = ids_in_every_shard(3, 1, "c")
+        for j in jobs:
+            assert q.enqueue("ok", job_id=j, run_at=at).status == "scheduled"
+        assert all(q.cancel(j).cancelled for j in jobs)
+        assert all(q.get(j).state == "cancelled" for j in jobs)  # type: ignore[union-attr]
+
+
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("STREAMQ_URL", "STREAMQ_SHARDS")}
+    return subprocess.run([sys.executable, "-m", "streamq", *args, "--url", url], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_covers_every_shard_and_drills_into_one(url: str) -> None:
+    name = fresh(None, 3)
+    ids = ids_in_every_shard(3, 2, "x")
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue_many([{"type": "ok", "job_id": j} for j in ids])
+    whole = _cli(url, "stats", name, "--shards", "3", "--json")
+    assert whole.returncode == 0, whole.stderr
+    assert json.loads(whole.stdout)[0]["ready"] == len(ids)
+    one = _cli(url, "stats", name, "--shards", "3", "--shard", "2", "--json")
+    assert json.loads(one.stdout)[0]["ready"] == 2
+    assert _cli(url, "job", name, ids[-1], "--shards", "3").returncode == 0
+    wrong = _cli(url, "stats", name, "--json")
+    assert wrong.returncode != 0
+    assert "stored with shards=3, but this object was configured with shards=1" in (
+        wrong.stdout + wrong.stderr)
+    purged = _cli(url, "purge", name, "--state", "queued", "--shards", "3", "--yes")
+    assert purged.returncode == 0 and f"purged {len(ids)} queued jobs" in purged.stdout
