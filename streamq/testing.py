@@ -31,7 +31,7 @@ import attrs
 from ._core.config import QueueConfig, WorkerConfig
 from ._core.conn import sync_client
 from ._core.errors import WaitTimeout
-from ._core.keys import Keys
+from ._core.keys import Keys, shard_keys
 from ._core.model import Job, JobInfo
 from ._core.server import RedisServer
 from ._producer.queue import Queue
@@ -94,10 +94,13 @@ def fast_forward(queue: Queue, seconds: float | None = None) -> int:
     sec, usec = client.time()
     now_ms = int(sec) * 1000 + int(usec) // 1000
     horizon = "+inf" if seconds is None else now_ms + int(seconds * 1000)
-    ids = client.zrangebyscore(queue.keys.delayed, "-inf", horizon)
-    if ids:
-        client.zadd(queue.keys.delayed, {i: now_ms for i in ids}, xx=True)
-    return len(ids)
+    moved = 0
+    for k in shard_keys(queue.name, queue.config.shards, queue.config.key_prefix):
+        ids = client.zrangebyscore(k.delayed, "-inf", horizon)
+        if ids:
+            client.zadd(k.delayed, {i: now_ms for i in ids}, xx=True)
+        moved += len(ids)
+    return moved
 
 
 async def _last_event(client: Any, keys: Keys) -> str:
@@ -134,9 +137,10 @@ async def arun_until_idle(worker: Worker, *, timeout: float = 10.0) -> list[JobI
     from ._core.conn import async_client
 
     client: Any = async_client(worker.url)
-    keys = [Keys(q, worker.queue_config.key_prefix) for q in worker.queues]
+    qc = worker.queue_config
+    keys = [k for q in worker.queues for k in shard_keys(q, qc.shards, qc.key_prefix)]
     try:
-        marks = {k.queue: await _last_event(client, k) for k in keys}
+        marks = {k.tag: await _last_event(client, k) for k in keys}
         started = not worker.running
         own_cfg = worker.queue_config
         if started:
@@ -161,7 +165,7 @@ async def arun_until_idle(worker: Worker, *, timeout: float = 10.0) -> list[JobI
                 await worker.stop()
         finished: list[tuple[str, Keys, str]] = []
         for k in keys:
-            for eid, fields in await client.xrange(k.events, f"({marks[k.queue]}", "+"):
+            for eid, fields in await client.xrange(k.events, f"({marks[k.tag]}", "+"):
                 if fields.get(b"ev", b"").decode() in _TERMINAL_EVENTS:
                     finished.append((eid.decode(), k, fields[b"job"].decode()))
         finished.sort(key=lambda f: tuple(int(x) for x in f[0].split("-")))

@@ -323,3 +323,19 @@ def test_cli_covers_every_shard_and_drills_into_one(url: str) -> None:
         wrong.stdout + wrong.stderr)
     purged = _cli(url, "purge", name, "--state", "queued", "--shards", "3", "--yes")
     assert purged.returncode == 0 and f"purged {len(ids)} queued jobs" in purged.stdout
+
+
+def test_testing_helpers_cover_every_shard(url: str) -> None:
+    """run_until_idle waits on, and reports, every shard; fast_forward moves every shard's
+    delayed jobs."""
+    from streamq.testing import fast_forward, run_until_idle
+
+    name = fresh(None, 3)
+    cfg = QueueConfig(shards=3)
+    seen: list[str] = []
+    with Queue.from_url(url, name, cfg) as q:
+        later = ids_in_every_shard(3, 1, "ff")
+        q.enqueue_many([{"type": "ok", "job_id": j, "delay": 3600} for j in later])
+        assert fast_forward(q) == len(later)
+        done = run_until_idle(Worker(url, [name], registry(seen), fast(), cfg))
+    assert sorted(i.id for i in done) == sorted(later) == sorted(seen)
