@@ -159,7 +159,7 @@ class Admin:
         self.config = config or QueueConfig()
         self.url: str | None = None
         """The URL the client was built from (None for a client given as is)."""
-        self._o = _sh.QueueOps(self.config)
+        self.ops = _sh.QueueOps(self.config)
         """Whole-queue operations (every shard of a sharded queue; _ops/shards.py)."""
 
     @classmethod
@@ -191,21 +191,21 @@ class Admin:
 
     def stats(self, queue: str, *, shard: int | None = None) -> QueueStats:
         """Summed over every shard, or of one ``shard`` (0..shards-1)."""
-        return drive(self.client, self._o.stats(queue, shard))
+        return drive(self.client, self.ops.stats(queue, shard))
 
     def pending(self, queue: str, *, min_idle_s: float = 0, consumer: str | None = None,
                 count: int = 100, cursor: str | None = None, shard: int | None = None
                 ) -> Page:
-        return drive(self.client, self._o.pending(queue, shard, min_idle_s=min_idle_s,
+        return drive(self.client, self.ops.pending(queue, shard, min_idle_s=min_idle_s,
                                                   consumer=consumer, count=count,
                                                   cursor=cursor))
 
     def job(self, queue: str, job_id: str) -> JobInfo:
-        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _ops.job(
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _ops.job(
             k, self.config, job_id)))
 
     def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
-        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _ops.requeue(
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _ops.requeue(
             k, self.config, job_id, who or _who())))
 
     def dead(self, queue: str, flt: DeadFilter | None = None, *, limit: int = 100,
@@ -213,13 +213,13 @@ class Admin:
              shard: int | None = None) -> Page:
         """Dead entries of every shard (shard by shard: oldest_first orders each shard), or
         of one ``shard``."""
-        return drive(self.client, self._o.dead(queue, shard, flt or DeadFilter(), limit=limit,
+        return drive(self.client, self.ops.dead(queue, shard, flt or DeadFilter(), limit=limit,
                                                cursor=cursor, oldest_first=oldest_first))
 
     def redrive(self, queue: str, entries: Sequence[DeadEntry], *, who: str | None = None
                 ) -> dict[str, int]:
         """Re-drive these dead entries (from :meth:`dead`); safe to re-run."""
-        return drive(self.client, self._o.redrive(queue, entries, who or _who()))
+        return drive(self.client, self.ops.redrive(queue, entries, who or _who()))
 
     def redrive_matching(self, queue: str, flt: DeadFilter | None = None,
                          max_jobs: int = 100_000) -> dict[str, int]:
@@ -239,39 +239,39 @@ class Admin:
 
     def purge(self, queue: str, state: str, max_jobs: int = 100_000, *,
               shard: int | None = None) -> int:
-        return drive(self.client, self._o.purge(queue, shard, state, max_jobs))
+        return drive(self.client, self.ops.purge(queue, shard, state, max_jobs))
 
     def pause(self, queue: str) -> None:
-        drive(self.client, self._o.set_paused(queue, True))  # every shard
+        drive(self.client, self.ops.set_paused(queue, True))  # every shard
 
     def resume(self, queue: str) -> None:
-        drive(self.client, self._o.set_paused(queue, False))
+        drive(self.client, self.ops.set_paused(queue, False))
 
     def consumers(self, queue: str, *, shard: int | None = None) -> list[ConsumerInfo]:
         """Each shard's consumers (a worker is one consumer in every shard)."""
-        return drive(self.client, self._o.concat(queue, shard, _ops.consumers))
+        return drive(self.client, self.ops.concat(queue, shard, _ops.consumers))
 
     def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
-        return drive(self.client, self._o.concat(queue, None, lambda k: _ops.prune(
+        return drive(self.client, self.ops.concat(queue, None, lambda k: _ops.prune(
             k, dead_after_s)))
 
     def ready(self, queue: str, flt: ListFilter | None = None, *, limit: int = 50,
               cursor: str | None = None, shard: int | None = None) -> Page:
         """Ready jobs not yet delivered, oldest first in each shard (:class:`JobRow`)."""
-        return drive(self.client, self._o.listing(queue, shard, cursor, limit, lambda k, c, n:
+        return drive(self.client, self.ops.listing(queue, shard, cursor, limit, lambda k, c, n:
                                                   _browse.ready(k, flt, limit=n, cursor=c)))
 
     def delayed(self, queue: str, state: str | None = None, flt: ListFilter | None = None, *,
                 limit: int = 50, cursor: str | None = None, shard: int | None = None) -> Page:
         """Scheduled and retrying jobs by due time in each shard (``state`` keeps one)."""
-        return drive(self.client, self._o.listing(queue, shard, cursor, limit, lambda k, c, n:
+        return drive(self.client, self.ops.listing(queue, shard, cursor, limit, lambda k, c, n:
                                                   _browse.delayed(k, state, flt, limit=n,
                                                                   cursor=c)))
 
     def recent(self, queue: str, event: str, flt: ListFilter | None = None, *,
                limit: int = 50, cursor: str | None = None, shard: int | None = None) -> Page:
         """Jobs with a recent ``event`` (completed, cancelled, ...) from the events streams."""
-        return drive(self.client, self._o.listing(queue, shard, cursor, limit, lambda k, c, n:
+        return drive(self.client, self.ops.listing(queue, shard, cursor, limit, lambda k, c, n:
                                                   _browse.recent(k, event, flt, limit=n,
                                                                  cursor=c)))
 
@@ -279,13 +279,13 @@ class Admin:
                  at_ms: Sequence[int] = ()) -> Timeline:
         """The job's events: those at the times ``at_ms`` and the newest 1,000 since
         ``since_ms`` (see :class:`Timeline`)."""
-        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.timeline(
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _browse.timeline(
             k, job_id, since_ms, at_ms)))
 
     def count_dead(self, queue: str, flt: DeadFilter | None = None, *,
                    shard: int | None = None) -> tuple[int, bool]:
         """Dead jobs matching ``flt``, reading at most 100,000 entries per shard."""
-        return drive(self.client, self._o.count_dead(queue, shard, flt or DeadFilter()))
+        return drive(self.client, self.ops.count_dead(queue, shard, flt or DeadFilter()))
 
     def last_minute(self, queue: str) -> tuple[int, int] | None:
         """Completed and failed in the last full minute, from the time series."""
@@ -296,12 +296,12 @@ class Admin:
         return drive(self.client, _browse.series(self._k(queue), hours))
 
     def lease(self, queue: str, job_id: str) -> Lease | None:
-        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.lease(
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _browse.lease(
             k, job_id)))
 
     def find_dead(self, queue: str, job_id: str, around_ms: int) -> DeadEntry | None:
         """A failed job's dead entry, looked up near its finish time (for :meth:`redrive`)."""
-        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.find_dead(
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _browse.find_dead(
             k, job_id, around_ms)))
 
     def workers(self, queue: str) -> list[WorkerInfo]:
@@ -312,11 +312,11 @@ class Admin:
 
     def run_now(self, queue: str, job_id: str, *, who: str | None = None) -> str:
         """Make a scheduled or retrying job due now ('due now' or 'not run: job is ...')."""
-        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.run_now(
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _browse.run_now(
             k, self.config, job_id, who or _who())))
 
     def cancel(self, queue: str, job_id: str, *, who: str | None = None) -> CancelResult:
-        return drive(self.client, self._o.by_id(queue, job_id, lambda k: _browse.cancel(
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _browse.cancel(
             k, self.config, job_id, who or _who())))
 
     def audit(self, queue: str, action: str, *, job_id: str = "", outcome: str = "",
@@ -334,7 +334,7 @@ class AsyncAdmin:
         self.config = config or QueueConfig()
         self.url: str | None = None
         """The URL the client was built from (None for a client given as is)."""
-        self._o = _sh.QueueOps(self.config)
+        self.ops = _sh.QueueOps(self.config)
         """Whole-queue operations (every shard of a sharded queue; _ops/shards.py)."""
 
     @classmethod
@@ -376,32 +376,32 @@ class AsyncAdmin:
         return version
 
     async def stats(self, queue: str, *, shard: int | None = None) -> QueueStats:
-        return await self._run(queue, self._o.stats(queue, shard))
+        return await self._run(queue, self.ops.stats(queue, shard))
 
     async def pending(self, queue: str, *, min_idle_s: float = 0, consumer: str | None = None,
                       count: int = 100, cursor: str | None = None, shard: int | None = None
                       ) -> Page:
-        return await self._run(queue, self._o.pending(
+        return await self._run(queue, self.ops.pending(
             queue, shard, min_idle_s=min_idle_s, consumer=consumer, count=count, cursor=cursor))
 
     async def job(self, queue: str, job_id: str) -> JobInfo:
-        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _ops.job(
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _ops.job(
             k, self.config, job_id)))
 
     async def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
-        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _ops.requeue(
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _ops.requeue(
             k, self.config, job_id, who or _who())))
 
     async def dead(self, queue: str, flt: DeadFilter | None = None, *, limit: int = 100,
                    cursor: str | None = None, oldest_first: bool = False,
                    shard: int | None = None) -> Page:
-        return await self._run(queue, self._o.dead(
+        return await self._run(queue, self.ops.dead(
             queue, shard, flt or DeadFilter(), limit=limit, cursor=cursor,
             oldest_first=oldest_first))
 
     async def redrive(self, queue: str, entries: Sequence[DeadEntry], *, who: str | None = None
                       ) -> dict[str, int]:
-        return await self._run(queue, self._o.redrive(queue, entries, who or _who()))
+        return await self._run(queue, self.ops.redrive(queue, entries, who or _who()))
 
     async def queues(self) -> list[str]:
         names: Any = await self.client.smembers(queues_key(self.config.key_prefix))
@@ -424,49 +424,49 @@ class AsyncAdmin:
 
     async def purge(self, queue: str, state: str, max_jobs: int = 100_000, *,
                     shard: int | None = None) -> int:
-        return await self._run(queue, self._o.purge(queue, shard, state, max_jobs))
+        return await self._run(queue, self.ops.purge(queue, shard, state, max_jobs))
 
     async def pause(self, queue: str) -> None:
-        await self._run(queue, self._o.set_paused(queue, True))  # every shard
+        await self._run(queue, self.ops.set_paused(queue, True))  # every shard
 
     async def resume(self, queue: str) -> None:
-        await self._run(queue, self._o.set_paused(queue, False))
+        await self._run(queue, self.ops.set_paused(queue, False))
 
     async def consumers(self, queue: str, *, shard: int | None = None) -> list[ConsumerInfo]:
-        return await self._run(queue, self._o.concat(queue, shard, _ops.consumers))
+        return await self._run(queue, self.ops.concat(queue, shard, _ops.consumers))
 
     async def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
-        return await self._run(queue, self._o.concat(queue, None, lambda k: _ops.prune(
+        return await self._run(queue, self.ops.concat(queue, None, lambda k: _ops.prune(
             k, dead_after_s)))
 
     async def ready(self, queue: str, flt: ListFilter | None = None, *, limit: int = 50,
                     cursor: str | None = None, shard: int | None = None) -> Page:
-        return await self._run(queue, self._o.listing(
+        return await self._run(queue, self.ops.listing(
             queue, shard, cursor, limit, lambda k, c, n: _browse.ready(k, flt, limit=n,
                                                                        cursor=c)))
 
     async def delayed(self, queue: str, state: str | None = None,
                       flt: ListFilter | None = None, *, limit: int = 50,
                       cursor: str | None = None, shard: int | None = None) -> Page:
-        return await self._run(queue, self._o.listing(
+        return await self._run(queue, self.ops.listing(
             queue, shard, cursor, limit, lambda k, c, n: _browse.delayed(
                 k, state, flt, limit=n, cursor=c)))
 
     async def recent(self, queue: str, event: str, flt: ListFilter | None = None, *,
                      limit: int = 50, cursor: str | None = None, shard: int | None = None
                      ) -> Page:
-        return await self._run(queue, self._o.listing(
+        return await self._run(queue, self.ops.listing(
             queue, shard, cursor, limit, lambda k, c, n: _browse.recent(
                 k, event, flt, limit=n, cursor=c)))
 
     async def timeline(self, queue: str, job_id: str, since_ms: int = 0,
                        at_ms: Sequence[int] = ()) -> Timeline:
-        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.timeline(
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _browse.timeline(
             k, job_id, since_ms, at_ms)))
 
     async def count_dead(self, queue: str, flt: DeadFilter | None = None, *,
                          shard: int | None = None) -> tuple[int, bool]:
-        return await self._run(queue, self._o.count_dead(queue, shard, flt or DeadFilter()))
+        return await self._run(queue, self.ops.count_dead(queue, shard, flt or DeadFilter()))
 
     async def last_minute(self, queue: str) -> tuple[int, int] | None:
         return await self._run(queue, _browse.last_minute(self._k(queue)))
@@ -475,11 +475,11 @@ class AsyncAdmin:
         return await self._run(queue, _browse.series(self._k(queue), hours))
 
     async def lease(self, queue: str, job_id: str) -> Lease | None:
-        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.lease(
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _browse.lease(
             k, job_id)))
 
     async def find_dead(self, queue: str, job_id: str, around_ms: int) -> DeadEntry | None:
-        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.find_dead(
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _browse.find_dead(
             k, job_id, around_ms)))
 
     async def workers(self, queue: str) -> list[WorkerInfo]:
@@ -489,12 +489,12 @@ class AsyncAdmin:
         return await self._run(queue, _browse.cron_entries(self._k(queue)))
 
     async def run_now(self, queue: str, job_id: str, *, who: str | None = None) -> str:
-        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.run_now(
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _browse.run_now(
             k, self.config, job_id, who or _who())))
 
     async def cancel(self, queue: str, job_id: str, *, who: str | None = None
                      ) -> CancelResult:
-        return await self._run(queue, self._o.by_id(queue, job_id, lambda k: _browse.cancel(
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _browse.cancel(
             k, self.config, job_id, who or _who())))
 
     async def audit(self, queue: str, action: str, *, job_id: str = "", outcome: str = "",

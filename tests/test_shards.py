@@ -12,8 +12,10 @@ import asyncio
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
+import urllib.parse
 import uuid
 import zlib
 from collections.abc import Iterator
@@ -215,7 +217,7 @@ async def test_scheduler_and_pause_cover_every_shard(where: tuple[str, ClusterSe
                     if r.job_id.startswith("cron:")]
 
         async with Scheduler(url, [name], [every_second], sched_cfg, cfg) as s:
-            await eventually(lambda: admin.stats(name).ready >= len(later), 20,
+            await eventually(lambda: admin.stats(name).scheduled == 0, 20,
                              "delayed jobs of every shard promoted")
             # cron ticks land in their job id's shard (one beyond shard 0 at least)
             await eventually(lambda: any(shard_of(j, shards) for j in fired()), 30,
@@ -339,3 +341,47 @@ def test_testing_helpers_cover_every_shard(url: str) -> None:
         assert fast_forward(q) == len(later)
         done = run_until_idle(Worker(url, [name], registry(seen), fast(), cfg))
     assert sorted(i.id for i in done) == sorted(later) == sorted(seen)
+
+
+async def test_dashboard_lists_every_shard(url: str) -> None:
+    """The dashboard reads through the admin API: its tabs list the jobs of every shard,
+    and a page's cursor ('<shard>:<entry id>') leads to the next page."""
+    import httpx
+
+    from streamq.dashboard import DashboardConfig, create_app
+
+    name = fresh(None, 3)
+    cfg = QueueConfig(shards=3)
+    ready = ids_in_every_shard(3, 2, "r")
+    with Queue.from_url(url, name, cfg) as q:
+        q.enqueue_many([{"type": "ok", "job_id": j} for j in ready])
+        q.enqueue_many([{"type": "bad", "job_id": j} for j in ids_in_every_shard(3, 1, "b")])
+    seen: list[str] = []
+    async with Worker(url, [name], registry(seen), fast(promote=False), cfg) as w:
+        await eventually(lambda: len(seen) == len(ready) and Admin.from_url(url, cfg).stats(
+            name).dead == 3, 30, "jobs done and dead")
+        await w.stop()
+    with Queue.from_url(url, name, cfg) as q:
+        fresh_ids = ids_in_every_shard(3, 2, "n")  # ready in every shard
+        q.enqueue_many([{"type": "ok", "job_id": j} for j in fresh_ids])
+    app = create_app(url, config=DashboardConfig(queues=(name,), page_size=2,
+                                                 queue_config=cfg))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://dash") as c:
+        dead = await c.get("/queue", params={"q": name, "tab": "dead"})
+        assert dead.status_code == 200
+        assert len(set(re.findall(r'id=(b-\d+)"', dead.text))) == 2  # a page of 2
+        listed: list[str] = []
+        cursor: str | None = None
+        for _ in range(10):  # page by page (2 a page) over the three shards
+            params = {"q": name, "tab": "ready", **({"cursor": cursor} if cursor else {})}
+            page = await c.get("/queue", params=params)
+            assert page.status_code == 200, page.text
+            listed += re.findall(r'id=(n-\d+)"', page.text)
+            more = {urllib.parse.unquote(m) for m in re.findall(r"cursor=([^\"&]+)", page.text)
+                    } - {cursor}  # other links keep the page's own cursor
+            if not more:
+                break
+            [cursor] = more
+            assert re.fullmatch(r"[0-2]:(\d+-\d+)?", cursor)
+        assert sorted(listed) == sorted(fresh_ids)

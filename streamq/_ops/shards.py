@@ -123,6 +123,18 @@ def paged(parts: Sequence[Keys], cursor: str | None, limit: int,
     return Page(items, None)
 
 
+def check_cursor(cursor: str | None, shards: int) -> str | None:
+    """A listing cursor given by a user: a stream id (``1700-0``), or for a sharded queue
+    ``'<shard>:'`` or ``'<shard>:<stream id>'``; InvalidArgument else."""
+    if cursor is None or shards == 1:
+        return _browse.check_stream_id(cursor)
+    shard, sep, inner = cursor.partition(":")
+    if not sep or not shard.isdigit() or int(shard) >= shards:
+        raise InvalidArgument(f"invalid cursor {cursor!r}: expected '<shard>:<stream id>'")
+    _browse.check_stream_id(inner or None)
+    return cursor
+
+
 def pending(parts: Sequence[Keys], *, min_idle_s: float = 0, consumer: str | None = None,
             count: int = 100, cursor: str | None = None) -> Op[Page]:
     def one(k: Keys, c: str | None, n: int) -> Op[Page]:

@@ -13,10 +13,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from .._core.errors import InvalidArgument
-from .._core.keys import Keys, check_job_id, check_queue_name
+from .._core.keys import check_job_id, check_queue_name
 from .._ops import operations as _ops
-from .._ops.browse import check_stream_id, now_ms, recent
+from .._ops.browse import now_ms, recent
 from .._ops.operations import PAGE
+from .._ops.shards import check_cursor
 from ..admin import DeadFilter, ListFilter, QueueStats, adrive
 from ._app import Dashboard
 from ._charts import charts
@@ -107,23 +108,25 @@ async def queue_page(dash: Dashboard, request: Request) -> Response:
                      until_ms=int(now - older_s * 1000) if older_s is not None else None)
     size = dash.cfg.page_size
     a = dash.admin
-    keys = Keys(q, a.config.key_prefix)
+    shards = a.config.shards
     items: list[Any] = []
     next_cursor: str | None = None
     if tab == "ready":
         page = await a.ready(q, flt, limit=size, cursor=cursor)
     elif tab == "active":
-        page = await a.pending(q, count=size, cursor=check_stream_id(cursor))
+        page = await a.pending(q, count=size, cursor=check_cursor(cursor, shards))
     elif tab in ("scheduled", "retrying"):
         page = await a.delayed(q, tab, flt, limit=size, cursor=cursor)
     elif tab == "dead":
         dflt = DeadFilter(type=shown.get("type"), error_type=shown.get("error"),
                           older_than_s=older_s, newer_than_s=newer_s)
-        page = await adrive(await a.client_for(q), _ops.dead_list(
-            keys, dflt, limit=size, cursor=check_stream_id(cursor), scan_pages=SCAN // PAGE))
+        page = await adrive(await a.client_for(q), a.ops.listing(  # every shard
+            q, None, check_cursor(cursor, shards), size, lambda k, c, n: _ops.dead_list(
+                k, dflt, limit=n, cursor=c, scan_pages=SCAN // PAGE)))
     elif tab in ("completed", "cancelled"):
-        page = await adrive(await a.client_for(q), recent(keys, tab, flt, limit=size,
-                                                          cursor=cursor, scan=SCAN))
+        page = await adrive(await a.client_for(q), a.ops.listing(
+            q, None, cursor, size, lambda k, c, n: recent(k, tab, flt, limit=n, cursor=c,
+                                                          scan=SCAN)))
     elif tab == "charts":
         page = None
         hours = param(request, "range") == "30d"
