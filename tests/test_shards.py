@@ -385,3 +385,14 @@ async def test_dashboard_lists_every_shard(url: str) -> None:
             [cursor] = more
             assert re.fullmatch(r"[0-2]:(\d+-\d+)?", cursor)
         assert sorted(listed) == sorted(fresh_ids)
+
+
+def test_forget_counts_the_jobs_of_every_shard(url: str) -> None:
+    name = fresh(None, 3)
+    [jid] = [j for j in ids_in_every_shard(3, 1, "f") if shard_of(j, 3) != 0][:1]
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("ok", job_id=jid)  # shard 0 has no job
+    refused = _cli(url, "queues", "forget", name, "--shards", "3")
+    assert refused.returncode != 0 and "still has 1 jobs over its 3 shards" in (
+        refused.stdout + refused.stderr)
+    assert _cli(url, "queues", "forget", name, "--shards", "3", "--force").returncode == 0

@@ -352,6 +352,17 @@ def cmd_queues(ctx: Ctx) -> None:
     name = ctx.args.queue
     if not name:
         raise InvalidArgument("queues forget needs a queue name")
+    if ctx.config.shards > 1 and not ctx.args.force:  # jobs in any shard keep it known
+        try:
+            st = ctx.admin.stats(name)
+        except UnknownQueue:
+            st = None
+        jobs = 0 if st is None else st.ready + st.pending + st.scheduled + st.retrying + st.dead
+        if st is not None and (jobs or st.workers_alive):
+            raise InvalidArgument(
+                f"queue {name!r} still has {jobs} jobs over its {ctx.config.shards} shards and"
+                f" {st.workers_alive} live workers; purge them first, or forget it anyway"
+                " with --force (its keys stay)")
     removed = forget(ctx.admin.client, Keys(name, ctx.config.key_prefix), force=ctx.args.force)
     if not removed:
         ctx.queue(name)  # not known at all: the usual "did you mean"
