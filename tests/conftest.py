@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -55,3 +58,25 @@ def redis_cluster() -> Iterator[ClusterServer]:
 @pytest.fixture
 def cluster_url(redis_cluster: ClusterServer) -> str:
     return redis_cluster.url
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session for every test that needs one (a second builder in another
+    file would get this one back from getOrCreate, with whatever settings came first)."""
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    # local[2, 4]: 2 threads, and a failed task is tried up to 4 times, as on a cluster
+    session = (SparkSession.builder.master("local[2,4]").appName("streamq-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -523,21 +523,14 @@ async def test_calls_follow_ask_while_a_queues_slot_is_half_moved(
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_spark_enqueue_and_read_with_a_cluster_url(redis_cluster: ClusterServer) -> None:
+def test_spark_enqueue_and_read_with_a_cluster_url(redis_cluster: ClusterServer,
+                                                   spark: Any) -> None:
     """Spark's executors build their clients from the URL: a redis+cluster:// URL needs no
     flag; cluster=True with one node's redis:// URL is the older spelling of the same."""
-    pytest.importorskip("pyspark", reason="the spark extra is not installed")
-    from pyspark.sql import SparkSession
-
     from streamq import QueueConfig
     from streamq._core.config import ALL_EVENTS
     from streamq.spark import enqueue_dataframe, read_events, read_jobs
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (SparkSession.builder.master("local[2]").appName("streamq-cluster-tests")
-             .config("spark.ui.enabled", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
     url = redis_cluster.url
     (name,) = spread_queues(redis_cluster, 1)
     df = spark.createDataFrame([(f"r{i}", i) for i in range(2000)], ["id", "n"])

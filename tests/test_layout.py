@@ -89,7 +89,8 @@ async def test_an_entry_stored_as_its_id_and_a_non_default_ttl_work(url: str, q:
     start and settle. A result TTL other than the default is kept in 'x' and applied."""
     k = q.keys
     jid = q.enqueue("noop", {"n": 1}, result_ttl=600).job_id
-    [(entry, _)] = r.xrange(k.stream)
+    entries: Any = r.xrange(k.stream)
+    [(entry, _)] = entries
     ms, seq = entry.decode().split("-")
     assert r.hget(k.job(jid), "e") == f"{ms}{int(seq):03d}".encode()
     assert r.hget(k.job(jid), "x") == b"600"

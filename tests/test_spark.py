@@ -36,23 +36,6 @@ TESTS = Path(__file__).parent
 N = 50_000
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    # local[2, 4]: 2 threads, and a failed task is tried up to 4 times, as on a cluster
-    session = (SparkSession.builder.master("local[2,4]").appName("streamq-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "4")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
 def rows() -> list[tuple[Any, ...]]:
     good = [(f"img-{i}", f"/uploads/{i}.jpg", i % 1000, None) for i in range(N)]
     dups = [(f"img-{i}", "dup", 1, None) for i in range(0, 5000, 10)]  # 500 duplicates

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from streamq import QueueConfig
+from streamq import ALL_EVENTS, QueueConfig
 from streamq._core.conn import async_client, sync_client
 from streamq._core.keys import Keys
 from streamq._worker.promote import Promoter
@@ -25,7 +25,7 @@ from streamq._worker.promote import Promoter
 async def run(url: str, queue: str, end: float) -> dict[str, int]:
     client = async_client(url)
     keys = Keys(queue)
-    promoter = Promoter(keys, QueueConfig())
+    promoter = Promoter(keys, QueueConfig(event_kinds=ALL_EVENTS))  # 'queued' events: checked
     moved = calls = busy = 0
     try:
         await promoter.sync_clock(client)

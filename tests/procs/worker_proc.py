@@ -31,7 +31,7 @@ import signal
 import sys
 from typing import Any
 
-from streamq import Job, Registry, Worker, WorkerConfig
+from streamq import ALL_EVENTS, Job, QueueConfig, Registry, Worker, WorkerConfig
 
 
 class Ledger:
@@ -92,7 +92,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGUSR1, dump_state)
     ledger = Ledger(ledger_path)
     config = WorkerConfig(**json.loads(config_json))
-    Worker(url, [queue], build_registry(ledger, consumer), config, consumer=consumer).run()
+    # every lifecycle event is recorded: the fault tests check exactly-once through them too
+    Worker(url, [queue], build_registry(ledger, consumer), config,
+           QueueConfig(event_kinds=ALL_EVENTS), consumer=consumer).run()
     return 0
 
 
