@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import wait_until
 
-from streamq import Queue
+from streamq import ALL_EVENTS, DEFAULT_EVENTS, Queue
+from streamq._ops.cli import build_parser, queue_config
 
 TESTS = Path(__file__).parent
 
@@ -58,3 +59,21 @@ def test_demo_runs_on_its_own_embedded_redis() -> None:
     assert "started a private redis-server" in proc.stdout
     assert "the numbers match, nothing was lost" in proc.stdout
     assert "SIGKILLed worker" in proc.stdout
+
+
+@pytest.mark.parametrize(("given", "kinds"), [
+    ([], DEFAULT_EVENTS),
+    (["--events", "all"], ALL_EVENTS),
+    (["--events", "completed,failed"], frozenset({"completed", "failed"})),
+])
+def test_worker_and_scheduler_take_the_event_kinds(given: list[str], kinds: frozenset[str]) -> None:
+    for command in (["worker", "app:registry", "--queue", "q"], ["scheduler", "--queue", "q"]):
+        args = build_parser().parse_args([*command, *given])
+        assert queue_config(args).event_kinds == kinds
+
+
+def test_an_unknown_event_kind_is_refused_with_the_known_ones() -> None:
+    args = build_parser().parse_args(["worker", "app:registry", "--queue", "q",
+                                      "--events", "completed,finished"])
+    with pytest.raises(SystemExit, match="finished"):
+        queue_config(args)

@@ -13,7 +13,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from .._core.config import QueueConfig, WorkerConfig
+from .._core.config import ALL_EVENTS, DEFAULT_EVENTS, QueueConfig, WorkerConfig
+from .._core.errors import InvalidArgument
 from .._worker.registry import Registry
 
 
@@ -89,10 +90,28 @@ def _worker(args: argparse.Namespace) -> int:
     cfg = WorkerConfig(concurrency=args.concurrency, visibility_timeout_s=args.visibility_timeout,
                        grace_period_s=args.grace_period, promote=not args.no_promote,
                        gauges_interval_s=args.metrics_interval)
-    qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen,
-                       shards=args.shards)
+    qcfg = queue_config(args)
     Worker(args.url, args.queue, registry, cfg, qcfg).run()
     return 0
+
+
+def event_kinds(value: str) -> frozenset[str]:
+    """``--events``: 'default' (DEFAULT_EVENTS), 'all' (ALL_EVENTS) or kinds separated by
+    commas (checked by QueueConfig)."""
+    if value == "default":
+        return DEFAULT_EVENTS
+    if value == "all":
+        return ALL_EVENTS
+    return frozenset(k.strip() for k in value.split(",") if k.strip())
+
+
+def queue_config(args: argparse.Namespace) -> QueueConfig:
+    """The QueueConfig a worker or scheduler command runs with."""
+    try:
+        return QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen,
+                           shards=args.shards, event_kinds=event_kinds(args.events))
+    except InvalidArgument as exc:
+        raise SystemExit(f"streamq: {exc}") from None
 
 
 def _load_cron(spec: str, debug: bool = False) -> list[Any]:
@@ -116,8 +135,7 @@ def _scheduler(args: argparse.Namespace) -> int:
         raise SystemExit("streamq scheduler: give at least one --queue or --cron")
     cfg = SchedulerConfig(poll_interval_s=args.poll_interval,
                           visibility_timeout_s=args.visibility_timeout)
-    qcfg = QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen,
-                       shards=args.shards)
+    qcfg = queue_config(args)
     scheduler = Scheduler(args.url, args.queue or [], cron, cfg, qcfg)
     interval = args.metrics_interval if args.metrics_port is not None else None
     asyncio.run(run_scheduler(scheduler, interval))
@@ -197,6 +215,11 @@ def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         help="the queues' shard count (QueueConfig.shards; default"
                         " $STREAMQ_SHARDS, else 1); it must equal the one stored with each"
                         " queue")
+    parser.add_argument("--events", default=d(os.environ.get("STREAMQ_EVENTS", "default")),
+                        help="which lifecycle events workers and schedulers write:"
+                        " 'default' (all but enqueued, queued, started, completed), 'all', or"
+                        " kinds separated by commas (QueueConfig.event_kinds; default"
+                        " $STREAMQ_EVENTS, else default)")
     parser.add_argument("--events-maxlen", type=int, default=d(QueueConfig().events_maxlen),
                         help="approximate cap of the lifecycle events stream (0 = no events);"
                         " keep it the same for producers, workers and schedulers")
