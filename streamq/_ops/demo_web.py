@@ -101,7 +101,7 @@ class Pool:
             [sys.executable, "-m", "streamq", "worker", "streamq._ops.demo_web:registry",
              "--queue", QUEUE, "--url", self.url, "--prefix", self.prefix,
              "--concurrency", "4", "--visibility-timeout", str(VISIBILITY_S),
-             "--grace-period", "2", "--log-level", "ERROR"],
+             "--grace-period", "2", "--log-level", "ERROR", "--events", "all"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def status(self) -> list[tuple[int, str]]:

@@ -8,12 +8,14 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
+from .._core.config import ALL_EVENTS
 from .._core.errors import InvalidArgument
 from .._ops.demo_web import KINDS, QUEUE, VISIBILITY_S, Pool, PoolSettings
 from .._producer.queue import AsyncQueue
@@ -40,7 +42,9 @@ def demo_app(url: str, prefix: str = "streamq") -> Starlette:
     dashboard = create_app(url, prefix=prefix, config=cfg)
     dash: Dashboard = dashboard.state.dashboard
     pool = Pool(url, prefix)
-    producer = AsyncQueue.from_url(url, QUEUE, dash.admin.config)
+    # the demo shows every step: the completed list and full timelines need every event kind
+    producer = AsyncQueue.from_url(url, QUEUE,
+                                   attrs.evolve(dash.admin.config, event_kinds=ALL_EVENTS))
 
     async def checked(request: Request) -> Any:
         if dash.cfg.read_only:
