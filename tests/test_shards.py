@@ -422,3 +422,28 @@ def test_spark_bulk_enqueue_fills_every_shard(where: tuple[str, ClusterServer | 
         assert all(client.exists(Keys(name, shard=shard_of(j, 3)).job(j)) for j in ids)
         per = [client.xlen(k.stream) for k in shard_keys(name, 3)]
         assert sum(per) == 100 and min(per) > 0
+
+
+async def test_a_busy_shard_does_not_starve_another(url: str) -> None:
+    """Each shard has its own fetch loop and share of the worker's slots: a job arriving in
+    an idle shard starts while a backlog in another shard is still being worked off."""
+    name = fresh(None, 3)
+    cfg = QueueConfig(shards=3)
+    backlog = [j for j in (f"busy-{i}" for i in range(3000)) if shard_of(j, 3) == 0][:300]
+    [late] = [j for j in (f"late-{i}" for i in range(50)) if shard_of(j, 3) == 2][:1]
+    done: list[str] = []
+    reg = Registry()
+
+    @reg.handler("slow")
+    async def slow(job: Job) -> None:
+        await asyncio.sleep(0.01)
+        done.append(job.id)
+
+    with Queue.from_url(url, name, cfg) as q:
+        q.enqueue_many([{"type": "slow", "job_id": j} for j in backlog])
+        async with Worker(url, [name], reg, fast(concurrency=4, promote=False), cfg):
+            await eventually(lambda: len(done) >= 10, 30, "the backlog being worked off")
+            await asyncio.to_thread(q.enqueue, "slow", job_id=late)
+            await eventually(lambda: late in done, 30, "the idle shard's job")
+            assert len(done) < len(backlog)  # the backlog was still there
+            await eventually(lambda: len(done) == len(backlog) + 1, 60, "everything done")
