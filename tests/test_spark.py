@@ -20,7 +20,7 @@ pytest.importorskip("pyspark", reason="the spark extra is not installed")  # CI 
 from helpers import wait_until
 from pyspark.sql import SparkSession
 
-from streamq import ALL_EVENTS, QueueConfig
+from streamq import ALL_EVENTS, Queue, QueueConfig
 from streamq.admin import Admin
 from streamq.spark import (
     enqueue_dataframe,
@@ -123,7 +123,7 @@ def test_export_warns_when_history_was_trimmed(spark: SparkSession, url: str, qn
     # trimming what was exported already is no gap; trimming what was not is one
     q.enqueue_many([{"type": "t"} for _ in range(5)])
     assert export_events(spark, url=url, queue=qname, to=str(tmp_path / "x")) == {
-        "exported": 5, "gap": False, "last_event_id": ANY}
+        "exported": 5, "gap": False, "last_event_id": ANY, "last_event_ids": {0: ANY}}
     q.enqueue_many([{"type": "t"} for _ in range(500)])
     later = export_events(spark, url=url, queue=qname, to=str(tmp_path / "x"))
     assert later["gap"] is True and 0 < later["exported"] < 500
@@ -347,3 +347,56 @@ def test_writer_tags_tell_a_retried_row_from_a_repeat(r: Any, qname: str) -> Non
     SCRIPTS["enqueue"](r, *prod.enqueue_call(keys, cfg, [prod_q]))
     assert r.hexists(keys.job("plain"), "w") is False
     assert r.hexists(keys.job("d"), "w") is True
+
+
+def test_reads_export_and_redrive_cover_every_shard(spark: SparkSession, url: str, qname: str,
+                                                     tmp_path: Path) -> None:
+    """On a 3-shard queue the events, the job records and the dead letters of every shard
+    are read (or of one, with shard=); the incremental export keeps one checkpoint per shard;
+    a bulk re-drive sends each dead job back into its own shard."""
+    import json as _json
+
+    from streamq import Fail, Job, Registry, Worker
+    from streamq._core.keys import Keys, shard_keys, shard_of
+    from streamq.testing import run_until_idle, test_config
+
+    cfg = QueueConfig(shards=3, event_kinds=ALL_EVENTS)
+    ids = [f"s-{i}" for i in range(90)]
+    q = Queue.from_url(url, qname, cfg)
+    try:
+        q.enqueue_many([{"type": "t", "payload": {"n": i}, "job_id": j}
+                        for i, j in enumerate(ids)])
+        assert {shard_of(j, 3) for j in ids} == {0, 1, 2}
+        events = read_events(spark, url=url, queue=qname, partitions=2)
+        assert sorted(r["job_id"] for r in events.collect()) == sorted(ids)
+        one = read_events(spark, url=url, queue=qname, partitions=2, shard=1).collect()
+        assert sorted(r["job_id"] for r in one) == sorted(j for j in ids if shard_of(j, 3) == 1)
+        jobs = read_jobs(spark, url=url, queue=qname)
+        assert {(r["job_id"], r["state"]) for r in jobs.collect()} == {(j, "queued") for j in ids}
+
+        first = export_events(spark, url=url, queue=qname, to=str(tmp_path / "out"))
+        assert first["exported"] == 90 and set(first["last_event_ids"]) == {0, 1, 2}
+        ckpt = _json.loads((tmp_path / "out" / "_checkpoint.json").read_text())
+        assert set(ckpt["shards"]) == {"0", "1", "2"}
+        q.enqueue_many([{"type": "t", "payload": {}, "job_id": f"late-{i}"} for i in range(9)])
+        assert export_events(spark, url=url, queue=qname, to=str(tmp_path / "out"))[
+            "exported"] == 9
+        assert spark.read.parquet(str(tmp_path / "out" / "events")).count() == 99
+
+        reg = Registry()
+
+        @reg.handler("t")
+        def refuse(job: Job) -> None:
+            raise Fail("no")
+
+        run_until_idle(Worker(url, [qname], reg, test_config(), cfg))
+        dead = read_dead(spark, url=url, queue=qname, partitions=2)
+        assert dead.count() == 99
+        assert redrive_dataframe(dead, url=url, queue=qname) == {"redriven": 99}
+        client: Any = q.client
+        for k in shard_keys(qname, 3):
+            assert client.xlen(k.stream) == sum(
+                1 for j in [*ids, *(f"late-{i}" for i in range(9))] if shard_of(j, 3) == k.shard)
+        assert client.hget(Keys(qname).meta, "shards") == b"3"
+    finally:
+        q.close()

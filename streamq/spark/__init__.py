@@ -9,6 +9,7 @@ touches carry one queue's hash tag (``cluster=True`` uses a Redis Cluster client
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from pyspark.sql import types as t
 
 from .._core.config import QueueConfig
 from .._core.errors import InvalidArgument
-from .._core.keys import Keys
+from .._core.keys import Keys, shard_keys, shard_of
 from .._core.model import decode_record, normalize_record
 from .._core.retry import call
 from .._core.scripts import SCRIPTS
@@ -211,21 +212,55 @@ def _s(v: bytes | None) -> str:
     return v.decode(errors="replace") if v else ""
 
 
+def _stored_shards(url: str, cluster: bool, keys: Keys) -> int:
+    """The shard count stored with the queue (1 when none is: the unsharded layout)."""
+    client = _client(url, cluster)
+    try:
+        stored = call(lambda _retried: client.hget(keys.of_shard(0).meta, _shards.SHARDS_FIELD))
+    finally:
+        client.close()
+    return int(stored) if stored else 1
+
+
+def _parts(url: str, cluster: bool, queue: str, key_prefix: str,
+           shard: int | None) -> list[Keys]:
+    """The keys of every shard of the queue (its stored count), or of the one asked for."""
+    keys = Keys(queue, key_prefix)  # validates the queue name on the driver
+    n = _stored_shards(url, cluster, keys)
+    if shard is None:
+        return shard_keys(queue, n, key_prefix)
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
+        raise InvalidArgument(f"shard must be 0..{n - 1} for queue {queue!r} (shards={n}),"
+                              f" got {shard!r}")
+    return [keys.of_shard(shard)]
+
+
+def _union(spark: SparkSession, dfs: list[DataFrame], schema: t.StructType) -> DataFrame:
+    return functools.reduce(DataFrame.unionAll, dfs) if dfs else spark.createDataFrame([], schema)
+
+
 def read_events(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
                 after: str | None = None, key_prefix: str = "streamq",
-                cluster: bool = False) -> DataFrame:
-    """The queue's lifecycle events (``EVENTS_SCHEMA``), read in parallel id ranges;
-    ``after``: only events with a larger id (incremental export)."""
-    k = Keys(queue, key_prefix)
-    return _stream_df(spark, url, k.events, "events", EVENTS_SCHEMA, partitions, cluster,
-                      after)[0]
+                cluster: bool = False, shard: int | None = None) -> DataFrame:
+    """The queue's lifecycle events (``EVENTS_SCHEMA``), read in parallel id ranges, from
+    every shard of a sharded queue (``shard``: only that one); ``after``: only events with a
+    larger id (incremental export of an unsharded queue or of one shard: ids are per shard)."""
+    parts = _parts(url, cluster, queue, key_prefix, shard)
+    if after is not None and len(parts) > 1:
+        raise InvalidArgument("after= is an event id of one shard: give shard= with it, or"
+                              " use export_events, which keeps one checkpoint per shard")
+    return _union(spark, [_stream_df(spark, url, k.events, "events", EVENTS_SCHEMA, partitions,
+                                     cluster, after)[0] for k in parts], EVENTS_SCHEMA)
 
 
 def read_dead(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
-              key_prefix: str = "streamq", cluster: bool = False) -> DataFrame:
-    """The dead-letter index (``DEAD_SCHEMA``); filter it and pass it to redrive_dataframe."""
-    k = Keys(queue, key_prefix)
-    return _stream_df(spark, url, k.dead, "dead", DEAD_SCHEMA, partitions, cluster, None)[0]
+              key_prefix: str = "streamq", cluster: bool = False,
+              shard: int | None = None) -> DataFrame:
+    """The dead-letter index (``DEAD_SCHEMA``) of every shard (``shard``: only that one);
+    filter it and pass it to redrive_dataframe."""
+    parts = _parts(url, cluster, queue, key_prefix, shard)
+    return _union(spark, [_stream_df(spark, url, k.dead, "dead", DEAD_SCHEMA, partitions,
+                                     cluster, None)[0] for k in parts], DEAD_SCHEMA)
 
 
 def read_jobs(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
@@ -235,41 +270,42 @@ def read_jobs(spark: SparkSession, *, url: str, queue: str, partitions: int = 8,
     or the dead letters. Completed and cancelled records are not indexed (they expire by
     TTL): export them through the events instead."""
     cfg = queue_config or QueueConfig(key_prefix=key_prefix)
-    k = Keys(queue, key_prefix)
+    parts = _parts(url, cluster, queue, key_prefix, None)
     client = _client(url, cluster)
     try:
-        ids: list[str] = []
-        for stream in (k.stream, k.dead):
-            start = "-"
+        ids: list[tuple[int, str]] = []  # (shard, job id): a record lives in its shard
+        for k in parts:
+            for stream in (k.stream, k.dead):
+                start = "-"
+                while True:
+                    page = client.xrange(stream, start, "+", count=PAGE)
+                    ids += [(k.shard, _s(f.get(b"id") or f.get(b"job"))) for _e, f in page]
+                    if len(page) < PAGE:
+                        break
+                    start = f"({page[-1][0].decode()}"
+            offset = 0
             while True:
-                page = client.xrange(stream, start, "+", count=PAGE)
-                ids += [_s(f.get(b"id") or f.get(b"job")) for _e, f in page]
-                if len(page) < PAGE:
+                members = client.zrange(k.delayed, offset, offset + PAGE - 1)
+                ids += [(k.shard, _s(m)) for m in members]
+                if len(members) < PAGE:
                     break
-                start = f"({page[-1][0].decode()}"
-        offset = 0
-        while True:
-            members = client.zrange(k.delayed, offset, offset + PAGE - 1)
-            ids += [_s(m) for m in members]
-            if len(members) < PAGE:
-                break
-            offset += PAGE
+                offset += PAGE
     finally:
         client.close()
-    ids = sorted({i for i in ids if i})
+    ids = sorted({(sh, i) for sh, i in ids if i})
     if not ids:
         return spark.createDataFrame([], JOBS_SCHEMA)
 
-    def read(chunk: Iterable[str]) -> Iterator[tuple[Any, ...]]:
+    def read(chunk: Iterable[tuple[int, str]]) -> Iterator[tuple[Any, ...]]:
         c = _client(url, cluster)
         try:
             batch = list(chunk)
             for i in range(0, len(batch), PAGE):
                 part = batch[i:i + PAGE]
                 pipe = c.pipeline(transaction=False)
-                for jid in part:
-                    pipe.hgetall(k.job(jid))
-                for jid, h in zip(part, pipe.execute(), strict=True):
+                for sh, jid in part:
+                    pipe.hgetall(Keys(queue, key_prefix, sh).job(jid))
+                for (_sh, jid), h in zip(part, pipe.execute(), strict=True):
                     if not h:
                         continue
                     info = decode_record(queue, jid, h, cfg.serde)
@@ -311,18 +347,26 @@ def redrive_dataframe(df: DataFrame, *, url: str, queue: str, key_prefix: str = 
     sc = df.sparkSession.sparkContext
     counts = sc.accumulator({}, _DictSum())
 
+    n = _stored_shards(url, cluster, Keys(queue, key_prefix))
+
     def partition(rows: Iterable[Row]) -> None:
-        k = Keys(queue, key_prefix)
+        # a dead entry lives in its job's shard; one without a job id (a malformed stream
+        # entry) is looked for in shard 0 and answers 'gone' when it is in another
+        parts = shard_keys(queue, n, key_prefix)
         client = _client(url, cluster)
         local: dict[str, int] = {}
         try:
-            batch: list[tuple[str, str]] = []
+            batches: dict[int, list[tuple[str, str]]] = {}
             for row in rows:
-                batch.append((row["dead_id"], row["job_id"]))
+                jid = row["job_id"] or ""
+                sh = shard_of(jid, n) if jid else 0
+                batch = batches.setdefault(sh, [])
+                batch.append((row["dead_id"], jid))
                 if len(batch) == PAGE:
-                    _redrive(client, k, cfg, batch, local)
-                    batch = []
-            _redrive(client, k, cfg, batch, local)
+                    _redrive(client, parts[sh], cfg, batch, local)
+                    batches[sh] = []
+            for sh, batch in batches.items():
+                _redrive(client, parts[sh], cfg, batch, local)
         finally:
             client.close()
         counts.add(local)
@@ -350,42 +394,61 @@ def _redrive(client: Any, k: Keys, cfg: QueueConfig, batch: list[tuple[str, str]
 
 def export_events(spark: SparkSession, *, url: str, queue: str, to: str, partitions: int = 8,
                   key_prefix: str = "streamq", cluster: bool = False) -> dict[str, Any]:
-    """Append the events not exported yet to Parquet under ``to/events``; the last exported
-    event id is kept in ``to/_checkpoint.json``. Warns when events were trimmed (by
-    ``QueueConfig.events_maxlen``) before they could be exported."""
+    """Append the events not exported yet to Parquet under ``to/events``, from every shard of
+    a sharded queue; the last exported event id of each shard is kept in
+    ``to/_checkpoint.json``. Warns when events were trimmed (by ``QueueConfig.events_maxlen``)
+    before they could be exported."""
     out = Path(to)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "_checkpoint.json"
     done = json.loads(ckpt.read_text()) if ckpt.exists() else {}
-    after: str | None = done.get("last_event_id")
-    k = Keys(queue, key_prefix)
-    client = _client(url, cluster)
-    try:
-        info: dict[str, Any] = client.xinfo_stream(k.events) if client.exists(k.events) else {}
-    finally:
-        client.close()
-    added, length = int(info.get("entries-added", 0)), int(info.get("length", 0))
-    last_entry = info.get("last-entry")
-    upto = last_entry[0].decode() if last_entry else None
-    # events are trimmed from the front (MAXLEN), never deleted one by one, so the
-    # first ``added - length`` events ever added are gone; ``added`` at the checkpoint
-    # counts the events up to it: more gone than that means some were never exported
-    gap = added - length > int(done.get("events_added", 0))
-    if gap:
-        log.warning("events of %s were trimmed before export (after %s); raise"
-                    " QueueConfig.events_maxlen or export more often", queue, after or "start")
-    df, last = _stream_df(spark, url, k.events, "events", EVENTS_SCHEMA, partitions, cluster,
-                          after, upto)
+    # one checkpoint per shard ("shards": {"<i>": ...}); the unsharded form (the only one of
+    # earlier releases) is shard 0's
+    marks: dict[str, dict[str, Any]] = done.get("shards") or {"0": done}
+    parts = _parts(url, cluster, queue, key_prefix, None)
+    dfs: list[DataFrame] = []
+    plans: dict[str, dict[str, Any]] = {}
+    gap = False
+    for k in parts:
+        mark = marks.get(str(k.shard), {})
+        after: str | None = mark.get("last_event_id")
+        client = _client(url, cluster)
+        try:
+            info: dict[str, Any] = (client.xinfo_stream(k.events) if client.exists(k.events)
+                                    else {})
+        finally:
+            client.close()
+        added, length = int(info.get("entries-added", 0)), int(info.get("length", 0))
+        last_entry = info.get("last-entry")
+        upto = last_entry[0].decode() if last_entry else None
+        # events are trimmed from the front (MAXLEN), never deleted one by one, so the
+        # first ``added - length`` events ever added are gone; ``added`` at the checkpoint
+        # counts the events up to it: more gone than that means some were never exported
+        if added - length > int(mark.get("events_added", 0)):
+            gap = True
+            log.warning("events of %s (shard %d) were trimmed before export (after %s); raise"
+                        " QueueConfig.events_maxlen or export more often", queue, k.shard,
+                        after or "start")
+        df, last = _stream_df(spark, url, k.events, "events", EVENTS_SCHEMA, partitions,
+                              cluster, after, upto)
+        if last is not None:
+            dfs.append(df)
+            plans[str(k.shard)] = {"last_event_id": last, "events_added": added}
+        else:
+            plans[str(k.shard)] = {"last_event_id": after,
+                                   "events_added": int(mark.get("events_added", 0))}
     n = 0
-    if last is not None:  # one pass: read, count (exact: observed in the write's own tasks)
+    if dfs:  # one pass: read, count (exact: observed in the write's own tasks)
         seen = Observation("export")
-        df.observe(seen, F.count(F.lit(1)).alias("n")).write.mode("append").parquet(
-            str(out / "events"))
+        _union(spark, dfs, EVENTS_SCHEMA).observe(seen, F.count(F.lit(1)).alias("n")).write.mode(
+            "append").parquet(str(out / "events"))
         n = int(seen.get["n"])
-        ckpt.write_text(json.dumps({"last_event_id": last, "events_added": added,
-                                    "queue": queue}))
-    last = last or after
-    return {"exported": n, "last_event_id": last, "gap": gap}
+        if len(parts) == 1:
+            ckpt.write_text(json.dumps({**plans["0"], "queue": queue}))
+        else:
+            ckpt.write_text(json.dumps({"queue": queue, "shards": plans}))
+    lasts = {int(i): p["last_event_id"] for i, p in plans.items()}
+    return {"exported": n, "last_event_id": lasts.get(0), "last_event_ids": lasts, "gap": gap}
 
 
 __all__ = ["DEAD_SCHEMA", "EVENTS_SCHEMA", "JOBS_SCHEMA", "EnqueueCounts", "enqueue_dataframe",
