@@ -116,6 +116,27 @@ async def test_every_component_works_through_a_sentinel_url(surl: str, qname: st
         await aq.close()
 
 
+async def test_the_dashboard_reads_through_a_sentinel_url(surl: str, qname: str) -> None:
+    """create_app takes the same URL forms as everything else: pages and an action work
+    behind Sentinel."""
+    import httpx
+
+    from streamq.dashboard import create_app
+
+    with Queue.from_url(surl, qname) as q:
+        q.enqueue("echo", {"n": 1}, job_id="shown")
+    app = create_app(surl)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://dash") as http:
+            overview = await http.get("/")
+            assert overview.status_code == 200 and qname in overview.text
+            job = await http.get("/job", params={"q": qname, "id": "shown"})
+            assert job.status_code == 200 and "shown" in job.text
+    finally:
+        await app.state.dashboard.admin.close()
+
+
 async def test_a_primary_name_no_sentinel_knows_is_one_clear_error(
         sentinels: SentinelSet, qname: str) -> None:
     url = sentinels.url().replace(f"/{sentinels.name}/", "/no-such-primary/")
