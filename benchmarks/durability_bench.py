@@ -1,9 +1,12 @@
 """What ``QueueConfig.min_replicas=1`` costs: enqueue latency and throughput, and a worker's
 drain rate, with WAIT (1 replica) and without, on a loopback primary + replica.
 
-``python -m benchmarks.durability_bench [--jobs 3000] [--drain 20000] [--reps 3]``. The
-primary, its replica and three sentinels are private processes (``SentinelSet``); the clients
-connect to the primary through the sentinel URL, as a user would. Per repetition and setting:
+``python -m benchmarks.durability_bench [--jobs 3000] [--drain 20000] [--reps 3] [--cluster]``.
+The primary, its replica and three sentinels are private processes (``SentinelSet``); the
+clients connect to the primary through the sentinel URL, as a user would. With ``--cluster``:
+a loopback Redis Cluster of 3 primaries + 3 replicas (``ClusterServer``) instead, reached
+through its ``redis+cluster://`` URL (each node's pipeline ends with its own WAIT). Per
+repetition and setting:
 
 - ``single``: one thread, ``enqueue`` one job after another: latency p50/p99 and jobs/s;
 - ``threads``: 16 threads enqueueing at once (calls gather into auto-batches): jobs/s;
@@ -11,8 +14,8 @@ connect to the primary through the sentinel URL, as a user would. Per repetition
 - ``drain``: one worker (concurrency 64) drains ``--drain`` no-op jobs: jobs/s (its settled
   batches WAIT too).
 
-Results go to ``benchmarks/results/durability.json``; the median of the repetitions is printed
-as a Markdown table.
+Results go to ``benchmarks/results/durability.json`` (``durability_cluster.json``); the
+median of the repetitions is printed as a Markdown table.
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from streamq import Job, Queue, QueueConfig, Registry, Worker, WorkerConfig
+from streamq._core.cluster_server import ClusterServer
 from streamq._core.sentinels import SentinelSet
 
 OUT = Path(__file__).parent / "results" / "durability.json"
+OUT_CLUSTER = Path(__file__).parent / "results" / "durability_cluster.json"
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -129,10 +134,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=3000)
     ap.add_argument("--drain", type=int, default=20000)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cluster", action="store_true",
+                    help="a loopback Redis Cluster (3 primaries + 3 replicas)")
     args = ap.parse_args(argv)
     runs: list[dict[str, Any]] = []
-    with SentinelSet() as s:
-        url = s.url()
+    servers: SentinelSet | ClusterServer = (ClusterServer(primaries=3, replicas=1)
+                                            if args.cluster else SentinelSet())
+    with servers as s:
+        url = s.url if isinstance(s, ClusterServer) else s.url()
         for rep in range(args.reps):
             for replicas in (0, 1):  # alternate, so drift hits both settings alike
                 r = measure(url, replicas, args.jobs, args.drain, f"{rep}-{replicas}")
@@ -140,14 +149,16 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(r)
                 print(json.dumps(r), flush=True)
         binary = s.binary
+    out = OUT_CLUSTER if args.cluster else OUT
     keys = ("p50_ms", "p99_ms", "jobs_per_s", "threads_jobs_per_s", "many_jobs_per_s",
             "drain_jobs_per_s")
     median = {str(n): {k: statistics.median(r[k] for r in runs if r["min_replicas"] == n)
                        for k in keys} for n in (0, 1)}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                "machine": f"{platform.machine()}, {platform.python_version()}",
-                               "server": binary, "jobs": args.jobs, "drain": args.drain,
+                               "server": binary, "cluster": args.cluster,
+                               "jobs": args.jobs, "drain": args.drain,
                                "runs": runs, "median": median}, indent=1) + "\n")
     print("\n| min_replicas | enqueue p50 | enqueue p99 | 1 thread | 16 threads |"
           " enqueue_many (100) | worker drain |")

@@ -98,7 +98,9 @@ class QueueConfig:
     """After each enqueue call and each settled batch, ``WAIT`` until this many replicas
     have the write (0 = no WAIT: replication stays asynchronous). A producer whose WAIT
     times out gets ReplicationTimeout (the job is written on the primary); a worker logs a
-    warning. See docs/durability.md."""
+    warning. On Redis Cluster each node that took a write WAITs on that connection for its
+    own replicas, and the producer is told about the short nodes' jobs only. See
+    docs/durability.md."""
     min_replicas_timeout_ms: int = attrs.field(default=1000, validator=_positive_int)
     """How long that WAIT blocks at most (keep it well below the client's socket timeout)."""
     shards: int = attrs.field(default=1, validator=_shard_count)

@@ -16,8 +16,15 @@ everything the primary had written by then, whoever wrote it.
 primary and is lost only if that primary dies before it replicates. The caller decides what
 that means (the producer raises :class:`~streamq.ReplicationTimeout`; a worker logs it).
 
-Redis Cluster: a WAIT has to go to the node that took the write, on that connection; that is
-not wired yet, so ``min_replicas > 0`` with a cluster client is refused up front.
+Redis Cluster: the calls are grouped by the primary that owns each call's slot, one pipeline
+per node (``nodes.run_tailed``), and each pipeline ends with the barrier and a WAIT of its own,
+on that node's connection, after its calls. There ``PUBLISH`` is not replicated (it travels
+over the cluster bus), so the barrier is a keyed write in the slot of the pipeline's first call
+(``SET <prefix>:{<tag>}:barrier 1 PX 60000``). Every call gets the replica count of the WAIT
+that followed it, so a producer is told which jobs sat on a node whose replicas fell short. A
+call redirected (MOVED, ASK, TRYAGAIN: it did not run) goes with the next round's pipeline of
+its new node, behind that pipeline's own WAIT; a call is never sent twice blindly (the
+scripts are repeat-safe, and only calls that did not run, or met NOSCRIPT, are sent again).
 """
 
 from __future__ import annotations
@@ -27,23 +34,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
 
+from . import nodes
 from .config import QueueConfig
 from .conn import is_cluster
-from .errors import InvalidArgument, ReplicationTimeout, ScriptError
+from .errors import ReplicationTimeout, ScriptError
+from .keys import barrier_key
 from .scripts import Arg, Script, _pack, _sort
 
 Call = tuple[Sequence[str], Sequence[Arg]]
 
 
-def check(client: Any, config: QueueConfig) -> None:
-    """Refuse ``min_replicas`` where it cannot be honoured (a Redis Cluster client, for now)."""
-    if config.min_replicas and is_cluster(client):
-        raise InvalidArgument(
-            "QueueConfig.min_replicas is not supported on Redis Cluster yet (WAIT must follow"
-            " each write on the node that took it): use min_replicas=0 there")
-
+BARRIER_TTL_MS = 60_000
+"""How long a cluster barrier key lives (it only has to be written; it need not stay)."""
 
 BARRIER_TAG = "barrier"
 """The waiter-channel tag of the producer's barrier (never a producer's own: those are hex)."""
@@ -54,15 +58,95 @@ def _wait_cmds(config: QueueConfig, barrier: str | None) -> list[tuple[Any, ...]
     return [("PUBLISH", barrier, ""), wait] if barrier else [wait]
 
 
+def _cluster_tail(config: QueueConfig, barrier: str | None) -> nodes.Tail:
+    """A node's pipeline tail on a Redis Cluster: the keyed barrier in the slot of the
+    group's first call (behind ASKING when that call is), then WAIT."""
+    wait = ("WAIT", config.min_replicas, config.min_replicas_timeout_ms)
+
+    def tail(first: nodes.Command, ask: bool) -> list[tuple[nodes.Command, bool]]:
+        out: list[tuple[nodes.Command, bool]] = []
+        key = nodes.key_of(first)
+        if barrier and key is not None:
+            key = key.decode() if isinstance(key, bytes) else str(key)
+            out.append((("SET", barrier_key(key), "1", "PX", BARRIER_TTL_MS), ask))
+        out.append((wait, False))
+        return out
+    return tail
+
+
+def _acked(tail: list[Any]) -> int:
+    """The replicas a node's WAIT counted; 0 when the barrier or the WAIT failed (then
+    nothing is confirmed: the caller is told, never reassured)."""
+    if not tail or any(isinstance(x, BaseException) for x in tail):
+        return 0
+    return int(tail[-1])
+
+
+def _cluster_file(script: Script, calls: Sequence[Call], got: list[Any],
+                  tails: list[list[Any]], replies: list[Any], acks: list[int],
+                  todo: list[int]) -> list[int]:
+    """File a cluster round's replies of the calls ``todo``; return those that met NOSCRIPT
+    (they did not run: load the script, send them again). A redirect still standing after
+    ``nodes`` followed it is raised as itself (transient: the call did not run)."""
+    again: list[int] = []
+    for i, rep, tail in zip(todo, got, tails, strict=True):
+        if isinstance(rep, NoScriptError):
+            again.append(i)
+        elif isinstance(rep, MovedError | AskError | TryAgainError):
+            raise rep
+        elif isinstance(rep, BaseException):
+            raise ScriptError(f"{script.name}.lua failed: {rep}") from rep
+        else:
+            replies[i], acks[i] = rep, _acked(tail)
+    return again
+
+
+def _cluster_waited(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
+                    barrier: str | None) -> tuple[list[Any], list[int]]:
+    replies: list[Any] = [None] * len(calls)
+    acks = [0] * len(calls)
+    todo = list(range(len(calls)))
+    tail = _cluster_tail(config, barrier)
+    for attempt in range(2):
+        got, tails = nodes.run_tailed(client, script._commands([calls[i] for i in todo]), tail)
+        todo = _cluster_file(script, calls, got, tails, replies, acks, todo)
+        if not todo:
+            return replies, acks
+        if attempt == 0:
+            client.script_load(script.source)  # every primary
+    raise ScriptError(f"{script.name}.lua: NOSCRIPT after loading it")
+
+
+async def _acluster_waited(script: Script, client: Any, calls: Sequence[Call],
+                           config: QueueConfig, barrier: str | None
+                           ) -> tuple[list[Any], list[int]]:
+    replies: list[Any] = [None] * len(calls)
+    acks = [0] * len(calls)
+    todo = list(range(len(calls)))
+    tail = _cluster_tail(config, barrier)
+    for attempt in range(2):
+        got, tails = await nodes.arun_tailed(
+            client, script._commands([calls[i] for i in todo]), tail)
+        todo = _cluster_file(script, calls, got, tails, replies, acks, todo)
+        if not todo:
+            return replies, acks
+        if attempt == 0:
+            await client.script_load(script.source)
+    raise ScriptError(f"{script.name}.lua: NOSCRIPT after loading it")
+
+
 def _packable(script: Script, client: Any) -> bool:
     return script._plain(client)
 
 
 def run_waited(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
-               barrier: str | None = None) -> tuple[list[Any], int]:
+               barrier: str | None = None) -> tuple[list[Any], list[int]]:
     """Run ``calls`` of ``script`` pipelined, then WAIT on the same connection: (replies in
-    order, replicas that acknowledged). NOSCRIPT is handled as in ``Script.run_many``: the
-    script is loaded and only the calls that met it are sent again (with a WAIT again)."""
+    order, for each call the replicas that acknowledged it). NOSCRIPT is handled as in
+    ``Script.run_many``: the script is loaded and only the calls that met it are sent again
+    (with a WAIT again). On a Redis Cluster: one pipeline and one WAIT per node."""
+    if is_cluster(client):
+        return _cluster_waited(script, client, calls, config, barrier)
     if not _packable(script, client):
         return _run_pipeline(script, client, calls, config, barrier)
     pool: Any = client.connection_pool
@@ -92,15 +176,17 @@ def run_waited(script: Script, client: Any, calls: Sequence[Call], config: Queue
         if failed is not None:
             raise ScriptError(f"{script.name}.lua failed: {failed}") from failed
         if not todo:
-            return replies, acked
+            return replies, [acked] * len(calls)
         if attempt == 0:
             client.script_load(script.source)
     raise ScriptError(f"{script.name}.lua: NOSCRIPT after loading it")
 
 
 async def arun_waited(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
-                      barrier: str | None = None) -> tuple[list[Any], int]:
+                      barrier: str | None = None) -> tuple[list[Any], list[int]]:
     """:func:`run_waited` for an asyncio client."""
+    if is_cluster(client):
+        return await _acluster_waited(script, client, calls, config, barrier)
     if not _packable(script, client):
         return await _arun_pipeline(script, client, calls, config, barrier)
     pool: Any = client.connection_pool
@@ -130,7 +216,7 @@ async def arun_waited(script: Script, client: Any, calls: Sequence[Call], config
         if failed is not None:
             raise ScriptError(f"{script.name}.lua failed: {failed}") from failed
         if not todo:
-            return replies, acked
+            return replies, [acked] * len(calls)
         if attempt == 0:
             await client.script_load(script.source)
     raise ScriptError(f"{script.name}.lua: NOSCRIPT after loading it")
@@ -147,10 +233,9 @@ def _pipeline(pipe: Any, script: Script, calls: Sequence[Call], config: QueueCon
 
 
 def _run_pipeline(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
-                  barrier: str | None) -> tuple[list[Any], int]:
+                  barrier: str | None) -> tuple[list[Any], list[int]]:
     """Without hiredis, or for a client with a pinned connection: a redis-py pipeline (one
     connection), loading the script first when the server does not have it."""
-    check(client, config)
     if not all(client.script_exists(script.sha)):
         client.script_load(script.source)
     pipe = client.pipeline(transaction=False)
@@ -159,8 +244,8 @@ def _run_pipeline(script: Script, client: Any, calls: Sequence[Call], config: Qu
 
 
 async def _arun_pipeline(script: Script, client: Any, calls: Sequence[Call],
-                         config: QueueConfig, barrier: str | None) -> tuple[list[Any], int]:
-    check(client, config)
+                         config: QueueConfig, barrier: str | None
+                         ) -> tuple[list[Any], list[int]]:
     if not all(await client.script_exists(script.sha)):
         await client.script_load(script.source)
     pipe = client.pipeline(transaction=False)
@@ -168,45 +253,58 @@ async def _arun_pipeline(script: Script, client: Any, calls: Sequence[Call],
     return _unpipe(script, await pipe.execute(raise_on_error=False), tail)
 
 
-def _unpipe(script: Script, out: list[Any], tail: int) -> tuple[list[Any], int]:
+def _unpipe(script: Script, out: list[Any], tail: int) -> tuple[list[Any], list[int]]:
     for x in out:
         if isinstance(x, ResponseError):
             raise ScriptError(f"{script.name}.lua failed: {x}") from x
         if isinstance(x, BaseException):
             raise x
-    return list(out[:-tail]), int(out[-1])
+    return list(out[:-tail]), [int(out[-1])] * (len(out) - tail)
 
 
 def run(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
-        barrier: str | None = None) -> tuple[list[Any], int]:
-    """The replies of ``calls`` and the replicas that confirmed them (0 when
+        barrier: str | None = None) -> tuple[list[Any], list[int]]:
+    """The replies of ``calls`` and, for each, the replicas that confirmed it (0 when
     ``min_replicas`` is 0: no WAIT is sent, the calls go out exactly as without this module)."""
     if not config.min_replicas:
         if len(calls) == 1:
-            return [script(client, *calls[0])], 0
-        return script.run_many(client, calls), 0
+            return [script(client, *calls[0])], [0]
+        return script.run_many(client, calls), [0] * len(calls)
     return run_waited(script, client, calls, config, barrier)
 
 
 async def arun(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
-               barrier: str | None = None) -> tuple[list[Any], int]:
+               barrier: str | None = None) -> tuple[list[Any], list[int]]:
     """:func:`run` for an asyncio client."""
     if not config.min_replicas:
         if len(calls) == 1:
-            return [await script.run_async(client, *calls[0])], 0
-        return await script.run_many_async(client, calls), 0
+            return [await script.run_async(client, *calls[0])], [0]
+        return await script.run_many_async(client, calls), [0] * len(calls)
     return await arun_waited(script, client, calls, config, barrier)
 
 
-def confirm(config: QueueConfig, results: Sequence[Any], acked: int) -> None:
+def confirm(config: QueueConfig, results: Sequence[Any],
+            parts: Sequence[tuple[Sequence[Any], int]]) -> None:
     """Raise :class:`ReplicationTimeout` when fewer than ``min_replicas`` replicas confirmed
-    an enqueue call that wrote (or found) jobs. ``results``: its EnqueueResults."""
-    if not config.min_replicas or acked >= config.min_replicas:
+    some enqueue call that wrote (or found) jobs. ``results``: every EnqueueResult in the
+    caller's order; ``parts``: each call's results with the replicas that confirmed it (on a
+    cluster, the WAIT of the node that ran it): only the jobs of short calls are named."""
+    if not config.min_replicas:
         return
-    ids = [r.job_id for r in results if r.status != "rejected"]
-    if ids:
-        raise ReplicationTimeout(ids, acked, config.min_replicas,
-                                 config.min_replicas_timeout_ms, list(results))
+    short = [(r, acked) for rs, acked in parts if acked < config.min_replicas for r in rs
+             if r.status != "rejected"]
+    if short:
+        raise ReplicationTimeout([r.job_id for r, _ in short], min(a for _, a in short),
+                                 config.min_replicas, config.min_replicas_timeout_ms,
+                                 list(results))
+
+
+def split(exc: ReplicationTimeout, results: Sequence[Any]) -> list[Any]:
+    """An auto-batched call's answer per caller: ``results`` (the batch's, in order) with
+    each job the timeout names replaced by a ReplicationTimeout of its own."""
+    named = set(exc.job_ids)
+    return [ReplicationTimeout([r.job_id], exc.replicas, exc.wanted, exc.timeout_ms, [r])
+            if r.job_id in named and r.status != "rejected" else r for r in results]
 
 
 class Unreplicated:

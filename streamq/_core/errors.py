@@ -96,6 +96,7 @@ class ReplicationTimeout(StreamqError):
         self.job_ids = job_ids
         self.replicas = replicas
         self.wanted = wanted
+        self.timeout_ms = timeout_ms
         self.results = results or []
         """The EnqueueResult of every job of the call (accepted, duplicate or rejected)."""
 

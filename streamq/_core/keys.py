@@ -192,6 +192,15 @@ def notify_allowed(keys: Keys, channel: str, job_id: str) -> bool:
     return channel.startswith(prefix) and 0 < len(tag) <= 64 and tag.isalnum()
 
 
+def barrier_key(key: str) -> str:
+    """STRING ``<prefix>:{<tag>}:barrier`` in the slot of ``key`` (any key of a queue shard):
+    with ``QueueConfig.min_replicas`` on a Redis Cluster, a producer writes it (``SET … PX``,
+    it expires after a minute) before each WAIT, so the WAIT covers a call that wrote nothing
+    (all duplicates); see durable.py."""
+    close = key.index("}")
+    return f"{key[:close + 1]}:barrier"
+
+
 def shard_keys(queue: str, shards: int, prefix: str = "streamq") -> list[Keys]:
     """The key sets of every shard of a queue, shard 0 first."""
     return [Keys(queue, prefix, i) for i in range(shards)]

@@ -13,6 +13,10 @@ again to the named node (``ASK`` behind ``ASKING``); following a redirect is nev
 ``TRYAGAIN`` (a multi-key call during a migration) did not run either and is sent again after a
 pause. A connection error is raised (the caller's retry policy decides; it marks the slot map
 for a refresh first, as the node may be gone).
+
+``run_tailed`` appends commands to each node's pipeline, after its calls on the same
+connection (``durable.py``: a barrier write and ``WAIT`` for ``QueueConfig.min_replicas``),
+and tells each call the tail replies of the pipeline that ran it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -165,10 +169,36 @@ async def _arefresh(client: Any) -> None:
         await client.nodes_manager.initialize()
 
 
+Tail = Callable[[Command, bool], list[tuple[Command, bool]]]
+"""Commands to append to one node's pipeline, after its calls: given the group's first call
+and whether it goes behind ASKING, (command, behind ASKING) pairs (``durable.py``: a barrier
+write in that call's slot, then WAIT)."""
+
+
+def _sendable(commands: Sequence[Command], idx: list[int], asked: dict[int, Any],
+              tail: Tail | None) -> tuple[list[Command], list[bool]]:
+    cmds = [commands[i] for i in idx]
+    asking = [i in asked for i in idx]
+    if tail is not None:
+        for cmd, ask in tail(commands[idx[0]], idx[0] in asked):
+            cmds.append(cmd)
+            asking.append(ask)
+    return cmds, asking
+
+
 def run(client: Any, commands: Sequence[Command]) -> list[Any]:
     """Send ``commands`` over a cluster client, pipelined per node; replies in order, error
     replies as exception objects (raw: no reply callbacks)."""
+    return run_tailed(client, commands, None)[0]
+
+
+def run_tailed(client: Any, commands: Sequence[Command], tail: Tail | None
+               ) -> tuple[list[Any], list[list[Any]]]:
+    """:func:`run`, each node's pipeline followed by ``tail``'s commands on the same
+    connection: (replies, for each call the tail's replies of the pipeline that ran it).
+    A redirected call is sent again with the next round's pipeline (and its own tail)."""
     replies: list[Any] = [None] * len(commands)
+    tails: list[list[Any]] = [[] for _ in commands]
     todo: dict[int, Any] = dict.fromkeys(range(len(commands)))
     for round_ in range(_ROUNDS):
         groups = _plan(client, commands, todo)
@@ -176,13 +206,15 @@ def run(client: Any, commands: Sequence[Command]) -> list[Any]:
         todo = {}
         stale = again = False
         for node, idx in groups.values():
+            cmds, asking = _sendable(commands, idx, asked, tail)
             try:
-                got = _node_pipeline(client, node, [commands[i] for i in idx],
-                                     [i in asked for i in idx])
+                got = _node_pipeline(client, node, cmds, asking)
             except (redis.ConnectionError, redis.TimeoutError):
                 _refresh(client)
                 raise
-            s, a = _file(replies, idx, got, client, todo, asked)
+            for i in idx:
+                tails[i] = got[len(idx):]
+            s, a = _file(replies, idx, got[:len(idx)], client, todo, asked)
             stale, again = stale or s, again or a
         if not todo:
             break
@@ -190,13 +222,20 @@ def run(client: Any, commands: Sequence[Command]) -> list[Any]:
             _refresh(client)
         if again and round_ < _ROUNDS - 1:
             time.sleep(0.05)
-    return replies
+    return replies, tails
 
 
 async def arun(client: Any, commands: Sequence[Command]) -> list[Any]:
     """:func:`run` for an asyncio cluster client."""
+    return (await arun_tailed(client, commands, None))[0]
+
+
+async def arun_tailed(client: Any, commands: Sequence[Command], tail: Tail | None
+                      ) -> tuple[list[Any], list[list[Any]]]:
+    """:func:`run_tailed` for an asyncio cluster client."""
     await client.initialize()
     replies: list[Any] = [None] * len(commands)
+    tails: list[list[Any]] = [[] for _ in commands]
     todo: dict[int, Any] = dict.fromkeys(range(len(commands)))
     for round_ in range(_ROUNDS):
         groups = _plan(client, commands, todo)
@@ -204,13 +243,15 @@ async def arun(client: Any, commands: Sequence[Command]) -> list[Any]:
         todo = {}
         stale = again = False
         for node, idx in groups.values():
+            cmds, asking = _sendable(commands, idx, asked, tail)
             try:
-                got = await _anode_pipeline(node, [commands[i] for i in idx],
-                                            [i in asked for i in idx])
+                got = await _anode_pipeline(node, cmds, asking)
             except (redis.ConnectionError, redis.TimeoutError):
                 await _arefresh(client)
                 raise
-            s, a = _file(replies, idx, got, client, todo, asked)
+            for i in idx:
+                tails[i] = got[len(idx):]
+            s, a = _file(replies, idx, got[:len(idx)], client, todo, asked)
             stale, again = stale or s, again or a
         if not todo:
             break
@@ -218,4 +259,4 @@ async def arun(client: Any, commands: Sequence[Command]) -> list[Any]:
             await _arefresh(client)
         if again and round_ < _ROUNDS - 1:
             await asyncio.sleep(0.05)
-    return replies
+    return replies, tails

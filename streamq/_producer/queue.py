@@ -16,7 +16,13 @@ from .._core import durable
 from .._core import telemetry as tel
 from .._core.config import QueueConfig
 from .._core.conn import async_client, sync_client
-from .._core.errors import JobNotFound, ResultNotReady, UnknownJobType, WaitTimeout
+from .._core.errors import (
+    JobNotFound,
+    ReplicationTimeout,
+    ResultNotReady,
+    UnknownJobType,
+    WaitTimeout,
+)
 from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, call
@@ -27,6 +33,30 @@ from ..admin import adrive, drive
 from . import prepare as prod
 from .autobatch import AsyncBatcher, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters
+
+Answer = EnqueueResult | ReplicationTimeout
+"""An auto-batched enqueue's answer to one caller."""
+Parts = list[tuple[list[EnqueueResult], int]]
+"""Each script call's results with the replicas that confirmed it (see durable.confirm)."""
+
+
+def _answered(answer: Answer) -> EnqueueResult:
+    if isinstance(answer, ReplicationTimeout):
+        raise answer
+    return answer
+
+
+def _parsed(config: QueueConfig, batches: Sequence[Sequence[prod.Prepared]],
+            replies: Sequence[Any], acks: Sequence[int], retried: bool
+            ) -> tuple[list[EnqueueResult], Parts]:
+    out: list[EnqueueResult] = []
+    parts: Parts = []
+    for b, reply, n in zip(batches, replies, acks, strict=True):
+        results = prod.parse_enqueue(config, b, reply, retried=retried)
+        out.extend(results)
+        parts.append((results, n))
+    return out, parts
+
 
 _TYPES_TTL_S = 30.0
 """With QueueConfig.require_handler: how long the published job types are cached."""
@@ -82,11 +112,10 @@ class Queue(_Base):
 
     def __init__(self, client: redis.Redis, name: str, config: QueueConfig | None = None) -> None:
         super().__init__(name, config)
-        durable.check(client, self.config)
         self.client = client
         self._waiters: SyncWaiters | None = None
         self._waiters_lock = threading.Lock()
-        self._batcher: SyncBatcher[prod.Prepared, EnqueueResult] = SyncBatcher(self._enqueue)
+        self._batcher: SyncBatcher[prod.Prepared, Answer] = SyncBatcher(self._enqueue_each)
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
@@ -104,25 +133,33 @@ class Queue(_Base):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _enqueue_each(self, prepared: list[prod.Prepared]) -> list[Answer]:
+        """The auto-batcher's call: a ReplicationTimeout goes only to the callers whose job
+        sat on a node whose replicas fell short."""
+        try:
+            return list(self._enqueue(prepared))
+        except ReplicationTimeout as exc:
+            return durable.split(exc, exc.results)
+
     def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         self._check()
         out: list[EnqueueResult] = []
-        acked = []
+        parts: list[tuple[list[EnqueueResult], int]] = []
         batches = prod.chunks(prepared)
         for batch in batches:
             keys, args = prod.enqueue_call(self.keys, self.config, batch)
 
             def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
-                (reply,), n = durable.run(SCRIPTS["enqueue"], self.client, [(k, a)],
-                                          self.config, self._barrier)  # min_replicas: WAIT
+                (reply,), (n,) = durable.run(SCRIPTS["enqueue"], self.client, [(k, a)],
+                                             self.config, self._barrier)  # min_replicas: WAIT
                 return prod.parse_enqueue(self.config, b, reply, retried=retried), n
 
             results, n = call(once)
             out.extend(results)
-            acked.append(n)
+            parts.append((results, n))
         self._note()
         out = prod.in_order(prepared, batches, out)
-        durable.confirm(self.config, out, min(acked, default=0))
+        durable.confirm(self.config, out, parts)
         return out
 
     def _check(self) -> None:
@@ -146,8 +183,8 @@ class Queue(_Base):
         self._before((job_type,))
         with tel.publish(self.name, 1, options.get("job_id")) as carrier:
             # concurrent calls from several threads gather into one script call
-            return prod.single(self.name, [self._batcher.submit(prod.prepare(
-                self.keys, self.config, job_type, payload, trace=carrier, **options))])
+            return prod.single(self.name, [_answered(self._batcher.submit(prod.prepare(
+                self.keys, self.config, job_type, payload, trace=carrier, **options)))])
 
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         """Enqueue many jobs in pipelined batches; each dict takes enqueue's argument names.
@@ -165,19 +202,16 @@ class Queue(_Base):
         batches = prod.chunks(prepared)
         calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
 
-        def once(retried: bool) -> tuple[list[EnqueueResult], int]:
-            replies, acked = durable.run(SCRIPTS["enqueue"], self.client, calls, self.config,
-                                         self._barrier)
-            out: list[EnqueueResult] = []
-            for b, reply in zip(batches, replies, strict=True):
-                out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
-            return out, acked
+        def once(retried: bool) -> tuple[list[EnqueueResult], Parts]:
+            replies, acks = durable.run(SCRIPTS["enqueue"], self.client, calls, self.config,
+                                        self._barrier)  # min_replicas: WAIT (per node)
+            return _parsed(self.config, batches, replies, acks, retried)
 
         self._check()
-        out, acked = call(once)
+        out, parts = call(once)
         self._note()
         out = prod.in_order(prepared, batches, out)
-        durable.confirm(self.config, out, acked)
+        durable.confirm(self.config, out, parts)
         return out
 
     def get(self, job_id: str) -> JobInfo | None:
@@ -277,10 +311,9 @@ class AsyncQueue(_Base):
 
     def __init__(self, client: aredis.Redis, name: str, config: QueueConfig | None = None) -> None:
         super().__init__(name, config)
-        durable.check(client, self.config)
         self.client = client
         self._waiters: AsyncWaiters | None = None
-        self._batcher: AsyncBatcher[prod.Prepared, EnqueueResult] = AsyncBatcher(self._enqueue)
+        self._batcher: AsyncBatcher[prod.Prepared, Answer] = AsyncBatcher(self._enqueue_each)
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
@@ -298,25 +331,31 @@ class AsyncQueue(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _enqueue_each(self, prepared: list[prod.Prepared]) -> list[Answer]:
+        try:
+            return list(await self._enqueue(prepared))
+        except ReplicationTimeout as exc:
+            return durable.split(exc, exc.results)
+
     async def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         await self._check()
         out: list[EnqueueResult] = []
-        acked = []
+        parts: list[tuple[list[EnqueueResult], int]] = []
         batches = prod.chunks(prepared)
         for batch in batches:
             keys, args = prod.enqueue_call(self.keys, self.config, batch)
 
             async def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
-                (reply,), n = await durable.arun(SCRIPTS["enqueue"], self.client, [(k, a)],
-                                                 self.config, self._barrier)  # + WAIT
+                (reply,), (n,) = await durable.arun(SCRIPTS["enqueue"], self.client, [(k, a)],
+                                                    self.config, self._barrier)  # + WAIT
                 return prod.parse_enqueue(self.config, b, reply, retried=retried), n
 
             results, n = await acall(once)
             out.extend(results)
-            acked.append(n)
+            parts.append((results, n))
         await self._note()
         out = prod.in_order(prepared, batches, out)
-        durable.confirm(self.config, out, min(acked, default=0))
+        durable.confirm(self.config, out, parts)
         return out
 
     async def _check(self) -> None:
@@ -338,8 +377,8 @@ class AsyncQueue(_Base):
         await self._before((job_type,))
         with tel.publish(self.name, 1, options.get("job_id")) as carrier:
             # concurrent calls from several coroutines gather into one script call
-            return prod.single(self.name, [await self._batcher.submit(prod.prepare(
-                self.keys, self.config, job_type, payload, trace=carrier, **options))])
+            return prod.single(self.name, [_answered(await self._batcher.submit(prod.prepare(
+                self.keys, self.config, job_type, payload, trace=carrier, **options)))])
 
     async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         jobs = list(jobs)
@@ -352,19 +391,16 @@ class AsyncQueue(_Base):
         batches = prod.chunks(prepared)
         calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
 
-        async def once(retried: bool) -> tuple[list[EnqueueResult], int]:
-            replies, acked = await durable.arun(SCRIPTS["enqueue"], self.client, calls,
-                                                self.config, self._barrier)
-            out: list[EnqueueResult] = []
-            for b, reply in zip(batches, replies, strict=True):
-                out.extend(prod.parse_enqueue(self.config, b, reply, retried=retried))
-            return out, acked
+        async def once(retried: bool) -> tuple[list[EnqueueResult], Parts]:
+            replies, acks = await durable.arun(SCRIPTS["enqueue"], self.client, calls,
+                                               self.config, self._barrier)  # + WAIT per node
+            return _parsed(self.config, batches, replies, acks, retried)
 
         await self._check()
-        out, acked = await acall(once)
+        out, parts = await acall(once)
         await self._note()
         out = prod.in_order(prepared, batches, out)
-        durable.confirm(self.config, out, acked)
+        durable.confirm(self.config, out, parts)
         return out
 
     async def get(self, job_id: str) -> JobInfo | None:

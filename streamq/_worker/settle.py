@@ -42,7 +42,6 @@ class Settler:
         self.on_settled = on_settled
         self.loops: dict[str, Supervised] = {}
         self.outage = outage
-        durable.check(client, config)
         self.unreplicated = durable.Unreplicated(log)
 
     async def flush_loop(self, qs: QState, settling: Callable[[], bool]) -> None:
@@ -83,8 +82,8 @@ class Settler:
                            k.wake_channel, len(batch)]
         for b in batch:
             args.extend(b)
-        (reply,), acked = await durable.arun(SCRIPTS["finish"], self.client, [(keys, args)],
-                                             cfg)  # min_replicas: + WAIT on that connection
+        (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
+                                                [(keys, args)], cfg)  # min_replicas: + WAIT
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
         for b, state in zip(batch, reply, strict=True):
