@@ -1,4 +1,4 @@
-"""More admin operations (sans-IO, as in ``_ops.py``): listings by state, a job's timeline,
+"""More admin operations (sans-IO, as in ``operations.py``): listings by state, a job's timeline,
 workers, cron entries, run-now, cancel and the audit event every operator action writes.
 
 Each operation costs O(its page size): listings read at most ``scan`` entries of one index

@@ -1,7 +1,7 @@
 """Queue names and job types: is a queue known (with "did you mean ..."), forget one, and
 the job types the workers of a queue have published (for producers that refuse the others).
 
-Blocking and asyncio forms of the operations in ``_ops.py``."""
+Blocking and asyncio forms of the operations in ``operations.py``."""
 
 from __future__ import annotations
 
