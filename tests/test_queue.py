@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 import redis
 from helpers import eventually, record
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from sec_support import keys_of
 
 from streamq import (
@@ -311,33 +309,6 @@ def test_bulk_enqueue_resends_only_the_batches_that_met_noscript(
     assert [x.status for x in results] == ["queued"] * 2500
     assert sent == [3, 1]  # three batches, then the one that met NOSCRIPT
     assert r.xlen(q.keys.stream) == 2500
-
-
-@settings(max_examples=300, deadline=None)
-@given(payload=st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
-                            lambda c: st.lists(c, max_size=3)
-                            | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=8),
-       version=st.integers(1, 3), max_attempts=st.integers(0, 5),
-       created=st.integers(0, 2**41), not_before=st.integers(0, 2**41) | st.just(0),
-       deadline=st.integers(0, 2**41) | st.just(0),
-       key=st.none() | st.text(max_size=10),
-       trace=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2),
-       ttl=st.integers(0, 10**6),
-       headers=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=2))
-def test_fast_envelope_encoding_matches_the_attrs_model(
-    payload: Any, version: int, max_attempts: int, created: int, not_before: int, deadline: int,
-    key: str | None, trace: dict[str, str], ttl: int, headers: dict[str, str]
-) -> None:
-    """The enqueue hot path builds the envelope dict by hand; it must equal cattrs' output."""
-    from streamq._core.model import Envelope, envelope_to_plain, plain_envelope
-
-    env = Envelope(id="j", type="t", payload=payload, version=version, max_attempts=max_attempts,
-                   created_ms=created, not_before_ms=not_before, deadline_ms=deadline,
-                   idempotency_key=key, trace=trace, result_ttl_s=ttl, headers=headers)
-    fast = plain_envelope("j", "t", payload, version, max_attempts, created, not_before,
-                          deadline, key, trace, ttl, headers)
-    assert fast == envelope_to_plain(env)
-    assert list(fast) == list(envelope_to_plain(env))  # same key order: same bytes
 
 
 def test_row_envelope_template_builds_the_same_bytes_as_prepare() -> None:

@@ -62,36 +62,6 @@ _conv.register_structure_hook(
 )
 
 
-def plain_envelope(
-    id: str, type: str, payload: Any, version: int, max_attempts: int, created_ms: int,
-    not_before_ms: int, deadline_ms: int, idempotency_key: str | None,
-    trace: dict[str, str], result_ttl_s: int, headers: dict[str, str],
-) -> dict[str, Any]:
-    """``envelope_to_plain(Envelope(...))`` without building the Envelope (the enqueue hot
-    path): the same keys in the same order, defaults left out. A property test keeps the two
-    identical; the attrs class stays the schema and the decoder."""
-    plain: dict[str, Any] = {"i": id, "t": type, "p": payload}
-    if version != 1:
-        plain["version"] = version
-    if max_attempts:
-        plain["max_attempts"] = max_attempts
-    if created_ms:
-        plain["created_ms"] = created_ms
-    if not_before_ms:
-        plain["not_before_ms"] = not_before_ms
-    if deadline_ms:
-        plain["deadline_ms"] = deadline_ms
-    if idempotency_key is not None:
-        plain["idempotency_key"] = idempotency_key
-    if trace:
-        plain["trace"] = trace
-    if result_ttl_s:
-        plain["result_ttl_s"] = result_ttl_s
-    if headers:
-        plain["headers"] = headers
-    return plain
-
-
 def plain_options(
     version: int, max_attempts: int, not_before_ms: int, deadline_ms: int,
     idempotency_key: str | None, trace: dict[str, str], headers: dict[str, str],
