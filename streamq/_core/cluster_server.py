@@ -201,10 +201,20 @@ class ClusterServer:
         """``CLUSTER FAILOVER`` on ``replica`` (a coordinated switch: the primary stops taking
         writes, the replica catches up and takes over); returns once it is a primary and the
         cluster is healthy again."""
-        with self.node(replica) as c:
-            c.execute_command("CLUSTER", "FAILOVER")
-        wait_for(lambda: self.info(replica, "replication").get("role") == "master",
-                 timeout_s, f"node {replica} to become a primary")
+        # a manual failover that does not complete within cluster-mf-timeout (5 s) is
+        # aborted by Redis without a word: ask again until the replica is a primary
+        end = time.monotonic() + timeout_s
+        while True:
+            with self.node(replica) as c:
+                c.execute_command("CLUSTER", "FAILOVER")
+            try:
+                wait_for(lambda: self.info(replica, "replication").get("role") == "master",
+                         min(10.0, max(0.1, end - time.monotonic())),
+                         f"node {replica} to become a primary")
+                break
+            except RuntimeError:
+                if time.monotonic() > end:
+                    raise
         self.wait_healthy(timeout_s)
 
     def slot_owner(self, slot: int) -> int:
