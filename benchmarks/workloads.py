@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from streamq import Queue
+from streamq import AsyncQueue, Queue
 from streamq._core.keys import GROUP, Keys
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,6 +51,10 @@ class Sizes:
     """Jobs of the memory workload's small-payload run."""
     memory_big_jobs: int = 20_000
     """Jobs of its 200-byte and 2-KB payload runs."""
+    round_trips: int = 500
+    """enqueue_and_wait calls of the round_trip workload (after latency_warmup ones)."""
+    producers: int = 100
+    """Coroutines of the enqueue_concurrent workload, each enqueueing one job at a time."""
     worker_timeout_s: float = 300.0
 
 
@@ -176,6 +180,42 @@ def enqueue_single(ctx: Ctx) -> Result:
         if int(ctx.client.xlen(q.keys.stream)) != n + 1:
             raise BenchError("enqueue: stream length differs from jobs enqueued")
     return {"enqueue_per_s": n / wall, "enqueue_us": wall / n * 1e6}
+
+
+def enqueue_concurrent(ctx: Ctx) -> Result:
+    """``producers`` coroutines of one process, each awaiting ``AsyncQueue.enqueue`` of one
+    job at a time, ``jobs`` jobs in all: the calls that meet one in flight batch themselves."""
+    import asyncio
+
+    n, c = ctx.sizes.jobs, ctx.sizes.producers
+    name = _fresh(ctx, "conc")
+
+    async def run() -> tuple[float, float, int]:
+        async with AsyncQueue.from_url(ctx.url, name) as q:
+            await q.enqueue("noop", {"n": -1})  # connect and load the script first
+            todo = iter(range(n))
+
+            async def producer() -> int:
+                done = 0
+                for i in todo:
+                    r = await q.enqueue("noop", {"n": i})
+                    done += r.status == "queued"
+                return done
+
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            counts = await asyncio.gather(*(producer() for _ in range(c)))
+            return time.perf_counter() - t0, time.process_time() - cpu0, sum(counts)
+
+    rcpu0 = redis_cpu_s(ctx.client)
+    wall, cpu, queued = asyncio.run(run())
+    rcpu = redis_cpu_s(ctx.client) - rcpu0
+    if queued != n or int(ctx.client.xlen(Keys(name).stream)) != n + 1:
+        raise BenchError(f"enqueue_concurrent: {queued} of {n} queued")
+    return {
+        "enqueue_conc_per_s": n / wall,
+        "enqueue_conc_cpu_us": cpu / n * 1e6,
+        "enqueue_conc_redis_cpu_us": rcpu / n * 1e6,
+    }
 
 
 # --------------------------------------------------------------------------- worker process
@@ -348,6 +388,32 @@ def latency(ctx: Ctx) -> Result:
     }
 
 
+def round_trip(ctx: Ctx) -> Result:
+    """Idle enqueue→result: ``Queue.enqueue_and_wait`` of a no-op job, one call at a time
+    (``latency_pause_s`` apart), into a waiting worker process; the call's wall time."""
+    sz = ctx.sizes
+    name = _fresh(ctx, "rtt")
+    proc = _serve(ctx, worker_cmd(ctx.url, name, "serve", "--concurrency", str(sz.concurrency)))
+    try:
+        with Queue.from_url(ctx.url, name) as q:
+            for _ in range(sz.latency_warmup):  # connections, scripts, the shared subscriber
+                q.enqueue_and_wait("noop", timeout=30.0)
+            rtt_ms = []
+            for _ in range(sz.round_trips):
+                time.sleep(sz.latency_pause_s)
+                t = time.perf_counter()
+                q.enqueue_and_wait("noop", timeout=30.0)
+                rtt_ms.append((time.perf_counter() - t) * 1000)
+    finally:
+        summary = _finish(proc)
+    if summary["completed"] != sz.round_trips + sz.latency_warmup:
+        raise BenchError(f"round-trip worker completed {summary['completed']} jobs")
+    return {
+        "rtt_p50_ms": percentile(rtt_ms, 50),
+        "rtt_p99_ms": percentile(rtt_ms, 99),
+    }
+
+
 def _wait_done(q: Queue, ids: list[str], timeout_s: float) -> list[Any]:
     """Wait until every job finished; their records in ``ids`` order (all must be completed)."""
     end = time.monotonic() + timeout_s
@@ -381,8 +447,10 @@ WORKLOADS: dict[str, Callable[[Ctx], Result]] = {
     "ceiling": ceiling,
     "enqueue_many": enqueue_many,
     "enqueue": enqueue_single,
+    "enqueue_concurrent": enqueue_concurrent,
     "drain": drain,
     "latency": latency,
+    "round_trip": round_trip,
     "raw_latency": raw_latency,
     "sweep": drain_sweep,
     "memory": memory,

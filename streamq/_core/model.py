@@ -93,6 +93,8 @@ def envelope_from_parts(job_id: str, body: bytes, options: bytes, serde: Any,
     jtype, sep, data = body.partition(b" ")
     if not sep or not jtype:
         raise SerializationError("malformed job body: no '<type> ' prefix")
+    if not options and not result_ttl_s:  # the common case: no cattrs pass needed
+        return Envelope(job_id, jtype.decode(errors="replace"), serde.loads(data))
     plain: dict[str, Any] = {}
     if options:
         opts = serde.loads(options)

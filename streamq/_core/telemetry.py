@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -56,9 +57,23 @@ DURATION = _seconds("streamq.job.duration", "handler run time of one attempt")
 END_TO_END = _seconds("streamq.job.end_to_end", "time from enqueue to the end of the attempt")
 
 
+_PROVIDER_ENV = "OTEL_PYTHON_TRACER_PROVIDER"
+
+
 def tracing() -> bool:
-    """True when an SDK tracer provider is installed (spans would be recorded)."""
+    """True when an SDK tracer provider is installed (spans would be recorded).
+
+    Asked once per job. While no provider is set, the API's own answer reads ``os.environ``
+    on every call; the provider global it keeps answers the same without that, so it is read
+    first (and the API asked whenever it holds anything, or the environment named a provider
+    when streamq was imported)."""
+    if getattr(trace, "_TRACER_PROVIDER", _UNSET) is None and _PROVIDER_ENV not in _ENV_AT_IMPORT:
+        return False
     return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+_UNSET = object()
+_ENV_AT_IMPORT = frozenset(k for k in os.environ if k == _PROVIDER_ENV)
 
 
 def attrs_for(queue: str) -> dict[str, str]:

@@ -439,6 +439,8 @@ class Worker:
                 task = asyncio.create_task(self._start_batch(qs, entries, reclaimed))
                 qs.starting.add(task)
                 task.add_done_callback(qs.starting.discard)
+                if len(entries) < n:  # no backlog: let the start go out before the next read
+                    await asyncio.sleep(0)
             return 0.0
 
         return step
