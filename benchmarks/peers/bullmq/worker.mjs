@@ -24,6 +24,13 @@ const opts = {
   concurrency: Number(process.env.BENCH_CONC || 100),
 };
 if (vt) { opts.lockDuration = vt; opts.stalledInterval = vt; }
+// BENCH_BULL_REMOVE: the auto-removal BullMQ's docs recommend for production
+// (docs.bullmq.io/guide/workers/auto-removal-of-jobs): keep the last 1,000 completed and
+// 5,000 failed jobs instead of every one (its default)
+if (process.env.BENCH_BULL_REMOVE) {
+  opts.removeOnComplete = { count: 1000 };
+  opts.removeOnFail = { count: 5000 };
+}
 const worker = new Worker("bench", async (job) => {
   if (job.name === "stamp") return Date.now() / 1000;
   if (first === null) first = Date.now();
