@@ -26,7 +26,7 @@ from ._core.conn import (
     sync_client,
     verify,
 )
-from ._core.errors import ServerTooOld
+from ._core.errors import JobNotFound, ServerTooOld
 from ._core.keys import Keys, queues_key
 from ._core.model import CancelResult, JobInfo
 from ._core.scripts import SCRIPTS
@@ -43,6 +43,7 @@ from ._ops.operations import (
     PendingEntry,
     QueueStats,
 )
+from ._producer.prepare import await_cancel, check_cancel_wait, wait_cancel
 
 T = TypeVar("T")
 MIN_VERSION = (6, 2)
@@ -315,9 +316,21 @@ class Admin:
         return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _browse.run_now(
             k, self.config, job_id, who or _who())))
 
-    def cancel(self, queue: str, job_id: str, *, who: str | None = None) -> CancelResult:
-        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _browse.cancel(
+    def cancel(self, queue: str, job_id: str, *, who: str | None = None,
+               wait_s: float | None = None) -> CancelResult:
+        """Cancel a job (``Queue.cancel``: a running one is stopped by its worker; with
+        ``wait_s``, wait for it to settle)."""
+        check_cancel_wait(wait_s)
+        res = drive(self.client, self.ops.by_id(queue, job_id, lambda k: _browse.cancel(
             k, self.config, job_id, who or _who())))
+
+        def state() -> str:
+            try:
+                return self.job(queue, job_id).state
+            except JobNotFound:
+                return ""
+
+        return wait_cancel(res, wait_s, state)
 
     def audit(self, queue: str, action: str, *, job_id: str = "", outcome: str = "",
               who: str | None = None) -> None:
@@ -492,10 +505,19 @@ class AsyncAdmin:
         return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _browse.run_now(
             k, self.config, job_id, who or _who())))
 
-    async def cancel(self, queue: str, job_id: str, *, who: str | None = None
-                     ) -> CancelResult:
-        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _browse.cancel(
+    async def cancel(self, queue: str, job_id: str, *, who: str | None = None,
+                     wait_s: float | None = None) -> CancelResult:
+        check_cancel_wait(wait_s)
+        res = await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _browse.cancel(
             k, self.config, job_id, who or _who())))
+
+        async def state() -> str:
+            try:
+                return (await self.job(queue, job_id)).state
+            except JobNotFound:
+                return ""
+
+        return await await_cancel(res, wait_s, state)
 
     async def audit(self, queue: str, action: str, *, job_id: str = "", outcome: str = "",
                     who: str | None = None) -> None:

@@ -347,7 +347,7 @@ async def test_concurrent_waiters_share_one_subscription(url: str, qname: str,
     async with AsyncQueue.from_url(url, qname) as aq, Worker(url, [qname], reg):
         waits = [asyncio.create_task(aq.enqueue_and_wait("double", i, timeout=30))
                  for i in range(500)]
-        pattern = f"streamq:{{{qname}}}:*"
+        pattern = f"streamq:{{{qname}}}:wait:*"  # (the worker listens on ':cancel')
         await eventually(lambda: r.pubsub_channels(pattern), what="the shared subscription")
         assert await asyncio.gather(*waits) == [2 * i for i in range(500)]
         channels: Any = r.pubsub_channels(pattern)
@@ -364,11 +364,11 @@ def test_sync_waiters_from_many_threads_share_one_subscription(url: str, qname: 
     with echo_worker(url, qname), ThreadPoolExecutor(32) as pool:
         results = list(pool.map(lambda i: q.enqueue_and_wait("echo", i, timeout=30),
                                 range(200)))
-        channels: Any = r.pubsub_channels(f"streamq:{{{qname}}}:*")
+        channels: Any = r.pubsub_channels(f"streamq:{{{qname}}}:wait:*")
         assert len(channels) == 1
     assert results == list(range(200))
     q.close()
-    assert r.pubsub_channels(f"streamq:{{{qname}}}:*") == []  # closed with the queue
+    assert r.pubsub_channels(f"streamq:{{{qname}}}:wait:*") == []  # closed with the queue
 
 
 async def test_a_waiter_survives_its_subscription_being_killed(url: str, qname: str,

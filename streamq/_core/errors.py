@@ -145,6 +145,24 @@ class ScriptError(StreamqError):
     The message names the script."""
 
 
+MAX_RETRY_AFTER_S = 86400.0
+"""The longest ``RateLimited.retry_after`` a worker honours (one day)."""
+
+
+class RateLimited(StreamqError):
+    """Raise from a handler when a downstream service says "too many requests" (an HTTP 429):
+    the job goes back to the delayed set for ``retry_after`` seconds **without counting an
+    attempt** (``max_attempts`` is not consumed), keeping its options. ``retry_after`` must be
+    a finite number of seconds, > 0 and <= ``MAX_RETRY_AFTER_S`` (one day); any other value
+    turns the attempt into an ordinary failure (retried with backoff, error
+    ``InvalidArgument``), so a job is never lost to a bad value."""
+
+    def __init__(self, retry_after: float, reason: str = "rate limited") -> None:
+        super().__init__(f"{reason} (retry after {retry_after!r} s)")
+        self.retry_after = retry_after
+        self.reason = reason
+
+
 class Retry(Exception):
     """Raise from a handler to retry this job; ``delay_s=None`` uses the backoff policy."""
 

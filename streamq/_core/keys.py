@@ -156,6 +156,12 @@ class Keys:
         return f"{self.base}:wake"
 
     @property
+    def cancel_channel(self) -> str:
+        """Pub/sub channel told the job id when a running job of this shard is asked to stop
+        (cancel.lua); every worker of the shard listens (streamq/_worker/cancel.py)."""
+        return f"{self.base}:cancel"
+
+    @property
     def series_minutes(self) -> str:
         """HASH: epoch minute -> that minute's outcomes (JSON), kept 6 hours (timeseries.lua)."""
         return f"{self.base}:ts:m"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json as serde_json
+import threading
 from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Literal
 
@@ -151,6 +152,16 @@ class Job:
     deadline_ms: int = 0
     _reporter: Callable[[str, Any], Awaitable[None]] | None = attrs.field(
         default=None, repr=False, eq=False)
+    _cancel: threading.Event | None = attrs.field(default=None, repr=False, eq=False)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once ``cancel(job_id)`` was asked for this running job and its worker heard of
+        it (within a second). A sync handler cannot be interrupted: poll this between steps
+        and return (or raise) soon; the job then ends ``cancelled`` whatever the handler
+        returns. An async handler is also cancelled (``asyncio.CancelledError`` at its next
+        ``await``; clean up in ``finally``)."""
+        return self._cancel is not None and self._cancel.is_set()
 
     def progress(self, value: Any) -> Awaitable[None]:
         """Report progress: a number (e.g. percent done), a string, or a small dict/list of
@@ -186,9 +197,19 @@ class EnqueueResult:
 class CancelResult:
     job_id: str
     cancelled: bool
+    """True when the job is cancelled (for a running job: once it has stopped, with
+    ``wait_s``)."""
     state: str
     """The state the job was in when cancel was asked ('' when not found)."""
     reason: str = ""
+    code: str = ""
+    """What happened: ``cancelled``, ``cancel_requested`` (the job was running: its worker was
+    told to stop it; it ends ``cancelled`` unless it finishes first), ``not_found`` or
+    ``not_cancellable`` (already finished)."""
+    final_state: str = ""
+    """The job's state when the call returned: ``cancelled``; for a running job ``active``
+    (still stopping), or with ``wait_s`` the state it ended in (``completed`` when it finished
+    before the cancel reached it)."""
 
 
 def _ms_to_dt(v: bytes | None) -> dt.datetime | None:

@@ -472,14 +472,16 @@ def run_now(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
 
 
 def cancel(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[CancelResult]:
-    """Cancel a scheduled, queued or retrying job (cancel.lua), recording who did."""
+    """Cancel a job (cancel.lua; a running one's worker is told to stop it), recording who
+    did."""
     from .operations import Call
 
     ks, args = cancel_call(keys, cfg, job_id)
     (r,) = yield [Call("cancel", ks, args)]
     res = parse_cancel(job_id, ok(r), retried=False)
     yield from audit(keys, cfg, who, "cancel", job_id,
-                     "cancelled" if res.cancelled else f"not cancelled: {res.reason}")
+                     "cancelled" if res.cancelled else "cancel requested (running)"
+                     if res.code == "cancel_requested" else f"not cancelled: {res.reason}")
     return res
 
 

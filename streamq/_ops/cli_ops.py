@@ -245,9 +245,18 @@ def cmd_requeue(ctx: Ctx) -> None:
 def cmd_cancel(ctx: Ctx) -> None:
     check_job_id(ctx.args.job_id)
     q = Queue(ctx.admin.client, ctx.queue(ctx.args.queue), ctx.config)
-    res = q.cancel(ctx.args.job_id)
-    ctx.out(res, lambda: "cancelled" if res.cancelled else f"not cancelled: {res.reason}")
-    if not res.cancelled:
+    res = q.cancel(ctx.args.job_id, wait_s=ctx.args.wait)
+
+    def human() -> str:
+        if res.cancelled:
+            return "cancelled" if res.state != "active" else "cancelled (it was running)"
+        if res.code == "cancel_requested" and res.final_state == "active":
+            return "cancel requested: the job is running; its worker stops it"
+        return f"not cancelled: {res.reason}"
+
+    ctx.out(res, human)
+    if not res.cancelled and not (res.code == "cancel_requested"
+                                  and res.final_state == "active"):
         raise SystemExit(1)
 
 
@@ -442,10 +451,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--cursor")
     _shard_option(p)
     for name, text in [("requeue", "hand a stuck pending job back now"),
-                       ("cancel", "cancel a scheduled, queued or retrying job")]:
+                       ("cancel", "cancel a job (a running one: its worker stops it)")]:
         p = sub.add_parser(name, parents=[common], help=text)
         p.add_argument("queue")
         p.add_argument("job_id")
+    p.add_argument("--wait", type=_duration, default=None, metavar="DURATION",
+                   help="a running job: wait this long for it to stop and say how it ended")
     for name, text in [("pause", "workers stop fetching (in-flight jobs finish)"),
                        ("resume", "workers fetch again")]:
         p = sub.add_parser(name, parents=[common], help=text)

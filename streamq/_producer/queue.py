@@ -243,11 +243,22 @@ class Queue(_Base):
             return prod.outcome(info)
         return self._wait(job_id, timeout, None)
 
-    def cancel(self, job_id: str) -> CancelResult:
+    def cancel(self, job_id: str, *, wait_s: float | None = None) -> CancelResult:
+        """Cancel a job. A scheduled, queued or retrying one is cancelled at once. A running
+        one's worker is told (within a second) and stops it: ``code='cancel_requested'``;
+        with ``wait_s`` the call waits (at most that long) until it settles and says how
+        (``cancelled``, or ``final_state='completed'`` when it finished first)."""
         self._check()
+        prod.check_cancel_wait(wait_s)
         keys, args = prod.cancel_call(self.keys, self.config, job_id)
-        return call(lambda retried: prod.parse_cancel(
+        res = call(lambda retried: prod.parse_cancel(
             job_id, SCRIPTS["cancel"](self.client, keys, args), retried=retried))
+
+        def state() -> str:
+            info = self.get(job_id)
+            return info.state if info is not None else ""
+
+        return prod.wait_cancel(res, wait_s, state)
 
     def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                          on_progress: Callable[[Any], None] | None = None,
@@ -431,15 +442,21 @@ class AsyncQueue(_Base):
             return prod.outcome(info)
         return await self._wait(job_id, timeout, None)
 
-    async def cancel(self, job_id: str) -> CancelResult:
+    async def cancel(self, job_id: str, *, wait_s: float | None = None) -> CancelResult:
+        """Cancel a job (see ``Queue.cancel``)."""
         await self._check()
+        prod.check_cancel_wait(wait_s)
         keys, args = prod.cancel_call(self.keys, self.config, job_id)
 
         async def once(retried: bool) -> CancelResult:
             reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
             return prod.parse_cancel(job_id, reply, retried=retried)
 
-        return await acall(once)
+        async def state() -> str:
+            info = await self.get(job_id)
+            return info.state if info is not None else ""
+
+        return await prod.await_cancel(await acall(once), wait_s, state)
 
     async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                                on_progress: Callable[[Any], None] | None = None,

@@ -6,13 +6,23 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import time
 
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, RetryPolicy, WorkerConfig
-from .._core.errors import Fail, PayloadTooLarge, Retry, SerializationError
+from .._core.errors import (
+    MAX_RETRY_AFTER_S,
+    Fail,
+    InvalidArgument,
+    PayloadTooLarge,
+    RateLimited,
+    Retry,
+    SerializationError,
+)
 from .._core.model import Envelope, Job, envelope_from_data
 from .._core.timeseries import SeriesRecorder
+from .cancel import interruptible
 from .invoke import Expired, SyncRunner, bounded, error_info
 from .lease import Lease
 from .progress import Progress
@@ -86,7 +96,8 @@ class Attempts:
                   max_attempts=max_attempts, queue=qs.keys.queue, version=env.version,
                   idempotency_key=env.idempotency_key or env.id, headers=env.headers,
                   trace=env.trace, deadline_ms=deadline_ms,
-                  reporter=self.progress.reporter(lease) if self.progress else None)
+                  reporter=self.progress.reporter(lease) if self.progress else None,
+                  cancel=lease.cancel)
         span = tel.Attempt(qs.keys.queue, job.id, job.type, attempt, env.trace,
                            self.config.trace_parent)
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
@@ -95,7 +106,8 @@ class Attempts:
         exc_seen: BaseException | None = None
         item: Finish | None = None
         try:
-            item = await self._call(spec, job, ident, env, attempt, max_attempts)
+            item = await interruptible(lease, spec.is_async, self._call(
+                spec, job, ident, env, attempt, max_attempts))
         except BaseException as exc:
             exc_seen = exc
             raise
@@ -107,10 +119,10 @@ class Attempts:
                 tel.DURATION.record(ran_s, qs.labels)
                 tel.END_TO_END.record(age_ms / 1000 + ran_s, qs.labels)
                 span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "")
-                if self.series is not None and item[3] != "retry":
+                if self.series is not None and item[3] in ("ok", "dead"):
                     self.series.observe(qs.keys.queue, completed=item[3] == "ok",
                                         wait_ms=wait_ms, run_ms=ran_s * 1000)
-                if item[3] != "ok":
+                if item[3] in ("retry", "dead"):
                     exc_now = _last_exc.get()
                     self._log_outcome(job.queue, job.id, job.type, attempt, max_attempts,
                                       item[5] if item[3] == "dead" else int(item[5]),
@@ -159,6 +171,8 @@ class Attempts:
             if isinstance(exc, Retry):
                 return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc,
                                            exc.delay_s)
+            if isinstance(exc, RateLimited):
+                return self._rate_limited(ident, env, spec, attempt, max_attempts, exc)
             if timeout is not None and isinstance(exc, Expired):
                 if self.runner is not None:
                     self.stats.stuck_threads = len(self.runner.stuck())
@@ -185,6 +199,23 @@ class Attempts:
             return (*ident, "dead", serde.dumps(error_info(big)), "result too large",
                     "PayloadTooLarge")
         return (*ident, "ok", payload, 0, "")
+
+    def _rate_limited(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
+                      attempt: int, max_attempts: int, exc: RateLimited) -> Finish:
+        """Back after ``retry_after`` without counting the attempt (finish.lua's 'later');
+        a bad ``retry_after`` makes it an ordinary failure."""
+        after = exc.retry_after
+        if (isinstance(after, bool) or not isinstance(after, (int, float))
+                or not 0 < after <= MAX_RETRY_AFTER_S):  # (NaN fails the comparison)
+            bad = InvalidArgument(f"RateLimited(retry_after={after!r}): retry_after must be a"
+                                  f" number of seconds > 0 and <= {MAX_RETRY_AFTER_S:g}")
+            _last_exc.set(bad)
+            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, bad, None)
+        log.info("job %s (%s) rate limited (%s); back in %.1f s, attempt %d not counted",
+                 ident[0], env.type, exc.reason, after, attempt,
+                 extra={"job_id": ident[0], "job_type": env.type, "attempt": attempt})
+        data = self.queue_config.serde.dumps(error_info(exc))
+        return (*ident, "later", data, max(1, math.ceil(after * 1000)), "RateLimited")
 
     def _retry_or_bury(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
                        attempt: int, max_attempts: int, exc: BaseException,

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import redis
@@ -30,6 +31,12 @@ class Lease:
     token: str
     started: float = attrs.field(factory=time.monotonic)
     lost: bool = False
+    cancel: threading.Event = attrs.field(factory=threading.Event)
+    """Set (on the event loop) once the worker learns that a cancel was requested (cancel.py);
+    the handler's ``job.cancel_requested``."""
+    task: Any = None
+    """The task running the job's async handler, while it runs (cancel.py interrupts it)."""
+    interrupted: bool = False
 
 
 class LeaseKeeper:
@@ -46,6 +53,8 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self.renewed = 0
         self.lost = 0
+        self.on_cancel: Callable[[Lease], None] | None = None
+        """Called (from this thread) for a lease whose renewal says a cancel was requested."""
         # after an error, try again soon: renewals must resume as soon as the server answers
         self.loop = Supervised("lease renewal", log, outage=outage, min_backoff_s=0.02,
                                max_backoff_s=max(0.05, every_s / 4))
@@ -117,6 +126,8 @@ class LeaseKeeper:
                 for x, ok in zip(batch, reply, strict=True):
                     if ok:
                         self.renewed += 1
+                        if ok == 2 and self.on_cancel is not None:  # renew.lua: cancel asked
+                            self.on_cancel(x)
                     else:
                         x.lost = True
                         self.lost += 1

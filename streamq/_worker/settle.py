@@ -109,9 +109,13 @@ class Settler:
         if state == b"completed":
             self.stats.completed += 1
             tel.COMPLETED.add(1, qs.labels)
+        elif state == b"retrying" and item[3] == "later":  # RateLimited: no attempt counted
+            self.stats.rate_limited += 1
         elif state == b"retrying":
             self.stats.retried += 1
             tel.RETRIED.add(1, qs.labels)
+        elif state == b"cancelled":  # a cancel requested while it ran (cancel.py)
+            self.stats.cancelled += 1
         elif state == b"failed":  # (the attempt's failure is logged where it happened)
             self.stats.failed += 1
             tel.FAILED.add(1, qs.labels)

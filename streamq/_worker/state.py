@@ -45,5 +45,9 @@ class WorkerStats:
     lost: int = 0
     reclaimed: int = 0
     released: int = 0
+    cancelled: int = 0
+    """Running jobs stopped by a requested cancel."""
+    rate_limited: int = 0
+    """Attempts that raised RateLimited (back later, no attempt counted)."""
     stuck_threads: int = 0
     """Sync handlers that outlived their timeout and still hold a thread (a gauge)."""

@@ -35,6 +35,7 @@ from .._core.supervise import LoopHealth, Outage, Supervised
 from .._ops.queues import publish_types
 from .._ops.shards import check as _check_shards
 from .attempt import Attempts
+from .cancel import CancelWatch
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
 from .lease import Lease, LeaseKeeper
@@ -98,6 +99,7 @@ class Worker:
         self._runner: SyncRunner | None = None
         self._settler: Settler | None = None
         self._hk: Housekeeper | None = None
+        self._cancels: CancelWatch | None = None
         self._sup: dict[str, Supervised] = {}
         self._token_prefix = secrets.token_hex(5)
         self._tokens = itertools.count(1)
@@ -213,6 +215,9 @@ class Worker:
                                    self._outage)
         self._leases.start()
         self._settler.leases = self._leases
+        self._cancels = CancelWatch(client, queues, self._leases, self._outage)
+        hk.loops["cancel requests"] = self._cancels.loop
+        self._loops.append(self._cancels.task(lambda: self._running))
         for qs in queues:
             fetch = self._sup[f"fetch from {qs.keys.tag}"] = Supervised(
                 f"fetch from {qs.keys.tag}", log, outage=self._outage)
@@ -553,6 +558,8 @@ class Worker:
                 data: bytes, times: tuple[int, int, int]) -> None:
         lease = Lease(qs.keys, job_id, entry, token)
         self._leases.add(lease)
+        if self._cancels is not None:  # its cancel already heard: it stops at once
+            self._cancels.launched(lease)
         task = asyncio.create_task(self._run_job(qs, lease, attempt, data, times))
         self._tasks.add(task)
         key = (qs.keys.tag, entry)

@@ -95,7 +95,9 @@ async def job_action(dash: Dashboard, request: Request) -> Response:
         message = await a.run_now(q, job_id, who=who)
     elif action == "cancel":
         res = await a.cancel(q, job_id, who=who)
-        message = "cancelled" if res.cancelled else f"not cancelled: {res.reason}"
+        message = ("cancelled" if res.cancelled else "cancel requested: the job is running;"
+                   " its worker stops it" if res.code == "cancel_requested"
+                   else f"not cancelled: {res.reason}")
     elif action == "requeue":
         message = await a.requeue(q, job_id, who=who)
         await a.audit(q, action, job_id=job_id, who=who, outcome=message)

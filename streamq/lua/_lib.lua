@@ -306,3 +306,33 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
   emit(events, events_maxlen, id, 'enqueued', now, status)
   return status, status, '', '', 0
 end
+
+-- End a job 'cancelled' (cancel.lua; finish.lua and start.lua for a running job whose cancel
+-- was requested: 'cx'): terminal state, finish time, its result TTL ('x'; fire-and-forget
+-- records are kept a minute, so a repeated cancel still sees them), the event and waiters
+-- told. The caller counts it ('cancelled' in the stats) and acknowledges its entry.
+local function end_cancelled(jobkey, events, events_maxlen, job_id, now, detail)
+  local r = redis.call('HMGET', jobkey, 'x', 'notify')
+  redis.call('HSET', jobkey, 's', 'x', 'f', now)
+  local ttl = tonumber(r[1] or DEFAULT_TTL) or 0
+  if r[1] == '0' then
+    redis.call('EXPIRE', jobkey, 60)
+  elseif ttl > 0 then
+    redis.call('EXPIRE', jobkey, ttl)
+  end
+  emit(events, events_maxlen, job_id, 'cancelled', now, detail)
+  notify(r[2], 'cancelled', job_id)
+end
+
+-- A handler raised RateLimited (finish.lua's 'later' outcome): back to the delayed set until
+-- due, as 'retrying', without counting the attempt (start.lua counted it in 'n': taken back,
+-- so max_attempts is not consumed). Every other field (options, priority, group) is kept.
+-- 'ft' makes a repeated finish call answer 'retrying' (as for a retry).
+local function put_back_later(jobkey, delayed, wake, job_id, due, err, token)
+  wake_if_sooner(delayed, wake, due)
+  redis.call('ZADD', delayed, due, job_id)
+  redis.call('HSET', jobkey, 's', 'r', 'due', due, 'error', err, 'ft', 'retrying:' .. token)
+  if (tonumber(redis.call('HGET', jobkey, 'n')) or 0) > 0 then
+    redis.call('HINCRBY', jobkey, 'n', -1)
+  end
+end

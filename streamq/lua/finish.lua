@@ -20,24 +20,30 @@
 -- ARGV[5]   wake channel ('' = none)
 -- ARGV[6]   N, the number of attempts
 -- ARGV[7 + 7*(i-1) ..] per attempt i: job id, stream entry id, lease token,
---           outcome ('ok' | 'retry' | 'dead'), data (result for ok, '' = None, which is
---           not stored; error JSON otherwise),
---           retry delay ms (retry) or reason (dead), error type ('' for ok)
--- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed') or 'lost'.
+--           outcome ('ok' | 'retry' | 'dead' | 'later' | 'cancel'), data (result for ok,
+--           '' = None, which is not stored; error JSON otherwise),
+--           delay ms (retry, later) or reason (dead, cancel), error type ('' for ok)
+--           'later': a handler's RateLimited: back in the delayed set after the delay, the
+--           attempt not counted (_lib.lua's put_back_later). 'cancel': the worker stopped the
+--           handler for a requested cancel. Once a cancel was requested ('cx' in the record,
+--           cancel.lua) every outcome but 'ok' ends the job 'cancelled' (never retried, never
+--           dead-lettered); 'ok' wins when it arrives (the job finished first).
+-- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed' |
+--           'cancelled') or 'lost'.
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, events_maxlen, dead_ttl, dead_maxlen, wake =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local n = tonumber(ARGV[6])
 local now = now_ms()
 local out = {}
-local completed, retried, failed, lost = 0, 0, 0, 0
+local completed, retried, failed, lost, cancelled, limited = 0, 0, 0, 0, 0, 0
 local settled = {}  -- acknowledged and deleted with one XACK and one XDEL after the loop
 for i = 1, n do
   local b = 7 + 7 * (i - 1)
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
-  local r = rec(jobkey, false, 's', 'k', 'n', 'max_attempts', 'x', 'notify', 'ft')
+  local r = rec(jobkey, false, 's', 'k', 'n', 'max_attempts', 'x', 'notify', 'ft', 'cx')
   local state, cur = r[1], r[2]
   if r.err or not state then  -- (a corrupted record is settled by a reclaim)
     lost = lost + 1
@@ -47,6 +53,7 @@ for i = 1, n do
     -- applied by an earlier run of this same call (every other path that ends a lease
     -- changes the token); a retry may have been promoted or cancelled since
     if state == 'completed' or state == 'failed' then out[i] = state else out[i] = 'retrying' end
+    if r[7] == 'cancelled:' .. token then out[i] = 'cancelled' end
   elseif cur ~= token then
     if r[7] == 'retrying:' .. token then
       out[i] = 'retrying'
@@ -60,7 +67,17 @@ for i = 1, n do
   else
     if entry ~= '' then settled[#settled + 1] = entry end
     local max_attempts = tonumber(r[4]) or 0
-    if outcome == 'ok' then
+    if outcome ~= 'ok' and (outcome == 'cancel' or r[8]) then
+      end_cancelled(jobkey, events, events_maxlen, id, now, 'running')
+      redis.call('HSET', jobkey, 'ft', 'cancelled:' .. token)
+      cancelled = cancelled + 1
+      out[i] = 'cancelled'
+    elseif outcome == 'later' then
+      put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
+      limited = limited + 1
+      emit(events, events_maxlen, id, 'rate_limited', now, extra)
+      out[i] = 'retrying'
+    elseif outcome == 'ok' then
       if data ~= '' then
         redis.call('HSET', jobkey, 's', 'c', 'r', data, 'f', now)
       else  -- a None result is not stored
@@ -103,7 +120,9 @@ if #settled > 0 then
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)
-count(stats, 'retrying_now', retried)
+count(stats, 'retrying_now', retried + limited)
+count(stats, 'rate_limited', limited)
+count(stats, 'cancelled', cancelled)
 count(stats, 'failed', failed)
 count(stats, 'lease_lost', lost)
 return out

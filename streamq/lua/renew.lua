@@ -7,16 +7,17 @@
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name (the owner)
 -- ARGV[3..] per lease i: stream entry id, lease token (pairs)
--- Returns per lease: 1 renewed, 0 lost
+-- Returns per lease: 1 renewed, 2 renewed and a cancel of the job was requested (cancel.lua's
+--           'cx': the worker's fallback when the cancel channel's message was lost), 0 lost
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local out, ids = {}, {}
 local n = (#ARGV - 2) / 2
 for i = 1, n do
   local entry, token = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
-  local r = rec(KEYS[1 + i], false, 's', 'k')
+  local r = rec(KEYS[1 + i], false, 's', 'k', 'cx')
   if r[1] == 'active' and r[2] == token then
     ids[#ids + 1] = entry
-    out[i] = 1
+    out[i] = r[3] and 2 or 1
   else
     out[i] = 0
   end

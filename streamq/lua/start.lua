@@ -6,6 +6,8 @@
 -- are settled here: ghosts and finished or cancelled jobs are acked and deleted; expired or
 -- exhausted jobs and malformed entries are dead-lettered. While the queue is paused, startable
 -- entries are handed back as fresh stream entries with no attempt counted (pause is atomic).
+-- A job whose cancel was requested while it ran ('cx', cancel.lua) and that comes back here
+-- (its worker died, or handed it back) ends 'cancelled' and never runs again.
 -- Safe to repeat: a job already 'active' under the very token of this call and owned by the
 -- caller is the same start seen again (a lost reply): it answers 'run' with the same lease and
 -- attempt and writes nothing new. A layout-1 record (an older release's) is upgraded in place
@@ -35,7 +37,7 @@ local n = tonumber(ARGV[6])
 local now = now_ms()
 local out = {}
 local fresh = {}  -- entries whose lease starts now: their idle time is reset below
-local started, reclaimed, failed, handed = 0, 0, 0, 0
+local started, reclaimed, failed, handed, cancelled = 0, 0, 0, 0, 0
 local is_paused = redis.call('EXISTS', paused) == 1
 local KNOWN = {scheduled = true, queued = true, active = true, retrying = true,
                completed = true, failed = true, cancelled = true}
@@ -60,7 +62,7 @@ for i = 1, n do
   local r, state = {}, nil
   if owner[1] ~= nil and owner[1][2] == consumer then
     r = rec(jobkey, true, 's', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o',
-      'op', 'env')
+      'op', 'env', 'cx')
     state = r[1]
   end
   if owner[1] == nil or owner[1][2] ~= consumer then
@@ -96,6 +98,12 @@ for i = 1, n do
     local deadline = tonumber(r[5]) or 0
     push('run', token, tonumber(r[3]) or 1, job_data(r), deadline,
       now - (entry_ms(r[2]) or now), now - (tonumber(r[7]) or now))
+  elseif r[12] then  -- cancel requested while it ran: it ends here, never runs again
+    ack_del(stream, group, entry)
+    redis.call('HDEL', jobkey, 'k')
+    end_cancelled(jobkey, events, events_maxlen, id, now, 'cancel requested')
+    cancelled = cancelled + 1
+    push('skip', 0, 0, 'cancelled')
   elseif is_paused then
     -- hand it back untouched (no attempt counted); a lapsed lease's owner is fenced out
     ack_del(stream, group, entry)
@@ -154,4 +162,5 @@ count(stats, 'started', started)
 count(stats, 'reclaimed', reclaimed)
 count(stats, 'failed', failed)
 count(stats, 'released', handed)
+count(stats, 'cancelled', cancelled)
 return out

@@ -1,0 +1,155 @@
+"""Cancel of running jobs, on the worker's side.
+
+``cancel(job_id)`` on an active job (cancel.lua) records the request in the job record
+(``cx``) and publishes the job id on its shard's cancel channel (``Keys.cancel_channel``).
+Every worker listens on the channels of the shards it serves (:class:`CancelWatch`); the one
+that runs the job sets the lease's ``cancel`` event (the handler's ``job.cancel_requested``)
+and cancels an async handler's task. Pub/sub can lose a message (a reconnect): on every
+(re)subscription the records of the running jobs are read for ``cx``, and the lease renewal
+reply says so too (renew.lua), so a request lost on the channel is still seen.
+
+A handler that ends after the worker learned of the request (cancelled, returned, raised)
+is settled with the ``cancel`` outcome (:func:`interruptible`); finish.lua ends the job
+``cancelled``. A handler that ended before that is settled as it ended (finish.lua turns
+anything but a success into ``cancelled`` once ``cx`` is set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .._core.supervise import Outage, Supervised
+from .lease import Lease, LeaseKeeper
+from .state import Finish, QState
+
+log = logging.getLogger("streamq.worker")
+_RECENT_S = 30.0
+"""A request for a job this worker does not run (yet) is remembered this long: a job whose
+start reply is still on its way when the message arrives is stopped as soon as it launches."""
+_BATCH = 1000
+
+
+def cancelled(lease: Lease) -> Finish:
+    """The ``cancel`` outcome of a lease (finish.lua)."""
+    return (lease.job_id, lease.entry, lease.token, "cancel", b"", "cancel requested", "")
+
+
+def interrupt(lease: Lease) -> None:
+    """Tell a running job that its cancel was requested (on the event loop): the handler's
+    ``job.cancel_requested`` turns True and an async handler's task is cancelled."""
+    if lease.lost or lease.cancel.is_set():
+        return
+    lease.cancel.set()
+    log.info("job %s: cancel requested; stopping its handler", lease.job_id,
+             extra={"job_id": lease.job_id, "queue": lease.keys.queue})
+    if lease.task is not None:
+        lease.interrupted = True
+        lease.task.cancel()
+
+
+async def interruptible(lease: Lease, is_async: bool, call: Awaitable[Finish]) -> Finish:
+    """Run one attempt (``call``) so that :func:`interrupt` can stop it: an async handler is
+    cancelled, and an attempt that ends after the request is settled ``cancel``. The worker's
+    own cancellation (stop) still propagates: the job is handed back, and start.lua ends it
+    cancelled when it sees the request."""
+    task = asyncio.current_task()
+    if lease.cancel.is_set():  # asked before the handler began: it never runs
+        if asyncio.iscoroutine(call):
+            call.close()
+        return cancelled(lease)
+    if is_async:
+        lease.task = task
+    try:
+        item = await call
+    except asyncio.CancelledError:
+        if not lease.interrupted or task is None:
+            raise
+        lease.interrupted = False
+        if task.uncancel() > 0:
+            raise  # the worker is stopping as well: hand it back (start.lua ends it)
+        return cancelled(lease)
+    finally:
+        lease.task = None
+    if lease.interrupted and task is not None:  # the handler swallowed its cancellation
+        lease.interrupted = False
+        task.uncancel()
+    return cancelled(lease) if lease.cancel.is_set() else item
+
+
+class CancelWatch:
+    """Listens on the cancel channels of a worker's queue shards (one subscriber connection)
+    and stops the running jobs named there; the renewal thread's reports come here too."""
+
+    def __init__(self, client: Any, queues: list[QState], leases: LeaseKeeper,
+                 outage: Outage | None = None) -> None:
+        self.client = client
+        self._tags = {q.keys.cancel_channel: q.keys.tag for q in queues}
+        self._leases = leases
+        self._recent: dict[tuple[str, str], float] = {}
+        self.loop = Supervised("cancel requests", log, outage=outage, max_backoff_s=1.0)
+        ev_loop = asyncio.get_running_loop()
+
+        def from_thread(lease: Lease) -> None:
+            ev_loop.call_soon_threadsafe(interrupt, lease)
+
+        leases.on_cancel = from_thread
+
+    def task(self, running: Callable[[], bool]) -> asyncio.Task[None]:
+        return asyncio.create_task(self.loop.run(self._listen, running))
+
+    def launched(self, lease: Lease) -> None:
+        """A job starts on this worker: stop it at once if its cancel was already heard."""
+        if self._recent.pop((lease.keys.tag, lease.job_id), None) is not None:
+            interrupt(lease)
+
+    def deliver(self, tag: str, job_id: str) -> None:
+        found = False
+        for lease in self._leases.snapshot():
+            if lease.job_id == job_id and lease.keys.tag == tag and not lease.lost:
+                found = True
+                interrupt(lease)
+        if not found:
+            now = time.monotonic()
+            if len(self._recent) > _BATCH:
+                self._recent = {k: t for k, t in self._recent.items() if now - t < _RECENT_S}
+            self._recent[(tag, job_id)] = now
+
+    async def check_running(self) -> None:
+        """Ask the records of the running jobs whether a cancel was requested (requests
+        published while this worker was not subscribed)."""
+        leases = [x for x in self._leases.snapshot() if not x.lost and not x.cancel.is_set()]
+        for i in range(0, len(leases), _BATCH):
+            part = leases[i:i + _BATCH]
+            pipe = self.client.pipeline(transaction=False)
+            for x in part:
+                pipe.hget(x.keys.job(x.job_id), "cx")
+            for x, asked in zip(part, await pipe.execute(), strict=True):
+                if asked:
+                    interrupt(x)
+
+    async def _listen(self) -> float:
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(*self._tags)
+            await self.check_running()
+            self.loop.ok()
+            while True:  # until the worker stops (its task is cancelled)
+                message = await pubsub.get_message(timeout=1.0)
+                self.loop.ok()
+                if not isinstance(message, dict):
+                    continue
+                channel, data = message.get("channel"), message.get("data")
+                if isinstance(channel, bytes):
+                    channel = channel.decode(errors="replace")
+                tag = self._tags.get(channel) if isinstance(channel, str) else None
+                if tag is not None and isinstance(data, bytes) and data:
+                    self.deliver(tag, data.decode(errors="replace"))
+        finally:
+            try:
+                await pubsub.aclose()
+            except Exception as exc:  # noqa: BLE001 - closing a broken connection
+                log.debug("closing the cancel subscription: %s", exc)
