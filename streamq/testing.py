@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -78,12 +79,16 @@ test_config.__test__ = False  # type: ignore[attr-defined]  # not a test for pyt
 def make_job(payload: Any = None, *, type: str = "test", id: str = "job-1", attempt: int = 1,
              max_attempts: int = 3, queue: str = "test", version: int = 1,
              idempotency_key: str | None = None, headers: Mapping[str, str] | None = None,
-             deadline_ms: int = 0) -> Job:
+             deadline_ms: int = 0, cancel_requested: bool = False) -> Job:
     """A ``Job`` as a worker would hand it to a handler: call the handler with it directly,
-    without Redis (``await send_email(make_job({"to": "a@b"}))``)."""
+    without Redis (``await send_email(make_job({"to": "a@b"}))``). ``cancel_requested=True``:
+    ``job.cancel_requested`` is True, as for a job whose cancel was requested while it runs."""
+    cancel = threading.Event()
+    if cancel_requested:
+        cancel.set()
     return Job(id=id, type=type, payload=payload, attempt=attempt, max_attempts=max_attempts,
                queue=queue, version=version, idempotency_key=idempotency_key or id,
-               headers=dict(headers or {}), deadline_ms=deadline_ms)
+               headers=dict(headers or {}), deadline_ms=deadline_ms, cancel=cancel)
 
 
 def fast_forward(queue: Queue, seconds: float | None = None) -> int:

@@ -459,3 +459,10 @@ async def test_invalid_retry_after_is_an_ordinary_failure(url: str, q: Queue, ba
     info = q.get("bad")
     assert info is not None and info.error is not None
     assert info.error["type"] == "InvalidArgument" and "retry_after" in info.error["message"]
+
+
+def test_make_job_cancel_requested_for_unit_tests() -> None:
+    from streamq.testing import make_job
+
+    assert not make_job().cancel_requested
+    assert make_job(cancel_requested=True).cancel_requested
