@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import time
 from typing import Any
 
 import pytest
@@ -408,6 +409,36 @@ def test_a_waiter_of_the_previous_release_is_still_woken(url: str, qname: str,
                 break
     assert msg is not None and msg["data"] == b"completed old-1"
     assert q.result("old-1") == 7
+    ps.close()
+    q.close()
+
+
+def test_small_results_ride_in_the_waiter_message(url: str, qname: str,
+                                                   r: redis.Redis) -> None:
+    """A completed job's result of at most 1 KB comes in the waiter message (one read of the
+    record less per enqueue_and_wait); a bigger one, and every message to a channel of the
+    previous release (a plain hex tag), stays '<state> <id>'. Each waiter gets its result."""
+    q = Queue.from_url(url, qname)
+    new_channel = q.keys.waiter_channel("r" + "ab" * 8)
+    old_channel = q.keys.waiter_channel("ab" * 8)
+    ps = r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    ps.subscribe(new_channel, old_channel)
+    q.enqueue("echo", "hi", job_id="small", notify=new_channel)
+    q.enqueue("echo", None, job_id="none", notify=new_channel)
+    q.enqueue("echo", "x" * 2000, job_id="big", notify=new_channel)
+    q.enqueue("echo", "hi", job_id="old", notify=old_channel)
+    got: dict[bytes, bytes] = {}
+    with echo_worker(url, qname):
+        deadline = time.monotonic() + 10
+        while len(got) < 4 and time.monotonic() < deadline:
+            msg = ps.get_message(timeout=0.1)
+            if msg:
+                got[msg["data"].split(b" ")[1]] = msg["data"]
+        assert got == {b"small": b'completed small ="hi"', b"none": b"completed none =",
+                       b"big": b"completed big", b"old": b"completed old"}
+        assert q.enqueue_and_wait("echo", "hi", timeout=30) == "hi"
+        assert q.enqueue_and_wait("echo", None, timeout=30) is None
+        assert q.enqueue_and_wait("echo", "x" * 2000, timeout=30) == "x" * 2000
     ps.close()
     q.close()
 

@@ -436,6 +436,17 @@ async def await_cancel(res: CancelResult, wait_s: float | None,
         await asyncio.sleep(min(_CANCEL_POLL_S, max(0.0, end - time.monotonic())))
 
 
+def inline_result(raw: bytes, serde: Any) -> Any:
+    """A completed job's result as finish.lua put it in a waiter message (b'' = None), read
+    as JobInfo.result reads the record's (undecodable bytes come back as they are)."""
+    if not raw:
+        return None
+    try:
+        return serde.loads(raw)
+    except SerializationError:
+        return raw
+
+
 def outcome(info: JobInfo) -> Any:
     """The result of a finished job, or the error it ended with."""
     if info.state == "completed":

@@ -276,7 +276,8 @@ class Queue(_Base):
                              **options)
             if r.status == "duplicate" and r.state in TERMINAL:
                 return prod.outcome(self._info(job_id))
-            return self._wait(job_id, timeout, event, on_progress)
+            return self._wait(job_id, timeout, event, on_progress,
+                              lambda: waiters.take_inline(job_id))
         finally:
             waiters.unregister(job_id, event)
 
@@ -288,7 +289,8 @@ class Queue(_Base):
         return self._waiters
 
     def _wait(self, job_id: str, timeout: float, event: threading.Event | None,
-              on_progress: Callable[[Any], None] | None = None) -> Any:
+              on_progress: Callable[[Any], None] | None = None,
+              inline: Callable[[], bytes | None] | None = None) -> Any:
         end = time.monotonic() + timeout
         poll = 0.01
         seen: list[Any] = [None]
@@ -299,6 +301,9 @@ class Queue(_Base):
             if event is not None:  # woken by the shared subscriber, or a poll at the latest
                 event.wait(min(remaining, POLL_MAX_S))
                 event.clear()
+                raw = inline() if inline is not None else None
+                if raw is not None:  # completed, its result in the message
+                    return prod.inline_result(raw, self.config.serde)
             else:
                 time.sleep(min(remaining, poll))
                 poll = min(poll * 2, POLL_MAX_S)
@@ -474,12 +479,13 @@ class AsyncQueue(_Base):
                                    **options)
             if r.status == "duplicate" and r.state in TERMINAL:
                 return prod.outcome(await self._info(job_id))
-            return await self._wait(job_id, timeout, event, on_progress)
+            return await self._wait(job_id, timeout, event, on_progress, waiters.inline)
         finally:
             waiters.unregister(job_id, event)
 
     async def _wait(self, job_id: str, timeout: float, event: asyncio.Event | None,
-                    on_progress: Callable[[Any], None] | None = None) -> Any:
+                    on_progress: Callable[[Any], None] | None = None,
+                    inline: dict[str, bytes] | None = None) -> Any:
         end = time.monotonic() + timeout
         poll = 0.01
         seen: list[Any] = [None]
@@ -491,6 +497,9 @@ class AsyncQueue(_Base):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), min(remaining, POLL_MAX_S))
                 event.clear()
+                raw = inline.get(job_id) if inline is not None else None
+                if raw is not None:  # completed, its result in the message
+                    return prod.inline_result(raw, self.config.serde)
             else:
                 await asyncio.sleep(min(remaining, poll))
                 poll = min(poll * 2, POLL_MAX_S)

@@ -7,7 +7,10 @@ channel; finish.lua, cancel.lua, the dead-lettering and progress.lua publish
 costs no SUBSCRIBE/UNSUBSCRIBE round trips and no connection of its own, and thousands of
 concurrent waiters share one connection.
 
-A message is only a wake-up: a woken waiter reads the job's record (the truth). Messages can be
+A message is mostly a wake-up: a woken waiter reads the job's record (the truth). The one
+exception is a completed job's small result (at most 1 KB), which finish.lua puts in the message
+itself (``'completed <job id> =<result>'``) for channels whose tag starts with ``r`` (every
+waiter channel of this release): the waiter returns it without reading the record. Messages can be
 lost (a reconnect, a job whose notify channel is someone else's because it was a duplicate), so
 a waiter also re-reads the record at least every ``POLL_MAX_S``. The subscriber's reader runs
 supervised: any error closes its connection, and it subscribes again after a backoff.
@@ -34,12 +37,21 @@ POLL_MAX_S = 0.5
 _READY_WAIT_S = 1.0
 
 
-def _job_of(message: Any) -> str | None:
+def _parse(message: Any) -> tuple[str | None, bytes | None]:
+    """(job id, inline result or None) of a message: '<state> <job id>[ =<result>]'. Only a
+    'completed' message carries a result."""
     data = message.get("data") if isinstance(message, dict) else None
     if not isinstance(data, bytes):
-        return None
-    _state, _, job_id = data.decode(errors="replace").partition(" ")
-    return job_id or None
+        return None, None
+    state, _, rest = data.partition(b" ")
+    job_id, _, inline = rest.partition(b" ")
+    result = inline[1:] if state == b"completed" and inline[:1] == b"=" else None
+    return job_id.decode(errors="replace") or None, result
+
+
+def _channel(keys: Keys) -> str:
+    """A waiter channel whose tag starts with 'r': finish.lua may inline small results."""
+    return keys.waiter_channel("r" + secrets.token_hex(8))
 
 
 class AsyncWaiters:
@@ -47,8 +59,10 @@ class AsyncWaiters:
 
     def __init__(self, client: aredis.Redis, keys: Keys) -> None:
         self.client = client
-        self.channel = keys.waiter_channel(secrets.token_hex(8))
+        self.channel = _channel(keys)
         self._events: dict[str, set[asyncio.Event]] = {}
+        self.inline: dict[str, bytes] = {}
+        """Results that arrived in a message, by job id (only while someone waits on it)."""
         self._subscribed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._sup = Supervised(f"waiter subscriber {self.channel}", log)
@@ -73,6 +87,7 @@ class AsyncWaiters:
             events.discard(event)
             if not events:
                 del self._events[job_id]
+                self.inline.pop(job_id, None)
 
     async def _read(self) -> float:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
@@ -82,8 +97,11 @@ class AsyncWaiters:
             self._sup.ok()
             while True:
                 message = await pubsub.get_message(timeout=30.0)
-                job_id = _job_of(message)
-                for event in self._events.get(job_id or "", ()):
+                job_id, result = _parse(message)
+                events = self._events.get(job_id or "", ())
+                if events and result is not None and job_id is not None:
+                    self.inline[job_id] = result
+                for event in events:
                     event.set()
         finally:
             self._subscribed.clear()
@@ -104,9 +122,10 @@ class SyncWaiters:
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
-        self.channel = keys.waiter_channel(secrets.token_hex(8))
+        self.channel = _channel(keys)
         self._lock = threading.Lock()
         self._events: dict[str, set[threading.Event]] = {}
+        self._inline: dict[str, bytes] = {}
         self._subscribed = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -135,6 +154,12 @@ class SyncWaiters:
                 events.discard(event)
                 if not events:
                     del self._events[job_id]
+                    self._inline.pop(job_id, None)
+
+    def take_inline(self, job_id: str) -> bytes | None:
+        """The result that arrived in a message for ``job_id``, if one did."""
+        with self._lock:
+            return self._inline.get(job_id)
 
     def _read(self) -> float:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
@@ -144,11 +169,13 @@ class SyncWaiters:
             self._sup.ok()
             while not self._stop.is_set():
                 message = pubsub.get_message(timeout=1.0)
-                job_id = _job_of(message)
+                job_id, result = _parse(message)
                 if job_id is None:
                     continue
                 with self._lock:
                     events = list(self._events.get(job_id, ()))
+                    if events and result is not None:
+                        self._inline[job_id] = result
                 for event in events:
                     event.set()
             return 0.0

@@ -162,10 +162,19 @@ local function ack_del(stream, group, entry)
 end
 
 -- Tell a waiter (the job's 'notify' channel, if any): '<state> <job id>', so one channel can
--- serve every waiter of a producer (job ids have no spaces).
-local function notify(channel, state, job_id)
+-- serve every waiter of a producer (job ids have no spaces). A completed job's result rides
+-- along as '<state> <job id> =<result>' ('=' alone: None) when it is at most INLINE_MAX bytes
+-- and the channel is a waiter channel whose tag starts with 'r' (a producer that reads it;
+-- older producers' tags are plain hex and get the short form): the waiter then needs no read
+-- of the record, one round trip less on enqueue_and_wait.
+local INLINE_MAX = 1024
+local function notify(channel, state, job_id, result)
   if channel and channel ~= '' then
-    redis.call('PUBLISH', channel, state .. ' ' .. job_id)
+    if result and #result <= INLINE_MAX and string.find(channel, ':wait:r', 1, true) then
+      redis.call('PUBLISH', channel, state .. ' ' .. job_id .. ' =' .. result)
+    else
+      redis.call('PUBLISH', channel, state .. ' ' .. job_id)
+    end
   end
 end
 

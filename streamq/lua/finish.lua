@@ -91,7 +91,7 @@ for i = 1, n do
       end
       completed = completed + 1
       emit(events, events_maxlen, id, 'completed', now, '')
-      notify(r[6], 'completed', id)
+      notify(r[6], 'completed', id, data)
       out[i] = 'completed'
     elseif outcome == 'retry' and (max_attempts == 0 or (tonumber(r[3]) or 0) < max_attempts) then
       local due = now + tonumber(extra)
