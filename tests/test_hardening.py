@@ -116,12 +116,18 @@ def test_a_repeated_start_returns_the_same_lease_and_attempt(q: Queue, r: redis.
     assert r.hget(k.stats, "started") == b"1" and r.xlen(k.dead) == 0
 
 
+@pytest.mark.parametrize("script", ["claim", "start"])
 async def test_a_lost_start_reply_does_not_bury_a_job_that_never_ran(
-        url: str, q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+        url: str, q: Queue, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """claim.lua starts a backlog; start.lua what an idle worker's blocking read got."""
     reg, runs = counter_registry()
-    lost = drop_reply_once(monkeypatch, "start")
-    q.enqueue("t", job_id="last-try", max_attempts=1)
-    async with running(url, q.name, reg):
+    lost = drop_reply_once(monkeypatch, script)
+    if script == "claim":
+        q.enqueue("t", job_id="last-try", max_attempts=1)
+    async with running(url, q.name, reg) as w:
+        if script == "start":
+            await eventually(lambda: w._qs[q.name].idle, what="the worker to wait idle")
+            q.enqueue("t", job_id="last-try", max_attempts=1)
         await eventually(lambda: q.get("last-try").state == "completed",  # type: ignore[union-attr]
                          what="the job to run once and complete")
     assert lost == [1] and runs == [1]

@@ -23,7 +23,7 @@ from .errors import ScriptError
 Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
-          "prune", "fire", "requeue", "redrive", "purge", "progress")
+          "prune", "fire", "requeue", "redrive", "purge", "progress", "claim")
 
 
 _pack: Any

@@ -28,6 +28,8 @@ class QState:
     next_reclaim: float = 0.0
     own_cursor: str | None = "0"
     """Where to read this consumer's own pending entries from; None once they are all seen."""
+    idle: bool = False
+    """The last claim found the stream drained: wait with a blocking read (fetch.py)."""
     promoter: Promoter | None = None
     starting: set[asyncio.Task[None]] = attrs.field(factory=set)
     """start.lua calls in flight: the fetch loop reads on while a batch starts."""

@@ -1,4 +1,4 @@
-"""The worker: fetch with XREADGROUP, start, run handlers, settle outcomes in batches, recover.
+"""The worker: fetch (fetch.py), start, run handlers, settle outcomes in batches, recover.
 
 Every background loop (fetch per queue, settle per queue, heartbeat, pause flags, promotion,
 pruning, lease renewal) runs supervised (``_supervise``): any error is logged, backed off and
@@ -22,20 +22,20 @@ from typing import Any
 
 import attrs
 import redis.asyncio as aredis
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import NoPermissionError
 
 from .._core import telemetry as tel
 from .._core.args import check_queue_list
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.conn import async_client, averify, sync_client
-from .._core.keys import GROUP, Keys, queues_key, shard_keys
-from .._core.retry import acall, transient
-from .._core.scripts import SCRIPTS
+from .._core.keys import Keys, queues_key, shard_keys
+from .._core.retry import acall
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .._ops.queues import publish_types
 from .._ops.shards import check as _check_shards
 from .attempt import Attempts
 from .cancel import CancelWatch
+from .fetch import Fetching
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
 from .lease import Lease, LeaseKeeper
@@ -47,12 +47,11 @@ from .state import Finish, QState, WorkerStats
 from .watchdog import LoopWatchdog
 
 log = logging.getLogger("streamq.worker")
-_BATCH = 1000
 _instance = itertools.count()
 __all__ = ["Finish", "Worker", "WorkerStats"]
 
 
-class Worker:
+class Worker(Fetching):
     """Runs registered handlers for jobs of one or more queues.
 
     ``worker.run()`` blocks until SIGTERM/SIGINT; inside a running service use
@@ -102,7 +101,7 @@ class Worker:
         self._cancels: CancelWatch | None = None
         self._sup: dict[str, Supervised] = {}
         self._token_prefix = secrets.token_hex(5)
-        self._tokens = itertools.count(1)
+        self._next_token = 1
         self._outage = Outage(log, f"worker {self.consumer}")
         self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s,
                                    self._outage)
@@ -200,6 +199,7 @@ class Worker:
         self._attempts.series = hk.series
         self._progress = self._attempts.progress = Progress(client, self.queue_config,
                                                             self._outage)
+        self._token_prefix = secrets.token_hex(5)  # a start of an earlier run is not ours
         for qs in queues:
             qs.promoter = Promoter(qs.keys, self.queue_config) if self.config.promote else None
             qs.own_cursor = "0"
@@ -347,19 +347,6 @@ class Worker:
 
     # ----------------------------------------------------------------- fetching
 
-    @classmethod
-    async def _ensure_group_retried(cls, client: aredis.Redis, keys: Keys, _retried: bool
-                                    ) -> None:
-        await cls._ensure_group(client, keys)
-
-    @staticmethod
-    async def _ensure_group(client: aredis.Redis, keys: Keys) -> None:
-        try:
-            await client.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-
     def _reserve(self, want: int) -> int:
         share = max(1, self._free // max(1, len(self._qs)))
         n = min(want, share, self._free)
@@ -391,168 +378,6 @@ class Worker:
         before = self._owed()
         self._unsettled -= n
         self._release(before - self._owed())
-
-    def _busy(self, qs: QState, entry: str) -> bool:
-        """This worker runs the entry under a live lease (or its outcome awaits settling)."""
-        return self._leases.holds(qs.keys.tag, entry)
-
-    def _fetch_step(self, qs: QState) -> Any:
-        """One round of fetching for one queue: own pending entries first, lapsed leases when
-        a reclaim is due, new entries otherwise. The step alone owns the capacity it
-        reserves; whatever it raises, the supervisor logs and retries."""
-        loop = asyncio.get_running_loop()
-
-        async def step() -> float:
-            client = self._client
-            assert client is not None
-            if qs.paused:
-                return 0.2
-            await self._capacity.wait()
-            # at most half the slots per fetch: one batch starts while another settles
-            n = self._reserve(min(self.config.fetch_batch,
-                                  max(1, self.config.concurrency // 2)))
-            if n == 0:
-                return 0.0
-            reclaimed = False
-            try:
-                if qs.starting and (qs.own_cursor is not None or loop.time() >= qs.next_reclaim):
-                    # reading own entries or reclaiming must not meet a batch still starting
-                    await asyncio.wait(set(qs.starting))
-                if qs.own_cursor is not None:  # entries delivered to this consumer name earlier
-                    entries = await self._read_own(qs, n)
-                elif loop.time() >= qs.next_reclaim:
-                    entries = await self._reclaim(qs, n)
-                    reclaimed = True
-                    if qs.cursor == "0-0":  # a full sweep is done; the next one when due
-                        qs.next_reclaim = loop.time() + self.config.reclaim_every_s
-                else:
-                    reply: Any = await client.xreadgroup(
-                        GROUP, self.consumer, {qs.keys.stream: ">"}, count=n,
-                        block=min(self.config.block_ms,
-                                  max(1, int((qs.next_reclaim - loop.time()) * 1000))))
-                    entries = reply[0][1] if reply else []
-            except BaseException as exc:
-                self._release(n)
-                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
-                    await self._ensure_group(client, qs.keys)  # deleted under us: make it again
-                    return 0.0
-                if isinstance(exc, Exception):
-                    qs.own_cursor = "0"  # a lost reply may have delivered entries: read them
-                raise
-            self._release(n - len(entries))
-            if entries:  # start in the background: the next read overlaps this round trip
-                task = asyncio.create_task(self._start_batch(qs, entries, reclaimed))
-                qs.starting.add(task)
-                task.add_done_callback(qs.starting.discard)
-                if len(entries) < n:  # no backlog: let the start go out before the next read
-                    await asyncio.sleep(0)
-            return 0.0
-
-        return step
-
-    async def _read_own(self, qs: QState, n: int) -> list[Any]:
-        assert self._client is not None and qs.own_cursor is not None
-        reply: Any = await self._client.xreadgroup(
-            GROUP, self.consumer, {qs.keys.stream: qs.own_cursor}, count=n)
-        raw: list[Any] = reply[0][1] if reply else []
-        qs.own_cursor = raw[-1][0].decode() if raw else None
-        return [e for e in raw if not self._busy(qs, e[0].decode())]
-
-    async def _reclaim(self, qs: QState, n: int) -> list[Any]:
-        """Take over up to n entries whose lease lapsed (XAUTOCLAIM; the cursor is kept).
-        Entries of this worker's own lost leases are taken like any other: the handler that
-        lost its lease is fenced out, the job runs again."""
-        assert self._client is not None
-        min_idle = int(self.config.visibility_timeout_s * 1000)
-        reply: Any = await self._client.xautoclaim(
-            qs.keys.stream, GROUP, self.consumer, min_idle, qs.cursor, count=n)
-        qs.cursor = reply[0].decode()
-        entries = [e for e in reply[1] if not self._busy(qs, e[0].decode())]
-        if entries:
-            log.info("reclaiming %d lapsed entries of %s", len(entries), qs.keys.queue)
-        return entries
-
-    async def _start_batch(self, qs: QState, entries: list[Any], reclaimed: bool) -> None:
-        """Start delivered entries (capacity for all of them is already reserved).
-
-        start.lua is safe to repeat with the same tokens, so a call that meets a transient
-        error (its reply possibly lost after it ran) is sent again, the same, until Redis
-        answers: a job is never counted as started twice for one start."""
-        client = self._client
-        assert client is not None
-        k = qs.keys
-        good: list[tuple[str, str, str]] = []
-        bad: list[tuple[str, str]] = []
-        ghosts: list[str] = []
-        for entry_id, fields in entries:
-            eid = entry_id.decode()
-            if fields is None:
-                ghosts.append(eid)
-                continue
-            raw = fields.get(b"id")
-            try:
-                good.append((eid, raw.decode(), f"{self._token_prefix}{next(self._tokens):x}"))
-            except (AttributeError, UnicodeDecodeError):
-                bad.append((eid, repr(fields)[:500]))
-        calls = [good[i:i + _BATCH] for i in range(0, len(good), _BATCH)] or [[]]
-        unreleased = len(entries)
-        sup = self._sup.setdefault(f"start on {k.tag}", Supervised(
-            f"start on {k.tag}", log, outage=self._outage))
-        try:
-            while True:
-                try:
-                    if ghosts:
-                        await client.xack(k.stream, GROUP, *ghosts)
-                        unreleased -= len(ghosts)
-                        self._release(len(ghosts))
-                        ghosts = []
-                    while calls:
-                        part = calls[0]
-                        if part or bad:
-                            reply = await SCRIPTS["start"].run_async(
-                                client, *start_call(k, self.consumer, self.queue_config, part,
-                                                    bad))
-                            unreleased -= len(part) + len(bad)
-                            self._started(qs, part, reply, len(bad), reclaimed)
-                        bad = []
-                        calls.pop(0)
-                    sup.ok()
-                    return
-                except Exception as exc:
-                    if not transient(exc) or not self._running:
-                        raise
-                    await asyncio.sleep(sup.failed(exc))
-        except asyncio.CancelledError:
-            self._release(unreleased)
-            raise
-        except Exception as exc:  # noqa: BLE001 - entries stay pending, reclaimed later
-            sup.failed(exc)
-            log.warning("start on %s gave up (%s); its entries stay pending", k.queue, exc)
-            self._release(unreleased)
-            qs.own_cursor = "0"
-
-    def _started(self, qs: QState, part: list[tuple[str, str, str]], reply: Any,
-                 malformed: int, reclaimed: bool) -> None:
-        """Launch what start.lua said to run; free the slots of everything else."""
-        launched = 0
-        skipped = malformed
-        for n, (eid, jid, _token) in enumerate(part):
-            code, token, attempt, data, deadline, wait_ms, age_ms = reply[7 * n:7 * n + 7]
-            if code != b"run":
-                skipped += 1
-                if code == b"paused":
-                    qs.paused = True  # seen before the flag poll: stop fetching at once
-                continue
-            launched += 1
-            self._launch(qs, eid, jid, token.decode(), int(attempt), data,
-                         (int(deadline), int(wait_ms), int(age_ms)))
-        if launched:
-            self.stats.started += launched
-            tel.STARTED.add(launched, qs.labels)
-            if reclaimed:
-                self.stats.reclaimed += launched
-                tel.RECLAIMED.add(launched, qs.labels)
-        self._release(skipped)
 
     def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
                 data: bytes, times: tuple[int, int, int]) -> None:
@@ -593,17 +418,3 @@ async def _shard_check(client: aredis.Redis, keys: Keys, shards: int, _retried: 
 
     await adrive(client, _check_shards(keys, shards))
 
-
-def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[str, str, str]],
-               bad: Sequence[tuple[str, str]]) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of one start.lua call: (entry, job id, token) per entry to start, and
-    (entry, description) per malformed entry."""
-    keys = [k.stream, k.dead, k.stats, k.events, k.paused, *(k.job(j) for _, j, _t in part)]
-    args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
-                       len(part)]
-    for eid, jid, token in part:
-        args += [eid, jid, token]
-    args.append(len(bad))
-    for eid, desc in bad:
-        args += [eid, desc]
-    return keys, args

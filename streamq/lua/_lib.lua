@@ -345,3 +345,122 @@ local function put_back_later(jobkey, delayed, wake, job_id, due, err, token)
     redis.call('HINCRBY', jobkey, 'n', -1)
   end
 end
+
+-- What a worker needs to run a job: '<body>' or '!<n>:<options, n bytes><body>' (layout
+-- 2), or '~<envelope>' (a layout-1 record: its producer's envelope, kept as it was).
+local function job_data(r)
+  if not r[6] then return '~' .. (r[11] or '') end
+  if r[10] then return '!' .. #r[10] .. ':' .. r[10] .. r[6] end
+  return r[6]
+end
+
+local START_KNOWN = {scheduled = true, queued = true, active = true, retrying = true,
+                     completed = true, failed = true, cancelled = true}
+
+-- Start one delivered stream entry (start.lua, claim.lua). c is the call's context: stream
+-- (the entry's stream), dead, events, stats, group, consumer, events_maxlen, dead_ttl,
+-- dead_maxlen, now, paused (boolean), resume (the caller's token prefix, or '': a record
+-- 'active', owned by the caller, under another token of that prefix is a start of this
+-- worker whose reply was lost (claim.lua's): the same start seen again, no attempt
+-- counted), the counters started, reclaimed, failed, handed, cancelled, and fresh (entries whose idle
+-- time the caller resets with one XCLAIM JUSTID). owned: the caller read the entry into its
+-- pending list within this script (claim.lua), so it needs no ownership check and no idle
+-- reset. Returns code ('run' | 'skip' | 'dead' | 'paused'), token, attempt, the job's data
+-- (run) or the reason, deadline ms (0 = none), ms since the job (re)entered the stream, ms
+-- since it was created.
+local function start_entry(c, jobkey, entry, id, token, owned)
+  local stream, now = c.stream, c.now
+  local r, state = {}, nil
+  if not owned then
+    -- Only the consumer whose pending list holds the entry may start it: a stale delivery
+    -- (the caller stalled after XREADGROUP and another worker took it over) is left alone.
+    local owner = redis.call('XPENDING', stream, c.group, entry, entry, 1)
+    if owner[1] == nil or owner[1][2] ~= c.consumer then
+      return 'skip', 0, 0, 'not the owner', 0, 0, 0
+    end
+  end
+  r = rec(jobkey, true, 's', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o',
+    'op', 'env', 'cx')
+  state = r[1]
+  if r.err then  -- the key holds something else than a job record
+    ack_del(stream, c.group, entry)
+    redis.call('XADD', c.dead, 'MAXLEN', '~', c.dead_maxlen, '*', 'job', id,
+      'reason', 'job record corrupted', 'etype', 'CorruptRecord', 'type', '', 't', now)
+    c.failed = c.failed + 1
+    return 'dead', 0, 0, 'job record corrupted', 0, 0, 0
+  elseif not state and redis.call('EXISTS', jobkey) == 0 then
+    ack_del(stream, c.group, entry)
+    redis.call('XADD', c.dead, 'MAXLEN', '~', c.dead_maxlen, '*', 'job', id,
+      'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
+    c.failed = c.failed + 1
+    return 'dead', 0, 0, 'job record missing', 0, 0, 0
+  elseif not state or not START_KNOWN[state]
+      or ((state == 'queued' or state == 'active')
+        and not string.match(r[2] or '', '^%d+%-%d+$')) then
+    -- a record without a usable state or stream entry is damaged, not a ghost: bury it
+    ack_del(stream, c.group, entry)
+    bury(jobkey, c.dead, c.events, id, 'job record corrupted', '', 'CorruptRecord', now,
+      c.dead_ttl, c.dead_maxlen, c.events_maxlen, true)
+    c.failed = c.failed + 1
+    return 'dead', 0, 0, 'job record corrupted', 0, 0, 0
+  elseif r[2] ~= entry or (state ~= 'queued' and state ~= 'active') then
+    -- a ghost of an older delivery, or a job already finished or cancelled
+    ack_del(stream, c.group, entry)
+    return 'skip', 0, 0, state, 0, 0, 0
+  elseif state == 'active' and r[9] == c.consumer and (r[8] == token
+      or (c.resume ~= '' and r[8] and string.sub(r[8], 1, #c.resume) == c.resume)) then
+    -- this very start ran before (its reply was lost): the same lease, the same attempt
+    if not owned then c.fresh[#c.fresh + 1] = entry end
+    return 'run', r[8], tonumber(r[3]) or 1, job_data(r), tonumber(r[5]) or 0,
+      now - (entry_ms(r[2]) or now), now - (tonumber(r[7]) or now)
+  elseif r[12] then  -- cancel requested while it ran: it ends here, never runs again
+    ack_del(stream, c.group, entry)
+    redis.call('HDEL', jobkey, 'k')
+    end_cancelled(jobkey, c.events, c.events_maxlen, id, now, 'cancel requested')
+    c.cancelled = c.cancelled + 1
+    return 'skip', 0, 0, 'cancelled', 0, 0, 0
+  elseif c.paused then
+    -- hand it back untouched (no attempt counted); a lapsed lease's owner is fenced out
+    ack_del(stream, c.group, entry)
+    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+    redis.call('HDEL', jobkey, 'k')
+    c.handed = c.handed + 1
+    return 'paused', 0, 0, 'queue paused', 0, 0, 0
+  end
+  local attempts = tonumber(r[3]) or 0
+  local max_attempts = tonumber(r[4]) or 0  -- 0: the handler's setting decides
+  local deadline = tonumber(r[5]) or 0
+  if deadline > 0 and now > deadline then
+    ack_del(stream, c.group, entry)
+    bury(jobkey, c.dead, c.events, id, 'deadline passed', '', 'DeadlineExceeded', now,
+      c.dead_ttl, c.dead_maxlen, c.events_maxlen, true)
+    c.failed = c.failed + 1
+    return 'dead', 0, attempts, 'deadline passed', 0, 0, 0
+  elseif max_attempts > 0 and attempts >= max_attempts then
+    ack_del(stream, c.group, entry)
+    bury(jobkey, c.dead, c.events, id, 'attempts exhausted (lease lapsed)', '',
+      'LeaseExpired', now, c.dead_ttl, c.dead_maxlen, c.events_maxlen, true)
+    c.failed = c.failed + 1
+    return 'dead', 0, attempts, 'attempts exhausted (lease lapsed)', 0, 0, 0
+  end
+  attempts = attempts + 1
+  redis.call('HSET', jobkey, 's', 'a', 'n', attempts, 'k', token, 'o', c.consumer, 'a', now)
+  if state == 'active' then
+    c.reclaimed = c.reclaimed + 1
+    emit(c.events, c.events_maxlen, id, 'reclaimed', now, c.consumer)
+  end
+  c.started = c.started + 1
+  if not owned then c.fresh[#c.fresh + 1] = entry end
+  emit(c.events, c.events_maxlen, id, 'started', now, attempts)
+  return 'run', token, attempts, job_data(r), deadline, now - (entry_ms(r[2]) or now),
+    now - (tonumber(r[7]) or now)
+end
+
+-- The counters of a start context (start_entry) into the stats HASH.
+local function count_starts(c)
+  count(c.stats, 'started', c.started)
+  count(c.stats, 'reclaimed', c.reclaimed)
+  count(c.stats, 'failed', c.failed)
+  count(c.stats, 'released', c.handed)
+  count(c.stats, 'cancelled', c.cancelled)
+end

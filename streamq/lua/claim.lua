@@ -1,0 +1,127 @@
+-- claim.lua: read new entries of the ready stream(s) into the caller's pending list and start
+-- them, all in one script (the worker's fetch under a backlog: one round trip per batch, no
+-- XREADGROUP + start.lua pair, no ownership check per entry). XREADGROUP without BLOCK is
+-- allowed in a script; an idle worker waits with a blocking XREADGROUP outside (fetch.py).
+-- Each level stream (in the order given) is read up to its share first; what the shares did
+-- not fill is then read from the levels in the order given (priorities: docs/fairness.md).
+-- Every entry read is started as start.lua starts one (_lib.lua's start_entry), with the
+-- token '<token prefix><hex(first + k)>' for the k-th entry read (k = 0, 1, ...).
+-- While the queue is paused nothing is read. A malformed entry (no id field, or an id that is
+-- not UTF-8) is dead-lettered.
+-- Job records are named by the caller's prefix (ARGV[6], built by the key builder: it holds
+-- the shard's hash tag, so every record is in the slot of KEYS; docs/key-layout.md).
+-- Safe to repeat: a call whose reply was lost left its entries in the caller's pending list,
+-- their jobs 'active' under tokens of the caller's prefix; the worker reads its own pending
+-- entries again and start.lua answers each as the same start (no attempt counted). A
+-- repeated claim reads new entries only.
+-- KEYS[1]   dead STREAM
+-- KEYS[2]   stats HASH
+-- KEYS[3]   events STREAM
+-- KEYS[4]   pause flag (STRING; exists while the queue is paused)
+-- KEYS[4+l] ready stream of level l (l = 1..L), in the order of reading
+-- ARGV[1]   consumer group
+-- ARGV[2]   consumer name
+-- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)
+-- ARGV[4]   dead-letter retention in seconds
+-- ARGV[5]   dead stream max length
+-- ARGV[6]   job record key prefix (the record of job <id> is ARGV[6] .. <id>)
+-- ARGV[7]   lease token prefix (the caller's worker)
+-- ARGV[8]   first token number
+-- ARGV[9]   N, at most this many entries in all
+-- ARGV[9+l] level l's share of N
+-- Returns a flat array: status ('ok' | 'paused'), levels without the consumer group (their
+--           numbers, comma separated; '' = none), then 10 per entry read: level, stream
+--           entry id, job id ('' for a malformed entry), code ('run' | 'skip' | 'dead' |
+--           'paused'), token, attempt, the job's data or the reason, deadline ms, ms since
+--           the job (re)entered the stream, ms since it was created.
+local group, consumer = ARGV[1], ARGV[2]
+local c = {dead = KEYS[1], stats = KEYS[2], events = KEYS[3], group = group,
+  consumer = consumer, events_maxlen = ARGV[3], dead_ttl = ARGV[4], dead_maxlen = ARGV[5],
+  resume = '', now = now_ms(), paused = false,
+  started = 0, reclaimed = 0, failed = 0, handed = 0, cancelled = 0, fresh = {}}
+if redis.call('EXISTS', KEYS[4]) == 1 then return {'paused', ''} end
+local prefix, tokens = ARGV[6], ARGV[7]
+local next_token = tonumber(ARGV[8])
+local n = tonumber(ARGV[9])
+local levels = #KEYS - 4
+local out = {'ok', ''}
+-- A job id must be UTF-8 (as the worker decodes ids of entries it reads itself)
+local function utf8_ok(s)
+  if not string.find(s, '[\128-\255]') then return true end
+  local i, n = 1, #s
+  while i <= n do
+    local b = string.byte(s, i)
+    local len = 1
+    if b >= 0xC2 and b <= 0xDF then len = 2
+    elseif b >= 0xE0 and b <= 0xEF then len = 3
+    elseif b >= 0xF0 and b <= 0xF4 then len = 4
+    elseif b >= 0x80 then return false end
+    if i + len - 1 > n then return false end
+    for j = i + 1, i + len - 1 do
+      local d = string.byte(s, j)
+      if d < 0x80 or d > 0xBF then return false end
+    end
+    local b2 = string.byte(s, i + 1) or 0
+    if (b == 0xE0 and b2 < 0xA0) or (b == 0xED and b2 > 0x9F)
+        or (b == 0xF0 and b2 < 0x90) or (b == 0xF4 and b2 > 0x8F) then
+      return false
+    end
+    i = i + len
+  end
+  return true
+end
+local nogroup, drained = {}, {}
+local got = 0
+local function read(l, want)
+  if want <= 0 or nogroup[l] or drained[l] then return end
+  local stream = KEYS[4 + l]
+  local reply = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
+    'STREAMS', stream, '>')
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'NOGROUP', 1, true) then nogroup[l] = true; return end
+    error(reply.err)
+  end
+  if not reply or not reply[1] then drained[l] = true; return end
+  c.stream = stream
+  if #reply[1][2] < want then drained[l] = true end
+  for _, e in ipairs(reply[1][2]) do
+    local entry, fields = e[1], e[2]
+    local id
+    for j = 1, #fields, 2 do
+      if fields[j] == 'id' then id = fields[j + 1] end
+    end
+    got = got + 1
+    local k = #out
+    if not id or not utf8_ok(id) then
+      ack_del(stream, group, entry)
+      redis.call('XADD', c.dead, 'MAXLEN', '~', c.dead_maxlen, '*', 'job', '', 'reason',
+        'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', c.now,
+        'entry', entry, 'raw', string.sub(cjson.encode(fields), 1, 500))
+      c.failed = c.failed + 1
+      out[k + 1] = l; out[k + 2] = entry; out[k + 3] = ''; out[k + 4] = 'dead'
+      out[k + 5] = 0; out[k + 6] = 0; out[k + 7] = 'malformed stream entry'
+      out[k + 8] = 0; out[k + 9] = 0; out[k + 10] = 0
+    else
+      local token = tokens .. string.format('%x', next_token)
+      next_token = next_token + 1
+      local code, tok, attempt, data, deadline, wait, age = start_entry(c, prefix .. id, entry,
+        id, token, true)
+      out[k + 1] = l; out[k + 2] = entry; out[k + 3] = id; out[k + 4] = code
+      out[k + 5] = tok; out[k + 6] = attempt; out[k + 7] = data
+      out[k + 8] = deadline; out[k + 9] = wait; out[k + 10] = age
+    end
+  end
+end
+for l = 1, levels do
+  read(l, math.min(tonumber(ARGV[9 + l]) or 0, n - got))
+end
+for l = 1, levels do
+  read(l, n - got)
+end
+local missing = {}
+for l = 1, levels do
+  if nogroup[l] then missing[#missing + 1] = l end
+end
+out[2] = table.concat(missing, ',')
+count_starts(c)
+return out
