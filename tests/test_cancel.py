@@ -9,10 +9,12 @@ finished first ends as it finished and the caller learns which. RateLimited puts
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -307,6 +309,53 @@ async def test_lost_message_is_caught_by_the_lease_renewal(url: str, q: Queue) -
         assert w.stats.cancelled == 1
 
 
+@pytest.mark.parametrize("timeout", [None, 30.0])
+async def test_handler_that_swallows_its_cancellation_still_ends_cancelled(
+        url: str, q: Queue, timeout: float | None) -> None:
+    reg = Registry()
+    began = asyncio.Event()
+
+    @reg.handler("stubborn", timeout=timeout)
+    async def stubborn(job: Job) -> str:
+        began.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "slept"
+
+    @reg.handler("after")
+    async def after(job: Job) -> str:
+        await asyncio.sleep(0.01)  # the worker's task machinery still works after an uncancel
+        return "fine"
+
+    q.enqueue("stubborn", job_id="st")
+    async with Worker(url, [q.name], reg, fast(concurrency=1)) as w:
+        await eventually(began.is_set, what="started")
+        res = await asyncio.to_thread(q.cancel, "st", wait_s=5)
+        assert res.cancelled and res.final_state == "cancelled"
+        q.enqueue("after", job_id="af")
+        await eventually(lambda: state(q, "af") == "completed", what="the next job")
+        assert w.stats.cancelled == 1 and w.stats.completed == 1
+    assert q.result("af") == "fine"
+
+
+async def test_requests_missed_while_unsubscribed_are_read_on_resubscribing(
+        url: str, q: Queue, r: redis.Redis) -> None:
+    """The subscriber's connection is killed and the request is recorded without a message
+    (as if published while it was away): the worker reads 'cx' of its running jobs when it
+    subscribes again (long before a renewal, with a 30 s visibility timeout)."""
+    b = Blocking()
+    q.enqueue("block", job_id="missed")
+    async with Worker(url, [q.name], b.reg, fast(visibility_timeout_s=30)) as w:
+        await b.wait_started("missed")
+        r.hset(q.keys.job("missed"), "cx", 1)
+        r.client_kill_filter(_type="pubsub")
+        await eventually(lambda: state(q, "missed") == "cancelled", timeout_s=3,
+                         what="cancelled after resubscribing")
+        assert w.stats.cancelled == 1 and w._leases.renewed == 0
+
+
 async def test_cancel_before_launch_never_runs_the_handler(url: str, q: Queue) -> None:
     """A job handed back with its cancel recorded (its worker stopped while it ran) is ended
     by the next start without running."""
@@ -466,3 +515,66 @@ def test_make_job_cancel_requested_for_unit_tests() -> None:
 
     assert not make_job().cancel_requested
     assert make_job(cancel_requested=True).cancel_requested
+
+
+# ------------------------------------------------------------- under faults, with a ledger
+
+
+def test_cancelled_running_jobs_never_complete_or_retry_under_faults(
+        url: str, qname: str, r: redis.Redis, tmp_path: Path) -> None:
+    """Worker processes record every handler start and end in a ledger outside Redis. With one
+    worker SIGKILLed and one frozen (SIGSTOP) past the visibility timeout, every job is
+    cancelled while the others run or wait: each ends 'cancelled', no handler ever ends
+    (completes), nothing is retried or dead-lettered, and no job starts after its cancel was
+    requested (the events stream orders both, written inside the scripts). The frozen worker,
+    thawed, has its late outcomes fenced out."""
+    from test_faults import FAST, Procs, executions, read_ledger, registered, wait_until
+
+    procs = Procs(tmp_path)
+    q = Queue.from_url(url, qname, QueueConfig(event_kinds=frozenset(
+        {"started", "cancel_requested", "cancelled", "retrying", "failed", "completed"})))
+    keys = q.keys
+    cfg: dict[str, Any] = {"visibility_timeout_s": 1, "reclaim_interval_s": 0.2,
+                           "concurrency": 4, **FAST}
+    try:
+        for name in ("w-a", "w-b"):
+            procs.worker(url, qname, name, **cfg)
+        for name in ("w-a", "w-b"):
+            wait_until(lambda n=name: registered(r, keys, n), 15,  # type: ignore[misc]
+                       f"{name} is up", procs.diagnostics)
+        ids = [f"k{i}" for i in range(12)]
+        for j in ids:
+            q.enqueue("job", {"sleep": 60}, job_id=j)
+        wait_until(lambda: len(executions(procs.ledger)) >= 8, 15, "8 jobs running",
+                   procs.diagnostics)
+        procs.sigkill("w-a")
+        procs.signal("w-b", signal.SIGSTOP)
+        on_b = {x["job"] for x in read_ledger(procs.ledger) if x["consumer"] == "w-b"}
+        codes = collections.Counter(q.cancel(j).code for j in ids)
+        assert codes == {"cancel_requested": 8, "cancelled": 4}
+        procs.worker(url, qname, "w-c", **cfg)
+        wait_until(lambda: all(state(q, j) == "cancelled" for j in ids), 30,
+                   "every job cancelled", procs.diagnostics)
+        procs.signal("w-b", signal.SIGCONT)  # thawed: its outcomes come too late
+        wait_until(lambda: int(r.hget(keys.stats, "lease_lost") or 0) >= len(on_b), 15,
+                   "the frozen worker's outcomes fenced out", procs.diagnostics)
+        procs.stop(["w-b", "w-c"], 20)
+    finally:
+        procs.close()
+        q.close()
+    assert all(state(q, j) == "cancelled" for j in ids)
+    assert executions(procs.ledger, "end") == collections.Counter()  # nothing completed
+    evs: Any = r.xrange(keys.events)
+    asked: dict[str, bytes] = {}
+    for eid, f in evs:
+        job = f[b"job"].decode()
+        assert f[b"ev"] not in (b"retrying", b"failed", b"completed"), (job, f)
+        if f[b"ev"] == b"cancel_requested":
+            asked[job] = eid
+        elif f[b"ev"] == b"started":
+            assert job not in asked, f"{job} started after its cancel was requested"
+    assert len(asked) == 8
+    counters = r.hgetall(keys.stats)
+    assert int(counters[b"cancelled"]) == 12
+    assert b"retried" not in counters and b"failed" not in counters
+    assert r.xlen(keys.stream) == 0 and r.zcard(keys.delayed) == 0 and r.xlen(keys.dead) == 0
