@@ -340,6 +340,27 @@ async def test_handler_that_swallows_its_cancellation_still_ends_cancelled(
     assert q.result("af") == "fine"
 
 
+async def test_a_heard_cancel_of_an_earlier_job_of_that_id_does_not_stop_a_new_one(
+        url: str, q: Queue) -> None:
+    """A message for a job id this worker does not run is remembered a little while (its start
+    reply may still be on the way); a job of that id started later is stopped only when its
+    own record has the request."""
+    reg = Registry()
+
+    @reg.handler("quick")
+    async def quick(job: Job) -> str:
+        await asyncio.sleep(0.05)
+        return "ran"
+
+    async with Worker(url, [q.name], reg, fast()) as w:
+        assert w._cancels is not None
+        w._cancels.deliver(q.keys.tag, "reused")  # as if published for an earlier 'reused'
+        q.enqueue("quick", job_id="reused")
+        await eventually(lambda: state(q, "reused") == "completed", what="completed")
+        assert w.stats.cancelled == 0
+    assert q.result("reused") == "ran"
+
+
 async def test_requests_missed_while_unsubscribed_are_read_on_resubscribing(
         url: str, q: Queue, r: redis.Redis) -> None:
     """The subscriber's connection is killed and the request is recorded without a message

@@ -90,6 +90,7 @@ class CancelWatch:
         self._tags = {q.keys.cancel_channel: q.keys.tag for q in queues}
         self._leases = leases
         self._recent: dict[tuple[str, str], float] = {}
+        self._checks: set[asyncio.Task[None]] = set()
         self.loop = Supervised("cancel requests", log, outage=outage, max_backoff_s=1.0)
         ev_loop = asyncio.get_running_loop()
 
@@ -102,9 +103,19 @@ class CancelWatch:
         return asyncio.create_task(self.loop.run(self._listen, running))
 
     def launched(self, lease: Lease) -> None:
-        """A job starts on this worker: stop it at once if its cancel was already heard."""
+        """A job starts on this worker: if a cancel of its id was heard just before, ask its
+        record (the message may have been for an earlier job of that id) and stop it."""
         if self._recent.pop((lease.keys.tag, lease.job_id), None) is not None:
-            interrupt(lease)
+            task = asyncio.create_task(self._confirm(lease))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    async def _confirm(self, lease: Lease) -> None:
+        try:
+            if await self.client.hget(lease.keys.job(lease.job_id), "cx") is not None:
+                interrupt(lease)
+        except Exception as exc:  # noqa: BLE001 - the renewal reply tells it later
+            log.debug("job %s: cancel request not checked (%s)", lease.job_id, exc)
 
     def deliver(self, tag: str, job_id: str) -> None:
         found = False
