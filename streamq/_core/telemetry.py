@@ -41,6 +41,8 @@ RETRIED = _counter("retried", "attempts that failed and were scheduled for a ret
 FAILED = _counter("failed", "jobs dead-lettered")
 RECLAIMED = _counter("reclaimed", "entries taken over from a worker whose lease lapsed")
 LEASE_LOST = _counter("lease_lost", "results discarded because the lease had been taken over")
+CANCELLED = _counter("cancelled", "running jobs stopped by a requested cancel")
+RATE_LIMITED = _counter("rate_limited", "attempts that raised RateLimited (no attempt counted)")
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    120.0, 300.0, 600.0, 1800.0, 3600.0, 21600.0, 86400.0)
 """Bucket boundaries advised for the histograms (in seconds: the SDK's default boundaries,

@@ -111,11 +111,13 @@ class Settler:
             tel.COMPLETED.add(1, qs.labels)
         elif state == b"retrying" and item[3] == "later":  # RateLimited: no attempt counted
             self.stats.rate_limited += 1
+            tel.RATE_LIMITED.add(1, qs.labels)
         elif state == b"retrying":
             self.stats.retried += 1
             tel.RETRIED.add(1, qs.labels)
         elif state == b"cancelled":  # a cancel requested while it ran (cancel.py)
             self.stats.cancelled += 1
+            tel.CANCELLED.add(1, qs.labels)
         elif state == b"failed":  # (the attempt's failure is logged where it happened)
             self.stats.failed += 1
             tel.FAILED.add(1, qs.labels)
