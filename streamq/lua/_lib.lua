@@ -117,21 +117,24 @@ local function rec(jobkey, write, ...)
       end
     end
   end
-  local e
-  for i, f in ipairs(names) do
-    if f == 'e' then e = r[i] end
-  end
-  for i, f in ipairs(names) do
+  -- one pass (this runs once per job in start and finish: keep it lean)
+  local ie, ic
+  for i = 1, #names do
+    local f = names[i]
     if f == 's' then
-      if r[i] then r[i] = STATE_NAME[r[i]] or ('?' .. r[i]) end
+      local v = r[i]
+      if v then r[i] = STATE_NAME[v] or ('?' .. v) end
     elseif f == 'e' then
-      r[i] = dec_entry(r[i])
+      ie = i
     elseif f == 'x' then
       r[i] = r[i] or DEFAULT_TTL
-    elseif f == 'c' and not r[i] then
-      r[i] = entry_ms(e)
+    elseif f == 'c' then
+      ic = i
     end
   end
+  local e = ie and r[ie]
+  if ic and not r[ic] then r[ic] = entry_ms(e) end
+  if ie then r[ie] = dec_entry(e) end
   return r
 end
 
