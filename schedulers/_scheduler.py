@@ -371,13 +371,14 @@ class Scheduler:
                 pairs.append((eid.decode(), jid.decode(errors="replace")))
             if pairs:
                 args: list[Any] = [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
-                                   self.consumer]
+                                   self.consumer, cfg.group_arg]
                 for eid, jid in pairs:
                     args += [eid, jid]
                 res = await SCRIPTS["requeue"].run_async(
                     self._client,
                     [keys.stream, keys.dead, keys.stats, keys.events,
-                     *(keys.job(j) if j else keys.job("-") for _, j in pairs)], args)
+                     *(keys.job(j) if j else keys.job("-") for _, j in pairs),
+                     *keys.group_keys], args)
                 handed += sum(1 for x in res if x == b"requeued")
             if self._cursors[queue] == "0-0":
                 break

@@ -4,11 +4,19 @@ Public surface only; everything else lives in private modules. Errors: see ``_co
 (documented in ``docs/errors.md``).
 """
 
-from ._core.config import ALL_EVENTS, DEFAULT_EVENTS, QueueConfig, RetryPolicy, WorkerConfig
+from ._core.config import (
+    ALL_EVENTS,
+    DEFAULT_EVENTS,
+    GroupRate,
+    QueueConfig,
+    RetryPolicy,
+    WorkerConfig,
+)
 from ._core.errors import (
     ConnectionSetupError,
     Fail,
     InvalidArgument,
+    InvalidGroup,
     InvalidJobId,
     InvalidQueueName,
     JobFailed,
@@ -52,7 +60,9 @@ __all__ = [
     "Fail",
     "HandlerSpec",
     "ConnectionSetupError",
+    "GroupRate",
     "InvalidArgument",
+    "InvalidGroup",
     "InvalidJobId",
     "InvalidQueueName",
     "Job",

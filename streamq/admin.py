@@ -16,7 +16,7 @@ import redis.asyncio as aredis
 from redis.exceptions import MovedError, NoScriptError
 
 from ._core import nodes as _nodes
-from ._core.config import QueueConfig
+from ._core.config import GroupRate, QueueConfig
 from ._core.conn import (
     as_cluster_url,
     async_client,
@@ -32,9 +32,11 @@ from ._core.model import CancelResult, JobInfo
 from ._core.scripts import SCRIPTS
 from ._core.timeseries import Point
 from ._ops import browse as _browse
+from ._ops import groups as _groups
 from ._ops import operations as _ops
 from ._ops import shards as _sh
 from ._ops.browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
+from ._ops.groups import GroupInfo, GroupPage
 from ._ops.operations import (
     ConsumerInfo,
     DeadEntry,
@@ -248,6 +250,37 @@ class Admin:
     def resume(self, queue: str) -> None:
         drive(self.client, self.ops.set_paused(queue, False))
 
+    def groups(self, queue: str, *, cursor: str | None = None, limit: int = 100,
+               shard: int | None = None) -> GroupPage:
+        """Groups with waiting or in-flight jobs, by name, ``limit`` (<= 1000) a page; counts
+        summed over the shards (docs/fairness.md#groups)."""
+        return drive(self.client, self.ops.parts(queue, shard, lambda ps: _groups.groups(
+            ps, self.config, cursor=cursor, limit=limit)))
+
+    def group(self, queue: str, group: str) -> GroupInfo:
+        return drive(self.client, self.ops.parts(queue, None, lambda ps: _groups.group(
+            ps, self.config, group)))
+
+    def set_group_limit(self, queue: str, group: str, limit: int | None) -> None:
+        """Override a group's in-flight limit (None: back to QueueConfig.group_concurrency);
+        a raised limit admits waiting jobs at once, a lowered one pre-empts nothing."""
+        drive(self.client, self._set(queue, "limit", group, _groups.limit_arg(limit)))
+
+    def set_group_rate(self, queue: str, group: str, rate: GroupRate | None) -> None:
+        """Override a group's start rate (None: back to QueueConfig.group_rate)."""
+        drive(self.client, self._set(queue, "rate", group, _groups.rate_arg(rate)))
+
+    def pause_group(self, queue: str, group: str) -> None:
+        """Nothing of the group is admitted or started until resume_group; running jobs end."""
+        drive(self.client, self._set(queue, "pause", group, ""))
+
+    def resume_group(self, queue: str, group: str) -> None:
+        drive(self.client, self._set(queue, "resume", group, ""))
+
+    def _set(self, queue: str, op: str, group: str, value: str) -> _ops.Op[tuple[int, int, int]]:
+        return self.ops.parts(queue, None, lambda ps: _groups.set_group(
+            ps, self.config, op, group, value))
+
     def consumers(self, queue: str, *, shard: int | None = None) -> list[ConsumerInfo]:
         """Each shard's consumers (a worker is one consumer in every shard)."""
         return drive(self.client, self.ops.concat(queue, shard, _ops.consumers))
@@ -444,6 +477,32 @@ class AsyncAdmin:
 
     async def resume(self, queue: str) -> None:
         await self._run(queue, self.ops.set_paused(queue, False))
+
+    async def groups(self, queue: str, *, cursor: str | None = None, limit: int = 100,
+                     shard: int | None = None) -> GroupPage:
+        """As :meth:`Admin.groups`."""
+        return await self._run(queue, self.ops.parts(queue, shard, lambda ps: _groups.groups(
+            ps, self.config, cursor=cursor, limit=limit)))
+
+    async def group(self, queue: str, group: str) -> GroupInfo:
+        return await self._run(queue, self.ops.parts(queue, None, lambda ps: _groups.group(
+            ps, self.config, group)))
+
+    async def set_group_limit(self, queue: str, group: str, limit: int | None) -> None:
+        await self._run(queue, self._set(queue, "limit", group, _groups.limit_arg(limit)))
+
+    async def set_group_rate(self, queue: str, group: str, rate: GroupRate | None) -> None:
+        await self._run(queue, self._set(queue, "rate", group, _groups.rate_arg(rate)))
+
+    async def pause_group(self, queue: str, group: str) -> None:
+        await self._run(queue, self._set(queue, "pause", group, ""))
+
+    async def resume_group(self, queue: str, group: str) -> None:
+        await self._run(queue, self._set(queue, "resume", group, ""))
+
+    def _set(self, queue: str, op: str, group: str, value: str) -> _ops.Op[tuple[int, int, int]]:
+        return self.ops.parts(queue, None, lambda ps: _groups.set_group(
+            ps, self.config, op, group, value))
 
     async def consumers(self, queue: str, *, shard: int | None = None) -> list[ConsumerInfo]:
         return await self._run(queue, self.ops.concat(queue, shard, _ops.consumers))

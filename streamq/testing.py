@@ -122,8 +122,9 @@ async def _idle(client: Any, keys: Keys) -> bool:
     pipe.xlen(keys.stream)
     pipe.zcount(keys.delayed, "-inf", now_ms)
     pipe.xinfo_groups(keys.stream)
-    xlen, due, groups = await pipe.execute(raise_on_error=False)
-    if isinstance(xlen, Exception) or isinstance(due, Exception):
+    pipe.zcard(keys.group_parked)  # groups whose rate will admit waiting jobs soon
+    xlen, due, groups, parked = await pipe.execute(raise_on_error=False)
+    if isinstance(xlen, Exception) or isinstance(due, Exception) or parked:
         return False
     pending = 0
     if not isinstance(groups, Exception):

@@ -24,7 +24,8 @@ from streamq._core.server import RedisServer
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = ("index.md", "getting-started.md", "delivery-semantics.md", "errors.md", "key-layout.md",
-         "scheduling.md", "operations.md", "testing.md", "fastapi.md", "scaling.md")
+         "scheduling.md", "operations.md", "testing.md", "fastapi.md", "scaling.md",
+         "fairness.md")
 NOT_RUN = "# not run"
 FILE = "# file: "
 """A block that is a file of an example project: written out and run with pytest."""
@@ -153,7 +154,7 @@ def test_every_key_is_documented() -> None:
     placeholders = {"job_id": "<id>", "consumer": "<consumer>", "tag": "<tag>"}
     for name, member in inspect.getmembers(streamq.Keys):
         if name.startswith("_") or name in ("base", "queue", "prefix", "shard", "tag",
-                                            "of_shard", "for_job"):  # not key names
+                                            "of_shard", "for_job", "group_keys"):  # not key names
             continue
         if isinstance(member, property):
             key = getattr(keys, name)

@@ -420,7 +420,7 @@ def test_a_repeated_finish_after_its_retry_was_promoted_is_not_lost(q: Queue, r:
     keys = [k.stream, k.delayed, k.dead, k.stats, k.events, k.job("j")]
     assert SCRIPTS["finish"](r, keys, call) == [b"retrying"]
     SCRIPTS["promote"](r, [k.delayed, k.stream, k.dead, k.stats, k.events, k.job("j")],
-                       [100, 3600, 1000, "j"])
+                       [100, 3600, 1000, "1 0 0", "j"])
     assert field(r, k.job("j"), "state") == b"queued"
     assert SCRIPTS["finish"](r, keys, call) == [b"retrying"]  # the reply was lost: sent again
     r.xreadgroup(GROUP, "B", {k.stream: ">"}, count=1)  # and even once it started again
@@ -461,7 +461,7 @@ def test_a_sweep_dead_letters_a_malformed_entry_as_malformed(q: Queue, r: redis.
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     entry = r.xadd(k.stream, {"junk": "x"}).decode()  # type: ignore[union-attr]
     r.xreadgroup(GROUP, "gone", {k.stream: ">"}, count=1)
-    args = [GROUP, 100, 3600, 1000, "sweeper", entry, ""]
+    args = [GROUP, 100, 3600, 1000, "sweeper", "1 0 0", entry, ""]
     keys = [k.stream, k.dead, k.stats, k.events, k.job("-")]
     SCRIPTS["requeue"](r, keys, args)
     SCRIPTS["requeue"](r, keys, args)  # repeated: writes nothing more

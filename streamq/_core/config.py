@@ -73,6 +73,26 @@ def _event_kinds(_inst: object, att: attrs.Attribute[frozenset[str]], v: frozens
                               f" {', '.join(EVENT_KINDS)}")
 
 
+def _optional_rate(_inst: object, att: attrs.Attribute[GroupRate | None], v: object) -> None:
+    if v is not None and not isinstance(v, GroupRate):
+        raise InvalidArgument(f"{att.name} must be a GroupRate or None, got {v!r}")
+
+
+@attrs.frozen
+class GroupRate:
+    """At most ``limit`` starts per ``period_s`` seconds (GCRA without burst: starts are
+    spaced at least period_s / limit apart, so no window of period_s ever holds more than
+    ``limit`` starts)."""
+
+    limit: int = attrs.field(validator=_positive_int)
+    period_s: float = attrs.field(default=1.0, validator=_positive_seconds)
+
+    @property
+    def arg(self) -> str:
+        """'<n> <period ms>', as the scripts and the group config HASH keep it."""
+        return f"{self.limit} {max(1, round(self.period_s * 1000))}"
+
+
 @attrs.frozen
 class QueueConfig:
     """Settings shared by producers and workers of a queue (keep them the same on both sides)."""
@@ -109,7 +129,21 @@ class QueueConfig:
     1 is the unsharded layout. Stored with the queue by its first user; every producer,
     worker, scheduler and admin must use the same number (else ShardCountMismatch). See
     docs/scaling.md#sharded-queues."""
+    group_concurrency: int = attrs.field(default=1, validator=_positive_int)
+    """Default in-flight limit (admitted to the stream + running) of each group of jobs
+    enqueued with ``group=``; per-group overrides are set at run time
+    (``Admin.set_group_limit``) and stored in Redis. Per shard on a sharded queue.
+    docs/fairness.md#groups."""
+    group_rate: GroupRate | None = attrs.field(default=None, validator=_optional_rate)
+    """Default start rate of each group (None: unlimited); overrides with
+    ``Admin.set_group_rate``. docs/fairness.md#group-rate-limits."""
 
+
+    @property
+    def group_arg(self) -> str:
+        """The scripts' group defaults argument: '<limit> <rate n> <rate period ms>'."""
+        rate = self.group_rate.arg if self.group_rate is not None else "0 0"
+        return f"{self.group_concurrency} {rate}"
 
     @property
     def events_arg(self) -> str:
@@ -170,6 +204,9 @@ class WorkerConfig:
     """Promote due delayed/retry jobs from this worker (on unless a scheduler daemon does it)."""
     trace_parent: bool = True
     """Parent each attempt's span on the producer's span (True) or only link to it (False)."""
+    group_reconcile_interval_s: float = attrs.field(default=30.0, validator=_positive_seconds)
+    """How often the worker re-checks its queues' group slots against the job records and
+    frees leaked ones (docs/fairness.md#reconcile)."""
     gauges_interval_s: float = attrs.field(default=10.0, validator=_positive_seconds)
     """Queue gauges (ready, pending, ...) are re-read at most this often, and only while a
     metrics reader is collecting them."""

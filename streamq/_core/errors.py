@@ -29,6 +29,10 @@ class InvalidQueueName(InvalidArgument):
     """A queue name is empty, too long, or has characters outside the allowed set."""
 
 
+class InvalidGroup(InvalidArgument):
+    """A group name is empty, too long, or has characters outside the allowed set."""
+
+
 class PayloadTooLarge(InvalidArgument):
     """The serialised job envelope is larger than the queue's ``max_payload_bytes``."""
 

@@ -17,10 +17,11 @@ import zlib
 
 import attrs
 
-from .errors import InvalidArgument, InvalidJobId, InvalidQueueName
+from .errors import InvalidArgument, InvalidGroup, InvalidJobId, InvalidQueueName
 
 _QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,127}")
 _JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=#-]{0,199}")
+_GROUP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,63}")
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 MAX_SHARDS = 256
@@ -49,6 +50,18 @@ def check_job_id(job_id: str) -> str:
             " starting with a letter or digit"
         )
     return job_id
+
+
+def check_group(group: str) -> str:
+    """A group name (``enqueue(group=...)``): 1-64 characters of A-Z a-z 0-9 . _ : @ / + = -,
+    starting with a letter or digit. No space: the group scripts keep '<group> <id>' members
+    in one sorted set per shard and find a group's members by the prefix '<group> '."""
+    if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
+        raise InvalidGroup(
+            f"invalid group {group!r}: 1-64 characters of A-Z a-z 0-9 . _ : @ / + = -,"
+            " starting with a letter or digit"
+        )
+    return group
 
 
 def queues_key(prefix: str = "streamq") -> str:
@@ -170,6 +183,47 @@ class Keys:
     def series_hours(self) -> str:
         """HASH: epoch hour -> that hour's outcomes (JSON), kept 30 days."""
         return f"{self.base}:ts:h"
+
+    # Groups (docs/fairness.md). Six keys per shard, whatever the number of groups: the
+    # scripts take them in KEYS (group_keys, in this order) and never name a group's key.
+    @property
+    def group_wait(self) -> str:
+        """ZSET (all scores 0): '<group> <seq, 16 digits><job id>' per grouped job waiting
+        for a slot; a group's members sort together, in FIFO order (its wait list)."""
+        return f"{self.base}:g:wait"
+
+    @property
+    def group_inflight(self) -> str:
+        """ZSET (all scores 0): '<group> <job id>' per grouped job holding a slot (admitted
+        to the stream, or running); a group's in-flight count is a ZLEXCOUNT."""
+        return f"{self.base}:g:fl"
+
+    @property
+    def group_index(self) -> str:
+        """ZSET (all scores 0) of groups that have waiting or in-flight jobs (listing)."""
+        return f"{self.base}:g:idx"
+
+    @property
+    def group_config(self) -> str:
+        """HASH: 'l:<group>' limit, 'r:<group>' rate '<n> <period ms>', 'p:<group>' paused;
+        ' t' / ' h' the wait list's tail / head sequence counters."""
+        return f"{self.base}:g:cfg"
+
+    @property
+    def group_tat(self) -> str:
+        """ZSET: group -> its rate limiter's theoretical arrival time (GCRA), ms."""
+        return f"{self.base}:g:tat"
+
+    @property
+    def group_parked(self) -> str:
+        """ZSET: group -> the time (ms) it may admit again (held back by its rate)."""
+        return f"{self.base}:g:parked"
+
+    @property
+    def group_keys(self) -> list[str]:
+        """The six group keys, in the order every script takes them (_lib.lua's gctx)."""
+        return [self.group_wait, self.group_inflight, self.group_index, self.group_config,
+                self.group_tat, self.group_parked]
 
     def worker_info(self, consumer: str) -> str:
         return f"{self.base}:worker:{consumer}"

@@ -257,6 +257,8 @@ class JobInfo:
     """The latest ``job.progress(...)`` value reported by a handler, None if none."""
     logs: list[dict[str, Any]] = attrs.field(factory=list)
     """Lines from ``job.log(...)``, oldest first (the last 100): ``{"n", "t" (ms), "m"}``."""
+    group: str | None = None
+    """The job's group (``enqueue(group=...)``), None when it has none."""
 
     @property
     def finished(self) -> bool:
@@ -392,7 +394,7 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
         enqueued_at=_ms_to_dt(enqueued), due_at=_ms_to_dt(h.get(b"due")),
         started_at=_ms_to_dt(h.get(b"a")), finished_at=_ms_to_dt(h.get(b"f")),
         owner=s("o") or None, result=result, error=error, reason=s("reason"),
-        envelope=env,
+        envelope=env, group=s("g") or None,
     )
 
 

@@ -23,7 +23,8 @@ from .errors import ScriptError
 Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
-          "prune", "fire", "requeue", "redrive", "purge", "progress", "claim")
+          "prune", "fire", "requeue", "redrive", "purge", "progress", "claim", "unpark",
+          "reconcile", "group")
 
 
 _pack: Any

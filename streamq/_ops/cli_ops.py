@@ -22,6 +22,8 @@ from .._producer.queue import Queue
 from ..admin import Admin, DeadFilter, drive
 from . import operations as _ops
 from . import shards as _shards
+from .cli_groups import add_parser as _add_groups
+from .cli_groups import cmd_groups
 from .queues import check_queue, forget
 
 
@@ -413,7 +415,7 @@ COMMANDS: dict[str, Callable[[Ctx], None]] = {
     "stats": cmd_stats, "pending": cmd_pending, "job": cmd_job, "dead": cmd_dead,
     "requeue": cmd_requeue, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause,
     "consumers": cmd_consumers, "purge": cmd_purge, "enqueue": cmd_enqueue,
-    "queues": cmd_queues, "cron": cmd_cron,
+    "queues": cmd_queues, "cron": cmd_cron, "groups": cmd_groups,
 }
 
 
@@ -489,6 +491,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("queue", nargs="?")
     p.add_argument("--force", action="store_true",
                    help="forget even while the queue has jobs or live workers")
+    _add_groups(sub, common)
     p = sub.add_parser("cron", parents=[common],
                        help="cron entries of the scheduler: schedule, last and next fire")
     p.add_argument("action", choices=["list"])

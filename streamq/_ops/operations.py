@@ -89,13 +89,21 @@ class QueueStats:
     oldest_ready_age_s: float | None
     counters: dict[str, int]
     """Lifetime counters: enqueued, started, completed, retried, failed, reclaimed, ..."""
+    group_waiting: int = 0
+    """Grouped jobs waiting for a slot of their group (not in the stream: not in ready)."""
+    group_in_flight: int = 0
+    """Grouped jobs holding a slot (in ready or pending)."""
+    groups: int = 0
+    """Groups with waiting or in-flight jobs (per shard: summed over shards)."""
 
 
 def stats(keys: Keys, worker_alive_ms: int = 30_000) -> Op[QueueStats]:
     r = yield [Cmd.of("TIME"), Cmd.of("XLEN", keys.stream), Cmd.of("XINFO", "GROUPS", keys.stream),
                Cmd.of("ZCARD", keys.delayed), Cmd.of("XLEN", keys.dead),
                Cmd.of("HGETALL", keys.stats), Cmd.of("EXISTS", keys.paused),
-               Cmd.of("EXISTS", keys.stream, keys.delayed, keys.dead, keys.stats)]
+               Cmd.of("EXISTS", keys.stream, keys.delayed, keys.dead, keys.stats),
+               Cmd.of("ZCARD", keys.group_wait), Cmd.of("ZCARD", keys.group_inflight),
+               Cmd.of("ZCARD", keys.group_index)]
     if not ok(r[7]):
         raise UnknownQueue(f"queue {keys.queue!r} does not exist (no keys under {keys.base})")
     now = _server_ms(ok(r[0]))
@@ -118,7 +126,8 @@ def stats(keys: Keys, worker_alive_ms: int = 30_000) -> Op[QueueStats]:
         queue=keys.queue, ready=max(0, xlen - pending), pending=pending,
         scheduled=max(0, delayed - retrying), retrying=min(retrying, delayed), dead=dead,
         consumers=consumers, workers_alive=int(ok(r2[1])), paused=bool(ok(r[6])),
-        oldest_ready_age_s=age, counters=counters)
+        oldest_ready_age_s=age, counters=counters, group_waiting=int(ok(r[8])),
+        group_in_flight=int(ok(r[9])), groups=int(ok(r[10])))
 
 
 # ------------------------------------------------------------------ pending
@@ -207,9 +216,9 @@ def requeue(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
     if state not in ("active", "queued") or not entry:
         return f"not requeued: job is {state}"
     (res,) = yield [Call("requeue", [keys.stream, keys.dead, keys.stats, keys.events,
-                                     keys.job(job_id)],
+                                     keys.job(job_id), *keys.group_keys],
                          [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, who,
-                          _s(entry), job_id])]
+                          cfg.group_arg, _s(entry), job_id])]
     return _s(ok(res)[0])
 
 
@@ -280,11 +289,12 @@ def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
     outcome: dict[str, int] = {}
     for i in range(0, len(entries), PAGE):
         part = entries[i:i + PAGE]
-        args: list[Arg] = [cfg.events_arg, who]
+        args: list[Arg] = [cfg.events_arg, who, cfg.group_arg]
         for e in part:
             args += [e.dead_id, e.job_id]
         (res,) = yield [Call("redrive", [keys.stream, keys.dead, keys.stats, keys.events,
-                                         *(keys.job(e.job_id or "-") for e in part)], args)]
+                                         *(keys.job(e.job_id or "-") for e in part),
+                                         *keys.group_keys], args)]
         for x in ok(res):
             outcome[_s(x)] = outcome.get(_s(x), 0) + 1
     return outcome

@@ -92,7 +92,8 @@ def stats(parts: Sequence[Keys]) -> Op[QueueStats]:
         consumers=max(s.consumers for s in found),
         workers_alive=max(s.workers_alive for s in found),
         paused=any(s.paused for s in found), oldest_ready_age_s=max(ages) if ages else None,
-        counters=counters)
+        counters=counters, group_waiting=total("group_waiting"),
+        group_in_flight=total("group_in_flight"), groups=total("groups"))
 
 
 def _cursor(parts: Sequence[Keys], cursor: str | None) -> tuple[int, str | None]:

@@ -24,7 +24,7 @@ from .._core.errors import (
     ResultNotReady,
     SerializationError,
 )
-from .._core.keys import GROUP, Keys, check_job_id, notify_allowed
+from .._core.keys import GROUP, Keys, check_group, check_job_id, notify_allowed
 from .._core.model import (
     TERMINAL,
     CancelResult,
@@ -42,7 +42,7 @@ MAX_BATCH = 1000
 """Jobs per enqueue script call (loops are capped)."""
 
 ENQUEUE_KEYS = ("type", "payload", "job_id", "delay", "run_at", "deadline", "max_attempts",
-                "result_ttl", "idempotency_key", "headers", "version")
+                "result_ttl", "idempotency_key", "headers", "version", "group")
 
 
 MAX_SECONDS = 100 * 365 * 24 * 3600
@@ -96,6 +96,8 @@ class Prepared(NamedTuple):  # a plain tuple: one per job on the enqueue hot pat
     args: tuple[Arg, ...]
     shard: int = 0
     """The queue shard the job goes to (keys.shard_of its id)."""
+    group: str = ""
+    """The job's group ('' = none): docs/fairness.md#groups."""
 
 
 def prepare(
@@ -115,6 +117,7 @@ def prepare(
     version: int = 1,
     trace: Mapping[str, str] | None = None,
     notify: str = "",
+    group: str | None = None,
 ) -> Prepared:
     """Validate one job and build its slice of enqueue.lua's arguments. Raises InvalidArgument."""
     if type(job_type) is not str or job_type not in _TYPES_SEEN:
@@ -163,8 +166,9 @@ def prepare(
     except SerializationError as exc:
         raise _in_payload(exc) from exc
     opts = cfg.serde.dumps(options) if options else b""
-    return _sealed(keys, cfg, jid, job_type, data, opts, (attempts, ttl_s, deadline_arg,
-                                                          delay_ms, run_at_ms, notify))
+    p = _sealed(keys, cfg, jid, job_type, data, opts, (attempts, ttl_s, deadline_arg,
+                                                       delay_ms, run_at_ms, notify))
+    return p if group is None else p._replace(group=check_group(group))
 
 
 def _in_payload(exc: SerializationError) -> SerializationError:
@@ -300,6 +304,10 @@ def enqueue_call(
         for p, tag in zip(batch, tags, strict=True):
             args.extend(p.args)
             args.append(tag)
+    if any(p.group for p in batch):  # only then: an ungrouped batch is sent as before
+        k.extend(keys.group_keys)
+        args.append(cfg.group_arg)
+        args.extend(p.group for p in batch)
     return k, args
 
 
@@ -360,8 +368,9 @@ def single(queue: str, results: list[EnqueueResult]) -> EnqueueResult:
 def cancel_call(keys: Keys, cfg: QueueConfig, job_id: str) -> tuple[list[str], list[Arg]]:
     check_job_id(job_id)
     keys = keys.for_job(job_id, cfg.shards)
-    return ([keys.job(job_id), keys.stream, keys.delayed, keys.stats, keys.events],
-            [GROUP, job_id, cfg.events_arg, keys.cancel_channel])
+    return ([keys.job(job_id), keys.stream, keys.delayed, keys.stats, keys.events,
+             *keys.group_keys],
+            [GROUP, job_id, cfg.events_arg, keys.cancel_channel, cfg.group_arg])
 
 
 def parse_cancel(job_id: str, reply: list[bytes], *, retried: bool) -> CancelResult:

@@ -302,13 +302,15 @@ def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[st
     args.append(len(bad))
     for eid, desc in bad:
         args += [eid, desc]
+    keys += k.group_keys  # a grouped job starts through its group's gate
+    args.append(cfg.group_arg)
     return keys, args
 
 
 def claim_call(k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str, first: int, n: int
                ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of one claim.lua call: up to n entries, tokens from number first on."""
-    keys = [k.dead, k.stats, k.events, k.paused, k.stream]
+    keys = [k.dead, k.stats, k.events, k.paused, k.stream, *k.group_keys]
     args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
-                       k.job(""), token_prefix, first, n, n]
+                       k.job(""), token_prefix, first, n, n, cfg.group_arg]
     return keys, args

@@ -57,6 +57,8 @@ class Housekeeper:
         if self.config.promote:  # one loop per queue: one queue's failure stalls no other
             steps.extend((f"promotion on {qs.keys.tag}", self._promote_step(qs))
                          for qs in self.queues)
+        steps.extend((f"groups on {qs.keys.tag}", self._groups_step(qs)) for qs in self.queues
+                     if qs.groups is not None)
         out = []
         for name, step in steps:
             # cheap calls: back off at most a second, so they resume soon after Redis does
@@ -147,6 +149,16 @@ class Housekeeper:
         for name in out:
             log.info("pruned dead worker %s from %s", name, keys.queue)
         return out
+
+    def _groups_step(self, qs: QState) -> Callable[[], Any]:
+        keeper = qs.groups
+        assert keeper is not None
+        every = self.config.promote_interval_s
+
+        async def step() -> float:
+            return await keeper.step(self.client, every)
+
+        return step
 
     def _promote_step(self, qs: QState) -> Callable[[], Any]:
         promoter = qs.promoter

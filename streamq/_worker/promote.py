@@ -74,9 +74,11 @@ class Promoter:
                 return 0, True
         keys = [k.delayed, k.stream, k.dead, k.stats, k.events]
         keys.extend(k.job(i) for i in names)
+        keys.extend(k.group_keys)
         cfg = self.config
         moved, now, next_due = await SCRIPTS["promote"].run_async(
-            client, keys, [cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, *names])
+            client, keys, [cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, cfg.group_arg,
+                           *names])
         self._observe(now)
         self.next_due_ms = int(next_due)
         return int(moved), len(ids) == BATCH

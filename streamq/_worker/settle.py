@@ -82,6 +82,8 @@ class Settler:
                            k.wake_channel, len(batch)]
         for b in batch:
             args.extend(b)
+        keys += k.group_keys  # a settled grouped job frees its group's slot
+        args.append(cfg.group_arg)
         (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
                                                 [(keys, args)], cfg)  # min_replicas: + WAIT
         del qs.buf[:len(batch)]

@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 
 from .._core.keys import Keys
+from .groups import GroupKeeper
 from .promote import Promoter
 
 Finish = tuple[str, str, str, str, bytes, Any, str]
@@ -31,6 +32,8 @@ class QState:
     idle: bool = False
     """The last claim found the stream drained: wait with a blocking read (fetch.py)."""
     promoter: Promoter | None = None
+    groups: GroupKeeper | None = None
+    """Group upkeep of this shard (unpark, reconcile)."""
     starting: set[asyncio.Task[None]] = attrs.field(factory=set)
     """start.lua calls in flight: the fetch loop reads on while a batch starts."""
     labels: dict[str, str] = attrs.field(factory=dict)

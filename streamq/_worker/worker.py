@@ -36,6 +36,7 @@ from .._ops.shards import check as _check_shards
 from .attempt import Attempts
 from .cancel import CancelWatch
 from .fetch import Fetching
+from .groups import GroupKeeper
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
 from .lease import Lease, LeaseKeeper
@@ -202,6 +203,8 @@ class Worker(Fetching):
         self._token_prefix = secrets.token_hex(5)  # a start of an earlier run is not ours
         for qs in queues:
             qs.promoter = Promoter(qs.keys, self.queue_config) if self.config.promote else None
+            qs.groups = GroupKeeper(qs.keys, self.queue_config,
+                                    self.config.group_reconcile_interval_s)
             qs.own_cursor = "0"
         self._running = True
         self._settling = True

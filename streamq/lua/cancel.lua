@@ -12,16 +12,22 @@
 -- KEYS[3]   delayed ZSET
 -- KEYS[4]   stats HASH
 -- KEYS[5]   events STREAM
+-- KEYS[6..11] the group keys (Keys.group_keys; optional)
 -- ARGV[1]   consumer group
 -- ARGV[2]   job id
 -- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[4]   cancel channel of the job's shard (pub/sub; absent or '' = an older caller:
 --           running jobs are not cancellable)
+-- ARGV[5]   group defaults (QueueConfig.group_arg), with the group keys
+-- A grouped job leaves its group's wait list, or frees its slot (admitting the next one); a
+-- running one frees its slot when it settles.
 -- Returns {code, state}: code 'cancelled' | 'cancel_requested' | 'not_found' |
 --           'not_cancellable'; state is the state the job was in.
 local jobkey, stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, id, events_maxlen, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or ''
-local r = rec(jobkey, false, 's', 'e', 'x', 'notify', 'cx')
+local r = rec(jobkey, false, 's', 'e', 'x', 'notify', 'cx', 'g', 'gw')
+local G = gctx(KEYS, 6, ARGV[5])
+local g = G and r[6] or nil
 local state = r[1]
 if not state then return {'not_found', ''} end
 if state == 'active' and channel ~= '' then
@@ -38,6 +44,8 @@ if state == 'scheduled' or state == 'retrying' then
   if state == 'retrying' then redis.call('HINCRBY', stats, 'retrying_now', -1) end
 elseif state == 'queued' then
   ack_del(stream, group, r[2])
+  -- waiting: off the wait list; admitted (its entry, if not yet adopted, is a ghost now)
+  if g and not (r[7] and g_unwait(G, g, id, r[7])) then g_release(G, g, id, stream, now_ms()) end
 else
   return {'not_cancellable', state}
 end

@@ -19,6 +19,8 @@
 -- KEYS[3]   events STREAM
 -- KEYS[4]   pause flag (STRING; exists while the queue is paused)
 -- KEYS[4+l] ready stream of level l (l = 1..L), in the order of reading
+-- KEYS[5+L .. 10+L] the group keys (Keys.group_keys): grouped jobs start through their
+--           group's gate (_lib.lua's start_entry, g_gate)
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name
 -- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)
@@ -29,6 +31,7 @@
 -- ARGV[8]   first token number
 -- ARGV[9]   N, at most this many entries in all
 -- ARGV[9+l] level l's share of N
+-- ARGV[10+L] group defaults (QueueConfig.group_arg)
 -- Returns a flat array: status ('ok' | 'paused'), levels without the consumer group (their
 --           numbers, comma separated; '' = none), then 10 per entry read: level, stream
 --           entry id, job id ('' for a malformed entry), code ('run' | 'skip' | 'dead' |
@@ -43,7 +46,8 @@ if redis.call('EXISTS', KEYS[4]) == 1 then return {'paused', ''} end
 local prefix, tokens = ARGV[6], ARGV[7]
 local next_token = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
-local levels = #KEYS - 4
+local levels = #KEYS - 10
+c.G = gctx(KEYS, 5 + levels, ARGV[10 + levels])
 local out = {'ok', ''}
 -- A job id must be UTF-8 (as the worker decodes ids of entries it reads itself)
 local function utf8_ok(s)

@@ -10,6 +10,7 @@
 -- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   max queue depth, ready + in flight + delayed (0 = unlimited)
 -- ARGV[3]   wake channel published when a delayed job becomes the earliest ('' = none)
+-- KEYS[5+N .. 10+N] the group keys (Keys.group_keys), only when a job of the batch has a group
 -- ARGV[4]   N, the number of jobs
 -- ARGV[5 + 10*(i-1) ..] per job i: id, options (serialised; '' = all default), body
 --           ('<type> <serialised payload>'), max_attempts, result_ttl_s,
@@ -17,6 +18,9 @@
 --           delay_ms, run_at_ms (0 = none), notify channel ('' = none), writer tag ('' =
 --           none; Spark rows: '<run>:<partition>:<task attempt id>:<row offset>', stored as
 --           the record's 'w' field; _lib.lua's writer_mine)
+-- ARGV[5+10*N]     group defaults (QueueConfig.group_arg), then ARGV[5+10*N+i] the group of
+--           job i ('' = none): only with the group keys. A ready grouped job is admitted to
+--           the stream or waits for a slot of its group (_lib.lua's g_enter).
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
 --           (queued|scheduled|full); 5 for a duplicate: 'duplicate', its state, result
 --           ('' unless completed), error ('' unless failed), mine: 1 when this very row
@@ -30,9 +34,11 @@ local wake = ARGV[3]
 local n = tonumber(ARGV[4])
 local now = now_ms()
 local out = {}
+local G = gctx(KEYS, 5 + n, ARGV[5 + 10 * n])
 local depth = -1
 if max_depth > 0 then
   depth = redis.call('XLEN', stream) + redis.call('ZCARD', delayed)
+  if G then depth = depth + redis.call('ZCARD', G.wait) end
 end
 local enqueued, duplicates, rejected = 0, 0, 0
 -- Every key is checked before anything is written: a key of the wrong type (overwritten by
@@ -66,7 +72,7 @@ for i = 1, n do
   local jobkey = KEYS[4 + i]
   local status, state, result, err, mine = accept(jobkey, stream, delayed, events,
     events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
-    none_exist and not seen[jobkey], ARGV[b + 9])
+    none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i])
   seen[jobkey] = true
   if status == 'duplicate' then
     duplicates = duplicates + 1

@@ -18,6 +18,7 @@
 -- ARGV[3]   dead-letter retention in seconds
 -- ARGV[4]   dead stream max length
 -- ARGV[5]   wake channel ('' = none)
+-- KEYS[6+N .. 11+N] the group keys (Keys.group_keys; absent: no group slot is freed)
 -- ARGV[6]   N, the number of attempts
 -- ARGV[7 + 7*(i-1) ..] per attempt i: job id, stream entry id, lease token,
 --           outcome ('ok' | 'retry' | 'dead' | 'later' | 'cancel'), data (result for ok,
@@ -28,6 +29,9 @@
 --           handler for a requested cancel. Once a cancel was requested ('cx' in the record,
 --           cancel.lua) every outcome but 'ok' ends the job 'cancelled' (never retried, never
 --           dead-lettered); 'ok' wins when it arrives (the job finished first).
+-- ARGV[7 + 7*N] group defaults (QueueConfig.group_arg), with the group keys
+-- An applied outcome of a grouped job (record 'g') frees its slot and admits its group's next
+-- waiting job(s) (_lib.lua's g_release; a repeat frees nothing more).
 -- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed' |
 --           'cancelled') or 'lost'.
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -38,12 +42,13 @@ local now = now_ms()
 local out = {}
 local completed, retried, failed, lost, cancelled, limited = 0, 0, 0, 0, 0, 0
 local settled = {}  -- acknowledged and deleted with one XACK and one XDEL after the loop
+local G = gctx(KEYS, 6 + n, ARGV[7 + 7 * n])
 for i = 1, n do
   local b = 7 + 7 * (i - 1)
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
-  local r = rec(jobkey, false, 's', 'k', 'n', 'max_attempts', 'x', 'notify', 'ft', 'cx')
+  local r = rec(jobkey, false, 's', 'k', 'n', 'max_attempts', 'x', 'notify', 'ft', 'cx', 'g')
   local state, cur = r[1], r[2]
   if r.err or not state then  -- (a corrupted record is settled by a reclaim)
     lost = lost + 1
@@ -112,6 +117,7 @@ for i = 1, n do
       failed = failed + 1
       out[i] = 'failed'
     end
+    if G and r[9] then g_release(G, r[9], id, stream, now) end
   end
 end
 if #settled > 0 then

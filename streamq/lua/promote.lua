@@ -8,26 +8,35 @@
 -- KEYS[3]   dead STREAM (for ids whose job record is missing)
 -- KEYS[4]   stats HASH
 -- KEYS[5]   events STREAM
--- KEYS[5+i] job record HASH of candidate i
+-- KEYS[5+i] job record HASH of candidate i (i = 1..N)
+-- KEYS[6+N .. 11+N] the group keys (Keys.group_keys): a grouped job is admitted to the
+--           stream or waits for a slot of its group (_lib.lua's g_enter)
 -- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   dead-letter retention in seconds
 -- ARGV[3]   dead stream max length
--- ARGV[4..] candidate job ids, in the same order as KEYS[6..]
+-- ARGV[4]   group defaults (QueueConfig.group_arg)
+-- ARGV[5..] the N candidate job ids, in the same order as KEYS[6..]
 -- Returns {moved, server now ms, next due ms or -1}
 local delayed, stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local events_maxlen, dead_ttl, dead_maxlen = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local moved, missing, retries = 0, 0, 0
-for i = 4, #ARGV do
+local G = gctx(KEYS, 2 + #ARGV, ARGV[4])
+for i = 5, #ARGV do
   local id = ARGV[i]
-  local jobkey = KEYS[i + 2]
+  local jobkey = KEYS[i + 1]
   local score = redis.call('ZSCORE', delayed, id)
   if score and tonumber(score) <= now then
     redis.call('ZREM', delayed, id)
-    local state = rec(jobkey, true, 's')
-    state = not state.err and state[1] or nil  -- corrupted: as missing
+    local r = rec(jobkey, true, 's', 'g')
+    local state = not r.err and r[1] or nil  -- corrupted: as missing
     if state == 'retrying' then retries = retries + 1 end
-    if state == 'scheduled' or state == 'retrying' then
+    if state and G and r[2] and (state == 'scheduled' or state == 'retrying') then
+      local entry = g_enter(G, r[2], id, jobkey, stream, now)
+      if entry then set_entry(jobkey, 'queued', entry) end
+      emit(events, events_maxlen, id, 'queued', now, state)
+      moved = moved + 1
+    elseif state == 'scheduled' or state == 'retrying' then
       set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
       emit(events, events_maxlen, id, 'queued', now, state)
       moved = moved + 1

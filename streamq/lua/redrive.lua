@@ -8,9 +8,12 @@
 -- KEYS[3]   stats HASH
 -- KEYS[4]   events STREAM
 -- KEYS[4+i] job record HASH of dead entry i (i = 1..N)
+-- KEYS[5+N .. 10+N] the group keys (Keys.group_keys): a grouped job re-enters its group
+--           (admitted or waiting: _lib.lua's g_enter)
 -- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   who re-drives (recorded in the event)
--- ARGV[3..] per dead entry i: dead entry id, job id (pairs)
+-- ARGV[3]   group defaults (QueueConfig.group_arg)
+-- ARGV[4..] per dead entry i: dead entry id, job id (pairs)
 -- Returns per entry: 'redriven' | 'gone' (entry no longer in the dead stream) | 'missing'
 --           (record expired: entry removed) | 'not_failed' (job is in another state: entry
 --           removed) | 'not_a_job' (a malformed-entry record: kept for inspection)
@@ -19,9 +22,10 @@ local events_maxlen, who = ARGV[1], ARGV[2]
 local now = now_ms()
 local out = {}
 local redriven = 0
-local n = (#ARGV - 2) / 2
+local n = (#ARGV - 3) / 2
+local G = gctx(KEYS, 5 + n, ARGV[3])
 for i = 1, n do
-  local dead_id, id = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
+  local dead_id, id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
   local jobkey = KEYS[4 + i]
   if #redis.call('XRANGE', dead, dead_id, dead_id) == 0 then
     out[i] = 'gone'
@@ -29,7 +33,8 @@ for i = 1, n do
     out[i] = 'not_a_job'
   else
     redis.call('XDEL', dead, dead_id)
-    local state = rec(jobkey, true, 's')[1]
+    local r = rec(jobkey, true, 's', 'g')
+    local state = r[1]
     if not state then
       out[i] = 'missing'
     elseif state ~= 'failed' then
@@ -37,7 +42,12 @@ for i = 1, n do
     else
       redis.call('PERSIST', jobkey)
       redis.call('HDEL', jobkey, 'reason', 'f', 'o', 'r', 'k', 'n')
-      set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+      if G and r[2] then
+        local entry = g_enter(G, r[2], id, jobkey, stream, now)
+        if entry then set_entry(jobkey, 'queued', entry) end
+      else
+        set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+      end
       emit(events, events_maxlen, id, 'redriven', now, who)
       redriven = redriven + 1
       out[i] = 'redriven'

@@ -11,8 +11,11 @@
 -- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   dead-letter retention in seconds
 -- ARGV[4]   dead stream max length
+-- KEYS[5+N .. 10+N] the group keys (Keys.group_keys): a grouped job dead-lettered here frees
+--           its slot; one admitted from its wait list takes its entry first (g_adopt)
 -- ARGV[5]   who requeues (recorded in the event)
--- ARGV[6..] per entry i: stream entry id, job id ('' when the entry has none) (pairs)
+-- ARGV[6]   group defaults (QueueConfig.group_arg)
+-- ARGV[7..] per entry i: stream entry id, job id ('' when the entry has none) (pairs)
 -- Returns per entry: 'requeued' | 'failed' (dead-lettered) | 'skipped' (not pending work of
 --           this job: acked and deleted as a ghost) | 'missing' (no record, or an empty job id:
 --           a malformed stream entry; dead-lettered)
@@ -25,10 +28,16 @@ local group, events_maxlen, dead_ttl, dead_maxlen, who = ARGV[1], ARGV[2], ARGV[
 local now = now_ms()
 local out = {}
 local requeued, failed = 0, 0
-local n = (#ARGV - 5) / 2
+local n = (#ARGV - 6) / 2
+local G = gctx(KEYS, 5 + n, ARGV[6])
 for i = 1, n do
-  local entry, id = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+  local entry, id = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
   local jobkey = KEYS[4 + i]
+  local gr = {}
+  if G and id ~= '' then
+    gr = redis.pcall('HMGET', jobkey, 'g', 'e', 'gw')
+    if not gr.err and gr[1] and not gr[2] and gr[3] then g_adopt(jobkey, stream, entry, gr[3]) end
+  end
   redis.call('XACK', stream, group, entry)
   local present = redis.call('XDEL', stream, entry) == 1  -- a repeated call finds it gone
   local r = {}
@@ -55,6 +64,7 @@ for i = 1, n do
       and (tonumber(r[3]) or 0) >= tonumber(r[4]) then
     bury(jobkey, dead, events, id, 'attempts exhausted (lease lapsed)', '', 'LeaseExpired',
       now, dead_ttl, dead_maxlen, events_maxlen, true)
+    if gr[1] then g_release(G, gr[1], id, stream, now) end
     failed = failed + 1
     out[i] = 'failed'
   else

@@ -20,6 +20,7 @@
 -- KEYS[4]   events STREAM
 -- KEYS[5]   pause flag (STRING; exists while the queue is paused)
 -- KEYS[5+i] job record HASH of entry i (i = 1..N)
+-- KEYS[6+N .. 11+N] the group keys (Keys.group_keys; absent: group limits not applied)
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name
 -- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)
@@ -31,6 +32,10 @@
 -- ARGV[8 + 3*(i-1) ..] per entry i: stream entry id, job id, lease token for this start
 -- ARGV[8 + 3*N]        M, the number of malformed entries (no usable job id)
 -- ARGV[9 + 3*N + 2*(j-1) ..] per malformed entry j: stream entry id, description
+-- ARGV[9 + 3*N + 2*M] group defaults (QueueConfig.group_arg), with the group keys
+-- A grouped job (record 'g') starts only through its group's gate (_lib.lua's start_entry and
+-- g_gate: pause, limit, rate); one refused goes back to the head of its group's wait list,
+-- its slot freed, no attempt counted ('skip'). Any other end of a grouped job frees its slot.
 -- Returns a flat array, 7 per job entry: code ('run' | 'skip' | 'dead' | 'paused'), token,
 --           attempt, the job's data (job_data below; run) or the reason (skip, dead), deadline ms
 --           (0 = none), ms since the job (re)entered the stream, ms since it was created.
@@ -40,6 +45,7 @@ local c = {stream = KEYS[1], dead = KEYS[2], stats = KEYS[3], events = KEYS[4],
   paused = redis.call('EXISTS', KEYS[5]) == 1,
   started = 0, reclaimed = 0, failed = 0, handed = 0, cancelled = 0, fresh = {}}
 local n = tonumber(ARGV[7])
+c.G = gctx(KEYS, 6 + n, ARGV[9 + 3 * n + 2 * tonumber(ARGV[8 + 3 * n])])
 local out = {}
 for i = 1, n do
   local b = 8 + 3 * (i - 1)

@@ -379,11 +379,12 @@ def _redrive(client: Any, k: Keys, cfg: QueueConfig, batch: list[tuple[str, str]
              local: dict[str, int]) -> None:
     if not batch:
         return
-    args: list[Any] = [cfg.events_arg, "spark"]
+    args: list[Any] = [cfg.events_arg, "spark", cfg.group_arg]
     for dead_id, jid in batch:
         args += [dead_id, jid or ""]
     res = SCRIPTS["redrive"](client, [k.stream, k.dead, k.stats, k.events,
-                                      *(k.job(j or "-") for _d, j in batch)], args)
+                                      *(k.job(j or "-") for _d, j in batch), *k.group_keys],
+                             args)
     for x in res:
         key = x.decode()
         local[key] = local.get(key, 0) + 1

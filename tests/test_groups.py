@@ -1,0 +1,298 @@
+"""Groups (docs/fairness.md): admission, per-group limits, pause, rate, visibility, reconcile.
+
+Real redis-server; handlers keep a ledger outside Redis (start/end times under a lock) and the
+assertions are made on it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import redis
+from helpers import eventually, fast
+
+from streamq import (
+    GroupRate,
+    InvalidGroup,
+    Job,
+    Queue,
+    QueueConfig,
+    Registry,
+    Worker,
+)
+from streamq.admin import Admin
+
+
+class Ledger:
+    """Start/end of every handler run, per group, recorded outside Redis."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.events: list[tuple[float, int, str, str]] = []  # (time, +1/-1, group, job id)
+
+    def add(self, delta: int, group: str, job_id: str) -> None:
+        with self.lock:
+            self.events.append((time.monotonic(), delta, group, job_id))
+
+    def max_concurrent(self) -> dict[str, int]:
+        with self.lock:
+            evs = sorted(self.events, key=lambda e: (e[0], e[1]))  # ends before starts at a tie
+        cur: dict[str, int] = {}
+        peak: dict[str, int] = {}
+        for _t, d, g, _j in evs:
+            cur[g] = cur.get(g, 0) + d
+            peak[g] = max(peak.get(g, 0), cur[g])
+        return peak
+
+    def done(self) -> set[str]:
+        with self.lock:
+            return {j for _t, d, _g, j in self.events if d < 0}
+
+    def finished_order(self) -> list[tuple[str, str]]:
+        with self.lock:
+            return [(g, j) for _t, d, g, j in self.events if d < 0]
+
+
+def ledger_registry(ledger: Ledger, hold_s: float = 0.01) -> Registry:
+    reg = Registry()
+
+    @reg.handler("g")
+    async def g(job: Job) -> None:
+        grp = job.payload["g"]
+        ledger.add(1, grp, job.id)
+        await asyncio.sleep(hold_s)
+        ledger.add(-1, grp, job.id)
+
+    return reg
+
+
+@asynccontextmanager
+async def workers(url: str, qname: str, reg: Registry, n: int, cfg: QueueConfig,
+                  **wcfg: Any) -> AsyncIterator[list[Worker]]:
+    ws = [Worker(url, [qname], reg, fast(**wcfg), queue_config=cfg) for _ in range(n)]
+    for w in ws:
+        await w.__aenter__()
+    try:
+        yield ws
+    finally:
+        for w in ws:
+            await w.__aexit__(None, None, None)
+
+
+@pytest.fixture
+def cfg() -> QueueConfig:
+    return QueueConfig(group_concurrency=2)
+
+
+@pytest.fixture
+def q(url: str, qname: str, cfg: QueueConfig) -> Any:
+    queue = Queue.from_url(url, qname, config=cfg)
+    yield queue
+    queue.close()
+
+
+@pytest.fixture
+def admin(url: str, cfg: QueueConfig) -> Any:
+    a = Admin.from_url(url, cfg)
+    yield a
+    a.close()
+
+
+def test_bad_group_names_are_refused(q: Queue) -> None:
+    for bad in ("", "a b", "x" * 65, "-lead", "é"):
+        with pytest.raises(InvalidGroup):
+            q.enqueue("g", {"g": "x"}, group=bad)
+
+
+def test_the_stream_holds_at_most_limit_jobs_of_a_group(q: Queue, admin: Admin,
+                                                       r: redis.Redis) -> None:
+    res = q.enqueue_many([{"type": "g", "payload": {"g": "a"}, "group": "a", "job_id": f"a{i}"}
+                          for i in range(10)] + [{"type": "g", "payload": {}, "job_id": "plain"}])
+    assert [x.status for x in res] == ["queued"] * 11
+    assert r.xlen(q.keys.stream) == 3  # 2 of group a (its limit), and the ungrouped job
+    st = admin.stats(q.name)
+    assert (st.group_waiting, st.group_in_flight, st.groups) == (8, 2, 1)
+    page = admin.groups(q.name)
+    (info,) = page.items
+    assert (info.group, info.waiting, info.in_flight, info.limit, info.paused) == (
+        "a", 8, 2, 2, False)
+    waiting = q.get("a5")
+    assert waiting is not None and waiting.state == "queued" and waiting.group == "a"
+    plain = q.get("plain")
+    assert plain is not None and plain.group is None
+
+
+async def test_a_group_never_runs_more_than_its_limit(url: str, qname: str, q: Queue,
+                                                     admin: Admin, cfg: QueueConfig) -> None:
+    ledger = Ledger()
+    groups = [f"g{i}" for i in range(5)]
+    q.enqueue_many([{"type": "g", "payload": {"g": g}, "group": g} for g in groups
+                    for _ in range(30)])
+    async with workers(url, qname, ledger_registry(ledger), 3, cfg, concurrency=16):
+        await eventually(lambda: len(ledger.done()) == 150, timeout_s=60, what="all jobs")
+    peak = ledger.max_concurrent()
+    assert set(peak) == set(groups)
+    assert max(peak.values()) <= 2, peak
+    st = admin.stats(qname)
+    assert (st.group_waiting, st.group_in_flight, st.groups) == (0, 0, 0)
+    assert admin.groups(qname).items == []
+
+
+async def test_pause_and_resume_a_group(url: str, qname: str, q: Queue, admin: Admin,
+                                       cfg: QueueConfig) -> None:
+    ledger = Ledger()
+    admin.pause_group(qname, "p")
+    q.enqueue_many([{"type": "g", "payload": {"g": g}, "group": g, "job_id": f"{g}{i}"}
+                    for g in ("p", "o") for i in range(5)])
+    async with workers(url, qname, ledger_registry(ledger), 1, cfg):
+        await eventually(lambda: {f"o{i}" for i in range(5)} <= ledger.done(),
+                         what="the open group's jobs")
+        info = admin.group(qname, "p")
+        assert info.paused and info.waiting == 5 and info.in_flight == 0
+        assert not any(j.startswith("p") for j in ledger.done())
+        admin.resume_group(qname, "p")
+        await eventually(lambda: len(ledger.done()) == 10, what="the resumed group's jobs")
+
+
+async def test_a_limit_changed_while_jobs_run(url: str, qname: str, q: Queue, admin: Admin,
+                                             cfg: QueueConfig, r: redis.Redis) -> None:
+    """Raised: more run at once at the next admission. Lowered: nothing running is pre-empted,
+    and every start after the change (by the server's clock) finds the group within it."""
+    ledger = Ledger()
+    ids = [f"c{i}" for i in range(60)]
+    q.enqueue_many([{"type": "g", "payload": {"g": "c"}, "group": "c", "job_id": j}
+                    for j in ids])
+    async with workers(url, qname, ledger_registry(ledger, hold_s=0.05), 2, cfg):
+        await eventually(lambda: len(ledger.done()) >= 10, what="10 jobs at limit 2")
+        assert ledger.max_concurrent()["c"] <= 2
+        admin.set_group_limit(qname, "c", 4)
+        assert admin.group(qname, "c").limit == 4
+        await eventually(lambda: len(ledger.done()) >= 30, what="30 jobs")
+        sec, usec = r.time()
+        admin.set_group_limit(qname, "c", 1)
+        lowered_ms = sec * 1000 + usec // 1000  # (a start after this saw the new limit)
+        await eventually(lambda: len(ledger.done()) == 60, timeout_s=30, what="all jobs")
+    assert ledger.max_concurrent()["c"] <= 4
+    started_ms = {j: int(q.get(j).started_at.timestamp() * 1000) for j in ids}  # type: ignore
+    late = {j for j, t in started_ms.items() if t > lowered_ms + 1}
+    assert late, "no start after the limit was lowered"
+    with ledger.lock:
+        evs = sorted(ledger.events, key=lambda e: (e[0], e[1]))
+    running: set[str] = set()
+    for _t, d, _g, j in evs:
+        if d > 0:
+            running.add(j)
+            if j in late:
+                assert len(running) <= 1, (j, running)
+        else:
+            running.discard(j)
+    assert 4 >= ledger.max_concurrent()["c"] >= 3  # the raised limit was used
+
+
+def windows_max(starts_ms: list[int], period_ms: int) -> int:
+    """The most starts in any window [t, t + period) (sliding over every start)."""
+    s = sorted(starts_ms)
+    best = j = 0
+    for i in range(len(s)):
+        while j < len(s) and s[j] < s[i] + period_ms:
+            j += 1
+        best = max(best, j - i)
+    return best
+
+
+async def test_a_group_rate_is_never_exceeded_over_any_window(url: str, qname: str,
+                                                             admin: Admin) -> None:
+    cfg = QueueConfig(group_concurrency=5, group_rate=GroupRate(4, 1.0))
+    ledger = Ledger()
+    q = Queue.from_url(url, qname, config=cfg)
+    ids = [f"{g}{i}" for g in ("r", "s") for i in range(10)]
+    admin.set_group_rate(qname, "s", GroupRate(2, 0.5))  # override: 2 per 500 ms
+    q.enqueue_many([{"type": "g", "payload": {"g": j[0]}, "group": j[0], "job_id": j}
+                    for j in ids])
+    async with workers(url, qname, ledger_registry(ledger), 3, cfg):
+        await eventually(lambda: len(ledger.done()) == 20, timeout_s=30, what="all jobs")
+    starts = {g: [int(q.get(j).started_at.timestamp() * 1000)  # type: ignore[union-attr]
+                  for j in ids if j[0] == g] for g in ("r", "s")}
+    assert windows_max(starts["r"], 1000) <= 4, sorted(starts["r"])
+    assert windows_max(starts["s"], 500) <= 2, sorted(starts["s"])
+    # it is a rate, not a stop: 10 starts at 4/s take about 2.25 s
+    assert max(starts["r"]) - min(starts["r"]) >= 2250
+    q.close()
+
+
+async def test_reconcile_heals_a_leaked_slot(url: str, qname: str, q: Queue, admin: Admin,
+                                            cfg: QueueConfig, r: redis.Redis) -> None:
+    """The fault: slots held by jobs that are gone (a finish that never freed its slot, a
+    record deleted by hand), and a group with free slots that admitted nothing (a limit
+    written straight into Redis). The reconcile step frees the first and admits the rest."""
+    k = q.keys
+    r.zadd(k.group_inflight, {"leak ghost-1": 0, "leak ghost-2": 0})  # limit 2: group full
+    q.enqueue_many([{"type": "g", "payload": {"g": "leak"}, "group": "leak", "job_id": f"l{i}"}
+                    for i in range(4)])
+    assert r.xlen(k.stream) == 0 and admin.group(qname, "leak").waiting == 4
+    q.enqueue_many([{"type": "g", "payload": {"g": "stall"}, "group": "stall",
+                     "job_id": f"s{i}"} for i in range(4)])
+    r.zrem(k.group_inflight, "stall s0")  # s0's finish never freed... the other way: lost
+    r.hset(k.group_config, "l:stall", 4)  # raised behind the scripts' back: nobody admitted
+    ledger = Ledger()
+    async with workers(url, qname, ledger_registry(ledger), 1, cfg,
+                       group_reconcile_interval_s=0.2) as ws:
+        await eventually(lambda: len(ledger.done()) == 8, timeout_s=20, what="all jobs")
+        keeper = next(iter(ws[0]._qs.values())).groups
+        assert keeper is not None and keeper.healed >= 2
+    assert r.zcard(k.group_inflight) == 0 and r.zcard(k.group_wait) == 0
+    assert r.zcard(k.group_index) == 0
+    assert ledger.max_concurrent()["leak"] <= 2
+
+
+def test_cancel_a_waiting_and_an_admitted_grouped_job(q: Queue, admin: Admin,
+                                                     r: redis.Redis) -> None:
+    q.enqueue_many([{"type": "g", "payload": {"g": "x"}, "group": "x", "job_id": f"x{i}"}
+                    for i in range(4)])
+    assert q.cancel("x3").cancelled  # waiting: off the list
+    assert admin.group(q.name, "x").waiting == 1
+    assert q.cancel("x0").cancelled  # admitted: its slot goes to x2
+    info = admin.group(q.name, "x")
+    assert (info.in_flight, info.waiting) == (2, 0)
+    assert r.xlen(q.keys.stream) == 2  # x1, x2 (x0's entry was deleted)
+
+
+async def test_a_grouped_retry_waits_for_a_slot_again(url: str, qname: str, q: Queue,
+                                                     admin: Admin, cfg: QueueConfig) -> None:
+    from streamq import Retry
+
+    reg = Registry()
+    runs: list[tuple[str, int]] = []
+
+    @reg.handler("g")
+    async def g(job: Job) -> None:
+        runs.append((job.id, job.attempt))
+        if job.attempt == 1 and job.id == "t0":
+            raise Retry(delay_s=0.05)
+
+    q.enqueue_many([{"type": "g", "payload": {"g": "t"}, "group": "t", "job_id": f"t{i}"}
+                    for i in range(3)])
+    async with workers(url, qname, reg, 1, cfg):
+        await eventually(lambda: len(runs) == 4, what="3 jobs and a retry")
+        await eventually(lambda: admin.group(qname, "t").in_flight == 0, what="slots free")
+    info = q.get("t0")
+    assert info is not None and info.state == "completed" and info.group == "t"
+    assert info.attempts == 2
+
+
+def test_upgrade_jobs_without_group_take_the_old_path(q: Queue, r: redis.Redis) -> None:
+    """An ungrouped enqueue sends no group key and writes no group state."""
+    from streamq._producer import prepare as prod
+
+    p = prod.prepare(q.keys, q.config, "g", {})
+    keys, args = prod.enqueue_call(q.keys, q.config, [p])
+    assert q.keys.group_wait not in keys and len(args) == 4 + 10
+    q.enqueue("g", {"g": "-"}, job_id="old")
+    assert r.xlen(q.keys.stream) == 1
+    assert not r.exists(*q.keys.group_keys)
+    assert b"g" not in r.hgetall(q.keys.job("old"))
