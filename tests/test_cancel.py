@@ -608,3 +608,38 @@ def test_cancelled_running_jobs_never_complete_or_retry_under_faults(
     assert int(counters[b"cancelled"]) == 12
     assert b"retried" not in counters and b"failed" not in counters
     assert r.xlen(keys.stream) == 0 and r.zcard(keys.delayed) == 0 and r.xlen(keys.dead) == 0
+
+
+@pytest.mark.parametrize("whole_group", [True, False])
+async def test_rate_limited_group_holds_the_whole_group_back(url: str, q: Queue,
+                                                             whole_group: bool) -> None:
+    """RateLimited(group=True): no job of the group starts until retry_after has passed;
+    another group goes on meanwhile. Without it, the group's next job starts at once."""
+    reg = Registry()
+    starts: dict[str, list[float]] = {}
+    limited_at: list[float] = []
+
+    @reg.handler("api")
+    async def api(job: Job) -> str:
+        starts.setdefault(job.id, []).append(time.monotonic())
+        if job.id == "a" and not limited_at:
+            limited_at.append(time.monotonic())
+            raise RateLimited(retry_after=0.6, group=whole_group)
+        return job.id
+
+    q.enqueue("api", job_id="a", group="g1")
+    q.enqueue("api", job_id="b", group="g1")
+    async with Worker(url, [q.name], reg, fast()) as w:
+        await eventually(lambda: bool(limited_at), what="a rate limited")
+        q.enqueue("api", job_id="other", group="g2")
+        await eventually(lambda: all(state(q, j) == "completed" for j in ("a", "b", "other")),
+                         what="all completed")
+        await eventually(lambda: w.stats.rate_limited == 1, what="the worker's count")
+    t0 = limited_at[0]
+    assert starts["other"][0] - t0 < 0.5  # another group is not held
+    if whole_group:
+        assert starts["b"][0] - t0 >= 0.55 and starts["a"][1] - t0 >= 0.55
+    else:
+        assert starts["b"][0] - t0 < 0.5
+    info = q.get("a")
+    assert info is not None and info.attempts == 1

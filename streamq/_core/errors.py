@@ -159,12 +159,16 @@ class RateLimited(StreamqError):
     attempt** (``max_attempts`` is not consumed), keeping its options. ``retry_after`` must be
     a finite number of seconds, > 0 and <= ``MAX_RETRY_AFTER_S`` (one day); any other value
     turns the attempt into an ordinary failure (retried with backoff, error
-    ``InvalidArgument``), so a job is never lost to a bad value."""
+    ``InvalidArgument``), so a job is never lost to a bad value. ``group=True``: the job's
+    whole group (``group=`` at enqueue) is held back as long (no job of it starts until then);
+    an ungrouped job ignores it."""
 
-    def __init__(self, retry_after: float, reason: str = "rate limited") -> None:
+    def __init__(self, retry_after: float, reason: str = "rate limited", *,
+                 group: bool = False) -> None:
         super().__init__(f"{reason} (retry after {retry_after!r} s)")
         self.retry_after = retry_after
         self.reason = reason
+        self.group = group
 
 
 class Retry(Exception):

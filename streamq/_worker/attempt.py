@@ -215,7 +215,8 @@ class Attempts:
                  ident[0], env.type, exc.reason, after, attempt,
                  extra={"job_id": ident[0], "job_type": env.type, "attempt": attempt})
         data = self.queue_config.serde.dumps(error_info(exc))
-        return (*ident, "later", data, max(1, math.ceil(after * 1000)), "RateLimited")
+        outcome = "later_group" if exc.group else "later"  # later_group: the group waits too
+        return (*ident, outcome, data, max(1, math.ceil(after * 1000)), "RateLimited")
 
     def _retry_or_bury(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
                        attempt: int, max_attempts: int, exc: BaseException,

@@ -111,7 +111,7 @@ class Settler:
         if state == b"completed":
             self.stats.completed += 1
             tel.COMPLETED.add(1, qs.labels)
-        elif state == b"retrying" and item[3] == "later":  # RateLimited: no attempt counted
+        elif state == b"retrying" and item[3] in ("later", "later_group"):  # RateLimited
             self.stats.rate_limited += 1
             tel.RATE_LIMITED.add(1, qs.labels)
         elif state == b"retrying":

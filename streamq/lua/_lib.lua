@@ -387,6 +387,8 @@ local function g_gate(G, g, id, now)
   local limit, paused, rn, rp = g_conf(G, g)
   redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
   if paused then return 'group paused' end
+  local pk = redis.call('ZSCORE', G.parked, g)  -- held back (RateLimited(group=True), rate)
+  if pk and tonumber(pk) > now then return 'group rate' end
   if g_count(G.fl, g) > limit then return 'group over its limit' end
   if rn > 0 and rp > 0 then
     local tat = tonumber(redis.call('ZSCORE', G.tat, g)) or 0
@@ -512,6 +514,14 @@ local function end_cancelled(jobkey, events, events_maxlen, job_id, now, detail)
   end
   emit(events, events_maxlen, job_id, 'cancelled', now, detail)
   notify(r[2], 'cancelled', job_id)
+end
+
+-- RateLimited(group=True) (finish.lua's 'later_group'): hold group g back until 'untl' ms, as
+-- its rate limiter parks it (nothing of it is admitted or started before; unpark.lua admits
+-- its waiting jobs then). A later hold already there is kept (ZADD GT).
+local function g_hold(G, g, untl)
+  redis.call('ZADD', G.parked, 'GT', untl, g)
+  redis.call('ZADD', G.idx, 0, g)
 end
 
 -- A handler raised RateLimited (finish.lua's 'later' outcome): back to the delayed set until

@@ -25,7 +25,8 @@
 --           '' = None, which is not stored; error JSON otherwise),
 --           delay ms (retry, later) or reason (dead, cancel), error type ('' for ok)
 --           'later': a handler's RateLimited: back in the delayed set after the delay, the
---           attempt not counted (_lib.lua's put_back_later). 'cancel': the worker stopped the
+--           attempt not counted (_lib.lua's put_back_later); 'later_group': the same, and the
+--           job's group is held back as long (_lib.lua's g_hold). 'cancel': the worker stopped the
 --           handler for a requested cancel. Once a cancel was requested ('cx' in the record,
 --           cancel.lua) every outcome but 'ok' ends the job 'cancelled' (never retried, never
 --           dead-lettered); 'ok' wins when it arrives (the job finished first).
@@ -77,8 +78,9 @@ for i = 1, n do
       redis.call('HSET', jobkey, 'ft', 'cancelled:' .. token)
       cancelled = cancelled + 1
       out[i] = 'cancelled'
-    elseif outcome == 'later' then
+    elseif outcome == 'later' or outcome == 'later_group' then
       put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
+      if outcome == 'later_group' and G and r[9] then g_hold(G, r[9], now + tonumber(extra)) end
       limited = limited + 1
       emit(events, events_maxlen, id, 'rate_limited', now, extra)
       out[i] = 'retrying'
