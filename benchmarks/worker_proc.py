@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from streamq import Job, Registry, Worker, WorkerConfig
+from streamq import Job, QueueConfig, Registry, Worker, WorkerConfig
 
 _first_start: float | None = None
 
@@ -132,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=0, help="drain: exit after this many completions")
     p.add_argument("--concurrency", type=int, default=100)
     p.add_argument("--fetch-batch", type=int, default=None)
+    p.add_argument("--group-concurrency", type=int, default=None,
+                   help="QueueConfig.group_concurrency (groups_bench)")
     p.add_argument("--timeout", type=float, default=300.0, help="drain: give up after (s)")
     p.add_argument("--poll", type=float, default=0.002, help="drain: completion poll (s)")
     args = p.parse_args(argv)
@@ -141,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = WorkerConfig(concurrency=args.concurrency)
     if args.fetch_batch is not None:
         cfg = WorkerConfig(concurrency=args.concurrency, fetch_batch=args.fetch_batch)
-    worker = Worker(args.url, [args.queue], registry, cfg)
+    qcfg = QueueConfig(group_concurrency=args.group_concurrency or 1)
+    worker = Worker(args.url, [args.queue], registry, cfg, queue_config=qcfg)
     if args.mode == "drain":
         out = asyncio.run(_drain(worker, args.jobs, args.timeout, args.poll))
         ok = out["completed"] == args.jobs and not out["timed_out"]
