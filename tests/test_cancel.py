@@ -643,3 +643,19 @@ async def test_rate_limited_group_holds_the_whole_group_back(url: str, q: Queue,
         assert starts["b"][0] - t0 < 0.5
     info = q.get("a")
     assert info is not None and info.attempts == 1
+
+
+async def test_dashboard_cancels_a_running_job(url: str, q: Queue) -> None:
+    """The dashboard's job page offers cancel for an active job; its POST answers
+    'cancel requested' and the worker stops the job."""
+    from test_dashboard import client, post
+
+    b = Blocking()
+    q.enqueue("block", job_id="d1")
+    async with Worker(url, [q.name], b.reg, fast()), client(url, q.name) as c:
+        await b.wait_started("d1")
+        page = f"/job?q={q.name}&id=d1"
+        assert "/action/cancel" in (await c.get(page)).text
+        resp = await post(c, "cancel", page, q=q.name, id="d1")
+        assert resp.status_code == 200 and "cancel requested" in resp.text
+        await eventually(lambda: state(q, "d1") == "cancelled", what="cancelled")
