@@ -133,6 +133,23 @@ def envelope_from_plain(obj: Any) -> Envelope:
         raise SerializationError(f"malformed job envelope: {exc}") from exc
 
 
+class CancelFlag:
+    """Set once the worker heard that a cancel was requested for a running job; read by
+    ``Job.cancel_requested`` from any thread (a plain flag: setting it is one store, and one
+    is made per job, so it is far cheaper than a threading.Event)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self, value: bool = False) -> None:
+        self._set = value
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 @attrs.frozen
 class Job:
     """One attempt of a job, as a handler sees it."""
@@ -152,7 +169,8 @@ class Job:
     deadline_ms: int = 0
     _reporter: Callable[[str, Any], Awaitable[None]] | None = attrs.field(
         default=None, repr=False, eq=False)
-    _cancel: threading.Event | None = attrs.field(default=None, repr=False, eq=False)
+    _cancel: CancelFlag | threading.Event | None = attrs.field(default=None, repr=False,
+                                                               eq=False)
 
     @property
     def cancel_requested(self) -> bool:

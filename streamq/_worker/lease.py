@@ -16,6 +16,7 @@ import attrs
 import redis
 
 from .._core.keys import GROUP, Keys
+from .._core.model import CancelFlag
 from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
 
@@ -31,7 +32,7 @@ class Lease:
     token: str
     started: float = attrs.field(factory=time.monotonic)
     lost: bool = False
-    cancel: threading.Event = attrs.field(factory=threading.Event)
+    cancel: CancelFlag = attrs.field(factory=CancelFlag)
     """Set (on the event loop) once the worker learns that a cancel was requested (cancel.py);
     the handler's ``job.cancel_requested``."""
     task: Any = None
