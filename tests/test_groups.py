@@ -296,3 +296,46 @@ def test_upgrade_jobs_without_group_take_the_old_path(q: Queue, r: redis.Redis) 
     assert r.xlen(q.keys.stream) == 1
     assert not r.exists(*q.keys.group_keys)
     assert b"g" not in r.hgetall(q.keys.job("old"))
+
+
+def test_purge_queued_takes_admitted_and_waiting_grouped_jobs(q: Queue, admin: Admin,
+                                                             r: redis.Redis) -> None:
+    q.enqueue_many([{"type": "g", "payload": {"g": g}, "group": g, "job_id": f"{g}{i}"}
+                    for g in ("p", "w") for i in range(10)])
+    q.enqueue_many([{"type": "g", "payload": {}, "job_id": f"plain{i}"} for i in range(3)])
+    assert admin.purge(q.name, "queued") == 23
+    assert r.xlen(q.keys.stream) == 0
+    assert not r.exists(*q.keys.group_keys[:3])  # wait list, slots, index: all gone
+    assert q.get("w5") is None
+
+
+def test_a_dead_grouped_job_is_redriven_through_its_group(url: str, qname: str, q: Queue,
+                                                          admin: Admin) -> None:
+    from streamq._core.keys import GROUP
+    from streamq._core.scripts import SCRIPTS
+    from streamq._worker.fetch import start_call
+
+    k = q.keys
+    q.enqueue_many([{"type": "g", "payload": {"g": "d"}, "group": "d", "job_id": f"d{i}"}
+                    for i in range(3)])
+    rr = redis.Redis.from_url(url)
+    rr.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    got: Any = rr.xreadgroup(GROUP, "c1", {k.stream: ">"}, count=2)
+    part = [(e.decode(), f[b"id"].decode(), f"tok{i}")
+            for i, (e, f) in enumerate(got[0][1])]
+    reply = SCRIPTS["start"](rr, *start_call(k, "c1", q.config, part, []))
+    assert [reply[7 * i] for i in range(len(part))] == [b"run", b"run"]
+    fin_keys = [k.stream, k.delayed, k.dead, k.stats, k.events, k.job(part[0][1]),
+                *k.group_keys]
+    fin_args = [GROUP, q.config.events_arg, 3600, 1000, "", 1, part[0][1], part[0][0],
+                "tok0", "dead", b"{}", "boom", "Fail", q.config.group_arg]
+    assert SCRIPTS["finish"](rr, fin_keys, fin_args) == [b"failed"]
+    assert SCRIPTS["finish"](rr, fin_keys, fin_args) == [b"failed"]  # repeated: same
+    info = admin.group(qname, "d")
+    assert (info.in_flight, info.waiting) == (2, 0)  # d2 took d0's slot, once
+    assert admin.redrive_matching(qname) == {"redriven": 1}
+    info = admin.group(qname, "d")
+    assert (info.in_flight, info.waiting) == (2, 1)  # back, behind its group's slots
+    rec = q.get(part[0][1])
+    assert rec is not None and rec.state == "queued" and rec.group == "d"
+    rr.close()

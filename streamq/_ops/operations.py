@@ -315,15 +315,28 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
     purged = 0
     cursor = "-"
     skipped = 0  # delayed-set members of another state stay in place: page past them
+    waiting = False  # queued: the stream first, then the groups' wait list
     while purged < max_jobs:
         batch: list[tuple[str, str]] = []
-        if state == "queued":
+        if state == "queued" and waiting:
+            (raw,) = yield [Cmd.of("ZRANGE", keys.group_wait, cursor, "+", "BYLEX",
+                                   "LIMIT", 0, PAGE)]
+            page = ok(raw)
+            for m in page:  # '<group> <16-digit seq><job id>'
+                batch.append((_s(m).partition(" ")[2][16:], ""))
+            more = len(page) == PAGE
+            cursor = f"({_s(page[-1])}" if page else cursor
+        elif state == "queued":
             (raw,) = yield [Cmd.of("XRANGE", keys.stream, cursor, "+", "COUNT", PAGE)]
             page = ok(raw)
             for e in page:
-                batch.append((_s(_dict(e[1] or []).get("id", b"")), ""))
-            more = len(page) == PAGE
+                batch.append((_s(_dict(e[1] or []).get("id", b"")), _s(e[0])))
+            # a purged grouped job admits its group's next one behind the cursor: read on
+            # until the stream has nothing past it, then the groups' wait list
+            more = True
             cursor = f"({_s(page[-1][0])}" if page else cursor
+            if not page:
+                waiting, cursor = True, "-"
         elif state == "failed":
             (raw,) = yield [Cmd.of("XRANGE", keys.dead, cursor, "+", "COUNT", PAGE)]
             page = ok(raw)
@@ -339,16 +352,16 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
             more = len(page) == PAGE
         batch = [(j, d) for j, d in batch if j or d][: max_jobs - purged]
         if batch:
-            args: list[Arg] = [GROUP, cfg.events_arg, state]
+            args: list[Arg] = [GROUP, cfg.events_arg, state, cfg.group_arg]
             for j, d in batch:
                 args += [j or "-", d]
             (res,) = yield [Call("purge", [keys.stream, keys.delayed, keys.dead, keys.stats,
-                                           keys.events, *(keys.job(j or "-") for j, _ in batch)],
-                                 args)]
+                                           keys.events, *(keys.job(j or "-") for j, _ in batch),
+                                           *keys.group_keys], args)]
             done = sum(1 for x in ok(res) if x == b"purged")
             purged += done
             skipped += len(batch) - done
-        if not more or not batch:
+        if not more or (not batch and state != "queued"):
             break
     return purged
 

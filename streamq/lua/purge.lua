@@ -7,22 +7,32 @@
 -- KEYS[4]   stats HASH
 -- KEYS[5]   events STREAM
 -- KEYS[5+i] job record HASH of job i (i = 1..N)
+-- KEYS[6+N .. 11+N] the group keys (Keys.group_keys): a purged grouped job leaves its
+--           group's wait list or frees its slot (the next waiting job is admitted)
 -- ARGV[1]   consumer group
 -- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   the state to purge: queued | scheduled | retrying | failed
--- ARGV[4..] per job i: job id, dead entry id (for failed jobs; '' otherwise) (pairs)
+-- ARGV[4]   group defaults (QueueConfig.group_arg)
+-- ARGV[5..] per job i: job id, dead entry id (failed jobs) or the stream entry it was
+--           listed from (queued jobs; '' for a job listed from its group's wait list) (pairs)
 -- Returns per job: 'purged' | 'skipped' (the job is in another state now)
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, events_maxlen, wanted = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local out = {}
 local purged, retries = 0, 0
-local n = (#ARGV - 3) / 2
+local n = (#ARGV - 4) / 2
+local G = gctx(KEYS, 6 + n, ARGV[4])
 for i = 1, n do
-  local id, dead_id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+  local id, dead_id = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local jobkey = KEYS[5 + i]
-  local r = rec(jobkey, false, 's', 'e')
+  local r = rec(jobkey, false, 's', 'e', 'g', 'gw')
   local state = r[1]
+  local g = G and r[3] or nil
+  if g and wanted == 'queued' and state == 'queued' and not r[2] and r[4] and dead_id ~= ''
+      and g_adopt(jobkey, stream, dead_id, r[4]) then
+    r[2], r[4] = dead_id, nil  -- admitted from its wait list: its entry goes with it
+  end
   if wanted == 'failed' and dead_id ~= '' and (state == 'failed' or not state) then
     redis.call('XDEL', dead, dead_id)  -- also clears entries whose record already expired
   end
@@ -31,6 +41,7 @@ for i = 1, n do
   else
     if state == 'queued' then
       ack_del(stream, group, r[2])
+      if g and not (r[4] and g_unwait(G, g, id, r[4])) then g_release(G, g, id, stream, now) end
     elseif state == 'scheduled' or state == 'retrying' then
       redis.call('ZREM', delayed, id)
       if state == 'retrying' then retries = retries + 1 end
