@@ -339,3 +339,27 @@ def test_a_dead_grouped_job_is_redriven_through_its_group(url: str, qname: str, 
     rec = q.get(part[0][1])
     assert rec is not None and rec.state == "queued" and rec.group == "d"
     rr.close()
+
+
+def test_cli_groups_lists_and_changes_groups(url: str, q: Queue) -> None:
+    import json
+
+    from test_admin import cli
+
+    q.enqueue_many([{"type": "g", "payload": {"g": g}, "group": g} for g in ("a", "b")
+                    for _ in range(3)])  # the CLI's defaults: limit 1
+    out = cli(url, "groups", q.name)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0].split() == ["GROUP", "WAITING", "IN_FLIGHT", "LIMIT",
+                                                 "RATE", "PAUSED", "PARKED_MS"]
+    assert cli(url, "groups", q.name, "limit", "a", "3").returncode == 0
+    assert cli(url, "groups", q.name, "rate", "b", "5/2s").returncode == 0
+    assert cli(url, "groups", q.name, "pause", "b").returncode == 0
+    rows = {g["group"]: g for g in json.loads(cli(url, "groups", q.name, "--json").stdout)[
+        "items"]}
+    assert (rows["a"]["in_flight"], rows["a"]["waiting"], rows["a"]["limit"]) == (3, 0, 3)
+    assert rows["b"]["paused"] and rows["b"]["rate"] == {"limit": 5, "period_s": 2.0}
+    bad = cli(url, "groups", q.name, "limit", "a b", "2")
+    assert bad.returncode != 0 and "invalid group" in bad.stderr
+    shown = cli(url, "groups", q.name, "show", "a", "--json")
+    assert json.loads(shown.stdout)["limit_overridden"] is True
