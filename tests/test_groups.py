@@ -214,14 +214,17 @@ async def test_a_group_rate_is_never_exceeded_over_any_window(url: str, qname: s
     admin.set_group_rate(qname, "s", GroupRate(2, 0.5))  # override: 2 per 500 ms
     q.enqueue_many([{"type": "g", "payload": {"g": j[0]}, "group": j[0], "job_id": j}
                     for j in ids])
-    async with workers(url, qname, ledger_registry(ledger), 3, cfg):
+    # the default interval: the group loop wakes for the limiter's times, not once a second
+    async with workers(url, qname, ledger_registry(ledger), 3, cfg, promote_interval_s=1.0):
         await eventually(lambda: len(ledger.done()) == 20, timeout_s=30, what="all jobs")
     starts = {g: [int(q.get(j).started_at.timestamp() * 1000)  # type: ignore[union-attr]
                   for j in ids if j[0] == g] for g in ("r", "s")}
     assert windows_max(starts["r"], 1000) <= 4, sorted(starts["r"])
     assert windows_max(starts["s"], 500) <= 2, sorted(starts["s"])
-    # it is a rate, not a stop: 10 starts at 4/s take about 2.25 s
-    assert max(starts["r"]) - min(starts["r"]) >= 2250
+    # it is a rate, not a stop: 10 starts at 4/s take 2.25 s at least; a liveness bound (not
+    # a performance figure): far less than the ~9 s of one admission per loop interval
+    print(f"\nspan of 10 starts at 4/s: {max(starts['r']) - min(starts['r'])} ms")
+    assert 2250 <= max(starts["r"]) - min(starts["r"]) < 7000, sorted(starts["r"])
     q.close()
 
 

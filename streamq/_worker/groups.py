@@ -18,6 +18,13 @@ from .._core.scripts import SCRIPTS
 
 log = logging.getLogger("streamq.worker")
 PAGE = 1000
+BUSY_S = 2.0
+BUSY_POLL_S = 0.05
+"""After unparking (or seeing parked groups or limiter times ahead), the loop looks again at
+least every BUSY_POLL_S for BUSY_S: the admitted jobs' starts set the next times to wake for."""
+MIN_SLEEP_S = 0.01
+"""Shortest pause between two unpark calls (many rate-limited groups whose times are close
+together are taken in one call)."""
 RECONCILE_PAGES = 10
 """Pages (of PAGE members or groups) one reconcile round reads at most; the next round
 goes on from there."""
@@ -31,17 +38,23 @@ class GroupKeeper:
     next_reconcile: float = 0.0
     fl_cursor: str = "-"
     idx_cursor: str = "-"
+    busy_until: float = 0.0
     healed: int = 0
     """Slots the reconcile step found leaked and freed (a counter for tests and logs)."""
 
     async def unpark(self, client: aredis.Redis, max_sleep_s: float) -> float:
         """Admit groups whose rate time came; returns how long to sleep."""
         k = self.keys
-        _admitted, now, next_at = await SCRIPTS["unpark"].run_async(
+        admitted, now, next_at = await SCRIPTS["unpark"].run_async(
             client, [k.stream, *k.group_keys], [self.config.group_arg, PAGE])
+        mono = time.monotonic()
+        if int(admitted) > 0 or int(next_at) >= 0:
+            self.busy_until = mono + BUSY_S  # rate-limited groups at work: look often
         if int(next_at) < 0:
-            return max_sleep_s
-        return max(0.0, min(max_sleep_s, (int(next_at) - int(now)) / 1000))
+            # a job just admitted sets its group's next limiter time when it starts, which
+            # this call could not see yet: look again soon while groups are busy
+            return min(max_sleep_s, BUSY_POLL_S) if mono < self.busy_until else max_sleep_s
+        return max(MIN_SLEEP_S, min(max_sleep_s, (int(next_at) - int(now)) / 1000))
 
     async def step(self, client: aredis.Redis, max_sleep_s: float) -> float:
         if time.monotonic() >= self.next_reconcile:

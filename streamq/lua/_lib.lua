@@ -366,7 +366,9 @@ end
 -- A grouped job leaves its slot (settled, cancelled, dead-lettered): free it, admit the next
 -- waiting job(s). Safe to repeat: a slot already free is not freed again.
 local function g_release(G, g, id, stream, now)
-  if redis.call('ZREM', G.fl, g .. ' ' .. id) == 1 then g_fill(G, g, stream, now) end
+  if redis.call('ZREM', G.fl, g .. ' ' .. id) == 1 and g_fill(G, g, stream, now) > 0 then
+    return  -- (it admitted a job: not empty)
+  end
   g_tidy(G, g)
 end
 

@@ -7,7 +7,10 @@
 -- KEYS[2..7] the group keys (Keys.group_keys)
 -- ARGV[1]   group defaults (QueueConfig.group_arg)
 -- ARGV[2]   max groups to unpark in this call (<= 1000)
--- Returns {admitted, server now ms, next parked time ms or -1}
+-- Returns {admitted, server now ms, when to look again (ms) or -1}: the earliest of the next
+--           parked time and the next limiter time (TAT) ahead: a group whose TAT comes first
+--           may be parked by then (a finish or a start that found it not yet conformant), so
+--           the caller wakes for it instead of sleeping its whole interval.
 local stream = KEYS[1]
 local G = gctx(KEYS, 2, ARGV[1])
 local now = now_ms()
@@ -19,7 +22,11 @@ for _, g in ipairs(due) do
   g_tidy(G, g)
 end
 redis.call('ZREMRANGEBYSCORE', G.tat, '-inf', now)
-local first = redis.call('ZRANGE', G.parked, 0, 0, 'WITHSCORES')
 local next_at = -1
-if first[2] then next_at = tonumber(first[2]) end
+for _, set in ipairs({G.parked, G.tat}) do
+  local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  if first[2] and (next_at < 0 or tonumber(first[2]) < next_at) then
+    next_at = math.ceil(tonumber(first[2]))
+  end
+end
 return {admitted, now, next_at}
