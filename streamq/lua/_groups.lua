@@ -1,0 +1,174 @@
+-- _groups.lua: the group functions (docs/fairness.md#groups), appended by the script registry
+-- right after _lib.lua (which declares their names, so its accept and start_entry can call
+-- them) and before every script. Functions only: no KEYS, no ARGV of its own. Each
+-- 'function g_x' below assigns _lib.lua's local of that name.
+-- A grouped job (record field 'g') holds a slot of its group from admission (XADD to the
+-- stream) until it leaves the stream for good (completed, retrying, dead, cancelled), or is
+-- handed back to its group's wait list (group paused, over its limit, rate not yet due).
+-- Slots are members '<group> <job id>' of one in-flight ZSET per shard (not a counter: freeing
+-- a slot twice is harmless, and the reconcile step checks each member against its record).
+-- A group with no free slot keeps its ready jobs in the wait ZSET ('<group> <seq><id>',
+-- FIFO by seq), so the stream holds at most <limit> jobs of each group: groups are served
+-- round robin by the stream's own order. A waiting job's record is 'queued' with no 'e' and
+-- 'gw' = its seq; a job admitted from the wait list by a script that cannot name its record
+-- (the record key is not in KEYS) carries 'w' = that seq in its stream entry, and the first
+-- script that meets the entry writes 'e' (g_adopt).
+local SEQ0 = 5000000000000000  -- wait seqs: SEQ0 + n at the tail, SEQ0 - n at the head
+
+-- The group context: the six keys of Keys.group_keys from keys[at], and QueueConfig.group_arg
+-- '<default limit> <default rate n> <rate period ms>'. nil when the caller passed no keys.
+function gctx(keys, at, spec)
+  if not keys[at] or not keys[at + 5] then return nil end
+  local l, rn, rp = string.match(spec or '', '^(%d+) (%d+) (%d+)$')
+  return {wait = keys[at], fl = keys[at + 1], idx = keys[at + 2], cfg = keys[at + 3],
+          tat = keys[at + 4], parked = keys[at + 5], limit = tonumber(l) or 1,
+          rn = tonumber(rn) or 0, rp = tonumber(rp) or 0}
+end
+
+-- A group's limit, paused flag and rate (n, period ms; n = 0: none): overrides, else defaults.
+function g_conf(G, g)
+  local c = redis.call('HMGET', G.cfg, 'l:' .. g, 'p:' .. g, 'r:' .. g)
+  local rn, rp = G.rn, G.rp
+  if c[3] then
+    local a, b = string.match(c[3], '^(%d+) (%d+)$')
+    rn, rp = tonumber(a) or 0, tonumber(b) or 0
+  end
+  return tonumber(c[1]) or G.limit, c[2] and true or false, rn, rp
+end
+
+function g_count(set, g)
+  return redis.call('ZLEXCOUNT', set, '[' .. g .. ' ', '(' .. g .. '!')
+end
+
+-- Whether the group's rate holds admissions back now: parked until a time still ahead, or
+-- its limiter's next conformance time (TAT) is ahead (then it is parked until then).
+function g_held(G, g, now, rn)
+  local pk = redis.call('ZSCORE', G.parked, g)
+  if pk and tonumber(pk) > now then return true end
+  if rn > 0 then
+    local tat = tonumber(redis.call('ZSCORE', G.tat, g))
+    if tat and tat > now then
+      redis.call('ZADD', G.parked, tat, g)
+      return true
+    end
+  end
+  return false
+end
+
+-- Forget a group that has nothing waiting and nothing in flight (its limiter state goes
+-- when it is no longer ahead of the clock: unpark.lua sweeps it).
+function g_tidy(G, g)
+  if g_count(G.fl, g) == 0 and g_count(G.wait, g) == 0 then
+    redis.call('ZREM', G.idx, g)
+  end
+end
+
+-- Admit waiting jobs of group g, head first, while it has free slots and is neither paused
+-- nor held by its rate: at most 1,000 per call, and 1 for a rate-limited group (its starts
+-- are spaced anyway; more would only be handed back). Returns how many were admitted.
+function g_fill(G, g, stream, now)
+  local limit, paused, rn = g_conf(G, g)
+  if paused or g_held(G, g, now, rn) then return 0 end
+  local room = limit - g_count(G.fl, g)
+  if rn > 0 and room > 1 then room = 1 end
+  if room > 1000 then room = 1000 end
+  if room <= 0 then return 0 end
+  local heads = redis.call('ZRANGE', G.wait, '[' .. g .. ' ', '(' .. g .. '!', 'BYLEX',
+    'LIMIT', 0, room)
+  for _, m in ipairs(heads) do
+    redis.call('ZREM', G.wait, m)
+    local seq, id = string.sub(m, #g + 2, #g + 17), string.sub(m, #g + 18)
+    redis.call('XADD', stream, '*', 'id', id, 'w', seq)
+    redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
+  end
+  return #heads
+end
+
+-- Put a ready job on its group's wait list (tail, or head for a job handed back): the record
+-- becomes 'queued' without a stream entry, 'gw' = its seq, its creation time kept.
+function g_push(G, g, id, jobkey, head)
+  local n = redis.call('HINCRBY', G.cfg, head and ' h' or ' t', 1)
+  local seq = string.format('%016d', head and (SEQ0 - n) or (SEQ0 + n))
+  redis.call('ZADD', G.wait, 0, g .. ' ' .. seq .. id)
+  redis.call('ZADD', G.idx, 0, g)
+  local old = redis.call('HMGET', jobkey, 'e', 'c')
+  if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
+  redis.call('HSET', jobkey, 's', 'q', 'gw', seq)
+  if old[1] then redis.call('HDEL', jobkey, 'e') end
+end
+
+-- A ready grouped job enters its group (enqueue, promotion, re-drive): admitted to the
+-- stream when the group has a free slot, is open and has nobody waiting ahead (FIFO);
+-- else it waits. Returns the stream entry id when admitted (the caller points the record
+-- at it), else nil.
+function g_enter(G, g, id, jobkey, stream, now)
+  redis.call('ZADD', G.idx, 0, g)
+  local limit, paused, rn = g_conf(G, g)
+  if not paused and not g_held(G, g, now, rn) and g_count(G.fl, g) < limit
+      and g_count(G.wait, g) == 0 then
+    redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
+    redis.call('HDEL', jobkey, 'gw')
+    return redis.call('XADD', stream, '*', 'id', id)
+  end
+  g_push(G, g, id, jobkey, false)
+  g_fill(G, g, stream, now)
+  return nil
+end
+
+-- A grouped job leaves its slot (settled, cancelled, dead-lettered): free it, admit the next
+-- waiting job(s). Safe to repeat: a slot already free is not freed again.
+function g_release(G, g, id, stream, now)
+  if redis.call('ZREM', G.fl, g .. ' ' .. id) == 1 and g_fill(G, g, stream, now) > 0 then
+    return  -- (it admitted a job: not empty)
+  end
+  g_tidy(G, g)
+end
+
+-- A waiting job leaves its group's wait list (cancel, purge). Returns whether it was there.
+function g_unwait(G, g, id, seq)
+  local gone = redis.call('ZREM', G.wait, g .. ' ' .. seq .. id) == 1
+  g_tidy(G, g)
+  return gone
+end
+
+-- Whether a grouped job may start now (start.lua): nil, or why not. Its slot is asserted
+-- (ZADD: a member lost by corruption is restored, and then counts against the limit). A
+-- start is refused while the group is paused, while its in-flight count is over its limit
+-- (the limit was lowered: unstarted jobs are handed back until it holds), or while its rate
+-- limiter (GCRA, no burst: one start per period/n) is not yet conformant (the group is then
+-- parked until it is). A start that goes ahead moves the limiter on.
+function g_gate(G, g, id, now)
+  local limit, paused, rn, rp = g_conf(G, g)
+  redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
+  if paused then return 'group paused' end
+  local pk = redis.call('ZSCORE', G.parked, g)  -- held back (RateLimited(group=True), rate)
+  if pk and tonumber(pk) > now then return 'group rate' end
+  if g_count(G.fl, g) > limit then return 'group over its limit' end
+  if rn > 0 and rp > 0 then
+    local tat = tonumber(redis.call('ZSCORE', G.tat, g)) or 0
+    if tat > now then
+      redis.call('ZADD', G.parked, tat, g)
+      return 'group rate'
+    end
+    redis.call('ZADD', G.tat, math.max(tat, now) + rp / rn, g)
+  end
+  return nil
+end
+
+-- A record admitted from its wait list meets its stream entry: when the entry carries the
+-- record's 'gw', the record takes the entry as its own ('e'). Returns whether it did.
+function g_adopt(jobkey, stream, entry, gw)
+  local x = redis.call('XRANGE', stream, entry, entry)
+  if not x[1] then return false end
+  local f = x[1][2]
+  for i = 1, #f - 1, 2 do
+    if f[i] == 'w' then
+      if f[i + 1] ~= gw then return false end
+      redis.call('HSET', jobkey, 'e', enc_entry(entry))
+      redis.call('HDEL', jobkey, 'gw')
+      return true
+    end
+  end
+  return false
+end
+
