@@ -102,16 +102,16 @@ end
 -- else it waits. Returns the stream entry id when admitted (the caller points the record
 -- at it), else nil.
 function g_enter(G, g, id, jobkey, stream, now)
-  redis.call('ZADD', G.idx, 0, g)
   local limit, paused, rn = g_conf(G, g)
-  if not paused and not g_held(G, g, now, rn) and g_count(G.fl, g) < limit
-      and g_count(G.wait, g) == 0 then
+  local open = not paused and not g_held(G, g, now, rn) and g_count(G.fl, g) < limit
+  if open and g_count(G.wait, g) == 0 then
+    redis.call('ZADD', G.idx, 0, g)
     redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
     redis.call('HDEL', jobkey, 'gw')
     return redis.call('XADD', stream, '*', 'id', id)
   end
-  g_push(G, g, id, jobkey, false)
-  g_fill(G, g, stream, now)
+  g_push(G, g, id, jobkey, false)  -- (it lists the group)
+  if open then g_fill(G, g, stream, now) end  -- others wait ahead of it: the head goes first
   return nil
 end
 
