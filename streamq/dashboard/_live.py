@@ -76,6 +76,7 @@ def stats_cells(s: QueueStats, rate: tuple[float, float] | None) -> dict[str, st
             f"{q}:failed_pm": "…" if rate is None else f"{rate[1]:,.0f}",
             f"{q}:oldest": _fmt_age(s.oldest_ready_age_s),
             f"{q}:workers": f"{s.workers_alive:,}",
+            f"{q}:group_waiting": f"{s.group_waiting:,}",
             f"{q}:paused": "PAUSED" if s.paused else ""}
 
 
