@@ -366,3 +366,37 @@ def test_cli_groups_lists_and_changes_groups(url: str, q: Queue) -> None:
     assert bad.returncode != 0 and "invalid group" in bad.stderr
     shown = cli(url, "groups", q.name, "show", "a", "--json")
     assert json.loads(shown.stdout)["limit_overridden"] is True
+
+
+def test_a_repeated_grouped_start_and_enqueue_write_nothing_new(url: str, qname: str,
+                                                               admin: Admin) -> None:
+    """Lost replies: the same enqueue call again, and the same start call again, answer the
+    same and move no slot and no rate limiter."""
+    from streamq._core.keys import GROUP
+    from streamq._core.scripts import SCRIPTS
+    from streamq._producer import prepare as prod
+    from streamq._worker.fetch import start_call
+
+    cfg = QueueConfig(group_concurrency=2, group_rate=GroupRate(1, 60.0))
+    q = Queue.from_url(url, qname, config=cfg)
+    k = q.keys
+    rr = redis.Redis.from_url(url)
+    batch = [prod.prepare(k, cfg, "g", {"g": "r"}, job_id=f"r{i}", group="r") for i in range(3)]
+    call = prod.enqueue_call(k, cfg, batch)
+    first = SCRIPTS["enqueue"](rr, *call)
+    again = SCRIPTS["enqueue"](rr, *call)
+    assert first == [b"queued"] * 3 and again[::5] == [b"duplicate"] * 3
+    info = admin.group(qname, "r")
+    assert (info.in_flight, info.waiting) == (2, 1)
+    rr.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    got: Any = rr.xreadgroup(GROUP, "c1", {k.stream: ">"}, count=1)
+    (eid, fields), = got[0][1]
+    part = [(eid.decode(), fields[b"id"].decode(), "tok-1")]
+    one = SCRIPTS["start"](rr, *start_call(k, "c1", cfg, part, []))
+    tat = rr.zscore(k.group_tat, "r")
+    two = SCRIPTS["start"](rr, *start_call(k, "c1", cfg, part, []))
+    assert one[0] == two[0] == b"run" and one[2] == two[2] == 1
+    assert rr.zscore(k.group_tat, "r") == tat  # the limiter moved once
+    assert admin.group(qname, "r").in_flight == 2
+    rr.close()
+    q.close()
