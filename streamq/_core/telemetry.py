@@ -195,6 +195,7 @@ for _field, _unit, _desc in [
     ("dead", "{job}", "dead-lettered jobs"),
     ("oldest_ready_age", "s", "age of the oldest undelivered entry"),
     ("workers", "{worker}", "workers with a recent heartbeat"),
+    ("group_waiting", "{job}", "grouped jobs waiting for a slot of their group"),
 ]:
     _meter.create_observable_gauge(f"streamq.queue.{_field}", [_observe(_field)], unit=_unit,
                                    description=_desc)

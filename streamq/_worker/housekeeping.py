@@ -113,6 +113,7 @@ class Housekeeper:
             qs.gauges = {"ready": st.ready, "pending": st.pending,
                          "delayed": st.scheduled + st.retrying, "dead": st.dead,
                          "oldest_ready_age": st.oldest_ready_age_s or 0.0,
+                         "group_waiting": st.group_waiting,
                          "workers": st.workers_alive}
 
     async def _series_step(self) -> float:
