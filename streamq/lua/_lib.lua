@@ -14,17 +14,18 @@ end
 -- kinds listed: QueueConfig.event_kinds).
 local ev_spec, ev_maxlen, ev_kinds = nil, '0', nil
 local function emit(events, spec, job_id, ev, now, detail)
-  if spec ~= ev_spec then
+  if spec ~= ev_spec then  -- parsed once per script call (emit runs once per job)
     ev_spec = spec
     local c = string.find(spec, ':', 1, true)
     if c then
-      ev_maxlen, ev_kinds = string.sub(spec, 1, c - 1), string.sub(spec, c + 1)
+      ev_maxlen, ev_kinds = string.sub(spec, 1, c - 1), {}
+      for kind in string.gmatch(string.sub(spec, c + 1), '[^,]+') do ev_kinds[kind] = true end
     else
       ev_maxlen, ev_kinds = spec, nil
     end
   end
   if ev_maxlen == '0' then return end
-  if ev_kinds and not string.find(ev_kinds, ',' .. ev .. ',', 1, true) then return end
+  if ev_kinds and not ev_kinds[ev] then return end
   redis.call('XADD', events, 'MAXLEN', '~', ev_maxlen, '*', 'job', job_id, 'ev', ev,
     'd', detail or '')
 end
