@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from helpers import eventually, wait_until
 from test_groups import Ledger, ledger_registry, workers
 
@@ -213,3 +214,82 @@ async def test_groups_on_a_redis_cluster(redis_cluster: ClusterServer) -> None:
         q.close()
         admin.close()
 
+
+
+async def test_groups_drain_clean_through_retries_failures_cancels_and_changes(
+        url: str, qname: str) -> None:
+    """A random mix (seeded): retries, dead letters, cancels of waiting and admitted jobs,
+    limits raised and lowered, groups paused and resumed, all while three workers run. Every
+    job ends (completed, failed or cancelled), no group ever runs more than the highest limit
+    it had, and every group key is empty at the end (no slot leaked, nothing left waiting)."""
+    import random
+
+    from streamq import Fail, Retry, RetryPolicy
+
+    rnd = random.Random(17)
+    cfg = QueueConfig(group_concurrency=2)
+    q = Queue.from_url(url, qname, config=cfg)
+    admin = Admin.from_url(url, cfg)
+    ledger = Ledger()
+    reg = Registry()
+
+    @reg.handler("g")
+    async def g(job: Job) -> None:
+        grp, kind = job.payload["g"], job.payload["k"]
+        ledger.add(1, grp, job.id)
+        try:
+            await asyncio.sleep(0.03)
+            if kind == "retry" and job.attempt == 1:
+                raise Retry(delay_s=0.05)
+            if kind == "fail":
+                raise Fail("no")
+        finally:
+            ledger.add(-1, grp, job.id)
+
+    groups = [f"m{i}" for i in range(8)]
+    kinds = ["ok"] * 17 + ["retry", "retry", "fail"]
+    ids = [f"j{i}" for i in range(400)]
+    jobs = []
+    for j in ids:
+        gr = rnd.choice(groups)
+        jobs.append({"type": "g", "payload": {"g": gr, "k": rnd.choice(kinds)}, "group": gr,
+                     "job_id": j})
+    q.enqueue_many(jobs)
+    terminal = ("completed", "failed", "cancelled")
+
+    def states() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for j in ids:
+            info = q.get(j)
+            s = info.state if info else "gone"
+            out[s] = out.get(s, 0) + 1
+        return out
+
+    async with workers(url, qname, reg, 3, cfg, retry=RetryPolicy(base_s=0.05, cap_s=0.1)):
+        for step in range(30):
+            act = rnd.choice(["limit", "limit", "pause", "cancel", "cancel", "rest"])
+            grp = rnd.choice(groups)
+            if act == "limit":
+                await asyncio.to_thread(admin.set_group_limit, qname, grp, rnd.randint(1, 3))
+            elif act == "pause":
+                await asyncio.to_thread(admin.pause_group, qname, grp)
+                await asyncio.sleep(0.05)
+                await asyncio.to_thread(admin.resume_group, qname, grp)
+            elif act == "cancel":
+                for j in rnd.sample(ids, 5):
+                    await asyncio.to_thread(q.cancel, j)
+            await asyncio.sleep(0.03 * (step % 3))
+        await eventually(lambda: sum(v for k, v in states().items() if k in terminal) == 400,
+                         timeout_s=60, what=f"every job to end ({states()})")
+        await eventually(lambda: admin.stats(qname).group_in_flight == 0, what="slots free")
+    st = states()
+    assert st.get("failed", 0) > 0 and st.get("cancelled", 0) > 0 and st.get("completed", 0)
+    peak = ledger.max_concurrent()
+    assert max(peak.values()) <= 3, peak
+    r = redis.Redis.from_url(url)
+    k = q.keys
+    assert r.zcard(k.group_wait) == 0 and r.zcard(k.group_inflight) == 0
+    assert r.zcard(k.group_index) == 0 and r.xlen(k.stream) == 0
+    r.close()
+    q.close()
+    admin.close()
