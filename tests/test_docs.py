@@ -151,10 +151,13 @@ def test_every_config_field_is_documented() -> None:
 def test_every_key_is_documented() -> None:
     text = _page("key-layout.md")
     keys = streamq.Keys("Q")
-    placeholders = {"job_id": "<id>", "consumer": "<consumer>", "tag": "<tag>"}
+    placeholders = {"job_id": "<id>", "consumer": "<consumer>", "tag": "<tag>",
+                    "level": "<level>"}
     for name, member in inspect.getmembers(streamq.Keys):
         if name.startswith("_") or name in ("base", "queue", "prefix", "shard", "tag",
-                                            "of_shard", "for_job", "group_keys"):  # not key names
+                                            "of_shard", "for_job", "group_keys",
+                                            "shard_tag", "level", "at_level",
+                                            "level_streams"):  # not key names
             continue
         if isinstance(member, property):
             key = getattr(keys, name)

@@ -93,6 +93,16 @@ class GroupRate:
         return f"{self.limit} {max(1, round(self.period_s * 1000))}"
 
 
+def _weights(_inst: object, att: attrs.Attribute[tuple[int, ...]], v: tuple[int, ...]) -> None:
+    from .keys import PRIORITIES
+
+    if (not isinstance(v, tuple) or len(v) != len(PRIORITIES)
+            or not all(isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 1000
+                       for w in v)):
+        raise InvalidArgument(f"{att.name} must be a tuple of {len(PRIORITIES)} integers"
+                              f" 1..1000 (one per priority, lowest first), got {v!r}")
+
+
 @attrs.frozen
 class QueueConfig:
     """Settings shared by producers and workers of a queue (keep them the same on both sides)."""
@@ -137,6 +147,14 @@ class QueueConfig:
     group_rate: GroupRate | None = attrs.field(default=None, validator=_optional_rate)
     """Default start rate of each group (None: unlimited); overrides with
     ``Admin.set_group_rate``. docs/fairness.md#group-rate-limits."""
+    priority_weights: tuple[int, ...] = attrs.field(default=(1, 2, 4, 8, 16),
+                                                    validator=_weights)
+    """Each priority's weight, priority 0 first (docs/fairness.md#priorities): under a
+    backlog at several levels a worker splits each fetch over the levels in use by these
+    weights (smooth weighted round robin), and what a level leaves unused goes to the others,
+    highest first. The default gives each level twice the share of the level below it."""
+    strict_priority: bool = False
+    """Fetch strictly by priority instead (a lower level waits while a higher has work)."""
 
 
     @property

@@ -33,6 +33,10 @@ class InvalidGroup(InvalidArgument):
     """A group name is empty, too long, or has characters outside the allowed set."""
 
 
+class InvalidPriority(InvalidArgument):
+    """A priority outside 0..4 (or not an integer)."""
+
+
 class PayloadTooLarge(InvalidArgument):
     """The serialised job envelope is larger than the queue's ``max_payload_bytes``."""
 

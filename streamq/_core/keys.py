@@ -33,6 +33,22 @@ slot), while keeping those costs bounded."""
 GROUP = "streamq"
 """The consumer group every worker of every queue reads with."""
 
+PRIORITIES = range(5)
+"""Job priorities: 0 (lowest) .. 4 (highest), higher is fetched sooner (docs/fairness.md)."""
+DEFAULT_PRIORITY = 2
+"""A job without ``priority=`` has this one: its entry goes in the queue's ``stream`` as before
+priorities existed; every other level has a stream of its own (``Keys.stream_level``)."""
+
+
+def check_priority(priority: object) -> int:
+    """A priority 0..4 (an int, not a bool); raises InvalidPriority."""
+    from .errors import InvalidPriority
+
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority not in PRIORITIES:
+        raise InvalidPriority(f"priority must be an integer {PRIORITIES[0]}..{PRIORITIES[-1]}"
+                              f" (higher = sooner; default {DEFAULT_PRIORITY}), got {priority!r}")
+    return priority
+
 
 def check_queue_name(name: str) -> str:
     if not isinstance(name, str) or not _QUEUE_RE.fullmatch(name):
@@ -85,32 +101,51 @@ def _shard_no(_inst: object, _att: object, v: int) -> None:
         raise InvalidArgument(f"shard must be an integer 0..{MAX_SHARDS - 1}, got {v!r}")
 
 
+def _level(_inst: object, _att: object, v: int) -> None:
+    check_priority(v)
+
+
 @attrs.frozen
 class Keys:
-    """Key names of one queue (of one shard of it: ``shard`` 0 is the unsharded layout)."""
+    """Key names of one queue (of one shard of it: ``shard`` 0 is the unsharded layout).
+    ``level``: the priority whose ready stream ``stream`` names (a worker keeps one lane of
+    state per shard and level in use); every other key is the shard's, whatever the level."""
 
     queue: str = attrs.field(validator=lambda _i, _a, v: check_queue_name(v))
     prefix: str = "streamq"
     shard: int = attrs.field(default=0, validator=_shard_no)
+    level: int = attrs.field(default=DEFAULT_PRIORITY, validator=_level)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not _PREFIX_RE.fullmatch(self.prefix):
             raise InvalidQueueName(f"invalid key prefix {self.prefix!r}")
 
     @property
-    def tag(self) -> str:
-        """The hash tag's content: the queue name for shard 0, '<queue>#<i>' for shard i.
-        It names one shard wherever a worker keys its state (leases, loops)."""
+    def shard_tag(self) -> str:
+        """The hash tag's content: the queue name for shard 0, '<queue>#<i>' for shard i."""
         return self.queue if self.shard == 0 else f"{self.queue}#{self.shard}"
 
+    @property
+    def tag(self) -> str:
+        """Names one lane wherever a worker keys its state (leases, loops): the shard's tag
+        (``shard_tag``) at the default priority, '<shard tag>^<level>' at another."""
+        if self.level == DEFAULT_PRIORITY:
+            return self.shard_tag
+        return f"{self.shard_tag}^{self.level}"
+
     def of_shard(self, shard: int) -> Keys:
-        """The keys of another shard of the same queue."""
+        """The keys of another shard of the same queue (at the default priority)."""
         return Keys(self.queue, self.prefix, shard)
+
+    def at_level(self, level: int) -> Keys:
+        """The same shard's keys with ``stream`` naming the ready stream of ``level``."""
+        return self if level == self.level else Keys(self.queue, self.prefix, self.shard, level)
 
     def for_job(self, job_id: str, shards: int) -> Keys:
         """The keys of the shard that holds ``job_id`` in a queue of ``shards`` shards."""
         n = shard_of(job_id, shards)
-        return self if n == self.shard else Keys(self.queue, self.prefix, n)
+        return self if n == self.shard and self.level == DEFAULT_PRIORITY else Keys(
+            self.queue, self.prefix, n)
 
     @property
     def meta(self) -> str:
@@ -119,11 +154,31 @@ class Keys:
 
     @property
     def base(self) -> str:
-        return f"{self.prefix}:{{{self.tag}}}"
+        return f"{self.prefix}:{{{self.shard_tag}}}"
 
     @property
     def stream(self) -> str:
-        return f"{self.base}:stream"
+        """The ready stream of this key set's level (the default level: ``<base>:stream``)."""
+        return self.stream_level(self.level)
+
+    def stream_level(self, level: int) -> str:
+        """The ready stream of one priority level: ``<base>:stream`` for the default level
+        (the layout before priorities), ``<base>:stream:p<level>`` for the others."""
+        if level == DEFAULT_PRIORITY:
+            return f"{self.base}:stream"
+        return f"{self.base}:stream:p{level}"
+
+    @property
+    def level_streams(self) -> list[str]:
+        """The ready streams of every level but the default, lowest first (scripts that
+        route a job by its priority get them in KEYS)."""
+        return [self.stream_level(p) for p in PRIORITIES if p != DEFAULT_PRIORITY]
+
+    @property
+    def levels(self) -> str:
+        """SET of the priority levels other than the default that jobs of this shard have
+        used (written by enqueue.lua; workers read it to know which streams to fetch from)."""
+        return f"{self.base}:levels"
 
     @property
     def delayed(self) -> str:

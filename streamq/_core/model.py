@@ -277,6 +277,8 @@ class JobInfo:
     """Lines from ``job.log(...)``, oldest first (the last 100): ``{"n", "t" (ms), "m"}``."""
     group: str | None = None
     """The job's group (``enqueue(group=...)``), None when it has none."""
+    priority: int = 2
+    """0 (lowest) .. 4 (highest); 2 is the default (docs/fairness.md#priorities)."""
 
     @property
     def finished(self) -> bool:
@@ -413,6 +415,7 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
         started_at=_ms_to_dt(h.get(b"a")), finished_at=_ms_to_dt(h.get(b"f")),
         owner=s("o") or None, result=result, error=error, reason=s("reason"),
         envelope=env, group=s("g") or None,
+        priority=_int(h.get(b"p")) if h.get(b"p") else 2,
     )
 
 

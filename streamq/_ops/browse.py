@@ -34,7 +34,10 @@ from .operations import (
     _entry_ms,
     _s,
     _server_ms,
+    level_of,
     ok,
+    over_levels,
+    split_cursor,
 )
 
 _STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
@@ -94,10 +97,21 @@ def _fields(rep: Any) -> tuple[str, str, int]:
 
 def ready(keys: Keys, flt: ListFilter | None = None, *, limit: int = 50,
           cursor: str | None = None, scan: int = PAGE) -> Op[Page]:
-    """Entries of the ready stream not yet delivered to a worker, oldest first."""
+    """Entries of the ready streams not yet delivered to a worker: every priority level,
+    highest first, each oldest first."""
+    limit = max(1, min(limit, PAGE))
+    check_stream_id(split_cursor(cursor)[1])
+
+    def one(k: Keys, c: str | None, n: int) -> Op[Page]:
+        return _ready(k, flt, limit=n, cursor=c, scan=scan)
+
+    return (yield from over_levels(keys, cursor, limit, one))
+
+
+def _ready(keys: Keys, flt: ListFilter | None = None, *, limit: int = 50,
+           cursor: str | None = None, scan: int = PAGE) -> Op[Page]:
     flt = flt or ListFilter()
     limit = max(1, min(limit, PAGE))
-    check_stream_id(cursor)
     start = cursor
     if start is None:
         (groups,) = yield [Cmd.of("XINFO", "GROUPS", keys.stream)]
@@ -287,8 +301,10 @@ class Lease:
 def lease(keys: Keys, job_id: str) -> Op[Lease | None]:
     """The job's stream entry and lease (None when the job is not in the stream)."""
     check_job_id(job_id)
-    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "e", "k", "state", "entry", "token")]
-    state, entry, token, state1, entry1, token1 = ok(rec)
+    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "e", "k", "state", "entry", "token",
+                           "p")]
+    state, entry, token, state1, entry1, token1, prio = ok(rec)
+    keys = keys.at_level(level_of(prio))  # the stream of its priority level
     if state is None:  # a layout-1 record, or none
         state, entry, token = state1, entry1, token1
     eid = entry_id(entry)  # kept once the job left the stream: the state says if it is live

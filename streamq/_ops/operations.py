@@ -8,14 +8,14 @@ Every listing works in pages of at most ``PAGE`` entries.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar
 
 import attrs
 
 from .._core.config import QueueConfig
 from .._core.errors import InvalidArgument, JobNotFound, UnknownQueue
-from .._core.keys import GROUP, Keys, check_job_id, queues_key
+from .._core.keys import DEFAULT_PRIORITY, GROUP, PRIORITIES, Keys, check_job_id, queues_key
 from .._core.model import BRIEF_FIELDS, JobInfo, brief, decode_record, entry_id, record_state
 from .._core.scripts import Arg
 
@@ -74,10 +74,22 @@ def _entry_ms(entry_id: str) -> int:
 
 
 @attrs.frozen
+class LevelStats:
+    """One priority level's ready stream (docs/fairness.md#priorities)."""
+
+    ready: int
+    """Entries of this level not yet delivered to any worker."""
+    pending: int
+    """Entries of this level delivered and not settled."""
+    oldest_ready_age_s: float | None
+    """Age of the oldest undelivered entry of this level (None: none waiting)."""
+
+
+@attrs.frozen
 class QueueStats:
     queue: str
     ready: int
-    """Entries not yet delivered to any worker."""
+    """Entries not yet delivered to any worker (every priority level)."""
     pending: int
     """Entries delivered and not settled (in the PEL): running, or held by a dead worker."""
     scheduled: int
@@ -95,39 +107,71 @@ class QueueStats:
     """Grouped jobs holding a slot (in ready or pending)."""
     groups: int = 0
     """Groups with waiting or in-flight jobs (per shard: summed over shards)."""
+    levels: dict[int, LevelStats] = attrs.field(factory=dict)
+    """Per priority level in use (the default, 2, always): ready, pending, oldest age."""
+
+
+def _group(groups: Any) -> tuple[int, int, str]:
+    """(pending, consumers, last delivered id) of streamq's group in an XINFO GROUPS reply."""
+    if isinstance(groups, Exception):
+        return 0, 0, "0-0"
+    for g in groups:
+        gd = _dict(g)
+        if _s(gd.get("name", "")) == GROUP:
+            return int(gd["pending"]), int(gd["consumers"]), _s(gd["last-delivered-id"])
+    return 0, 0, "0-0"
+
+
+def priority_levels(raw: Any) -> list[int]:
+    """The levels in use from a SMEMBERS reply of Keys.levels, highest first, with the
+    default level always."""
+    found = {DEFAULT_PRIORITY}
+    for v in raw if not isinstance(raw, Exception) else []:
+        try:
+            p = int(v)
+        except ValueError:
+            continue
+        if p in PRIORITIES:
+            found.add(p)
+    return sorted(found, reverse=True)
 
 
 def stats(keys: Keys, worker_alive_ms: int = 30_000) -> Op[QueueStats]:
-    r = yield [Cmd.of("TIME"), Cmd.of("XLEN", keys.stream), Cmd.of("XINFO", "GROUPS", keys.stream),
+    r = yield [Cmd.of("TIME"), Cmd.of("SMEMBERS", keys.levels),
                Cmd.of("ZCARD", keys.delayed), Cmd.of("XLEN", keys.dead),
                Cmd.of("HGETALL", keys.stats), Cmd.of("EXISTS", keys.paused),
                Cmd.of("EXISTS", keys.stream, keys.delayed, keys.dead, keys.stats),
                Cmd.of("ZCARD", keys.group_wait), Cmd.of("ZCARD", keys.group_inflight),
                Cmd.of("ZCARD", keys.group_index)]
-    if not ok(r[7]):
+    if not ok(r[6]):
         raise UnknownQueue(f"queue {keys.queue!r} does not exist (no keys under {keys.base})")
     now = _server_ms(ok(r[0]))
-    xlen, delayed, dead = ok(r[1]), ok(r[3]), ok(r[4])
-    counters = {_s(k): int(v) for k, v in _dict(ok(r[5])).items()}
-    pending = consumers = 0
-    last_delivered = "0-0"
-    groups = r[2] if not isinstance(r[2], Exception) else []
-    for g in groups:
-        gd = _dict(g)
-        if _s(gd.get("name", "")) == GROUP:
-            pending, consumers = int(gd["pending"]), int(gd["consumers"])
-            last_delivered = _s(gd["last-delivered-id"])
-    r2 = yield [Cmd.of("XRANGE", keys.stream, f"({last_delivered}", "+", "COUNT", 1),
+    levels = priority_levels(r[1])
+    delayed, dead = ok(r[2]), ok(r[3])
+    counters = {_s(k): int(v) for k, v in _dict(ok(r[4])).items()}
+    per = yield [c for p in levels for c in (Cmd.of("XLEN", keys.stream_level(p)),
+                                             Cmd.of("XINFO", "GROUPS", keys.stream_level(p)))]
+    groups = [(ok(per[2 * i]) if not isinstance(per[2 * i], Exception) else 0,
+               *_group(per[2 * i + 1])) for i in range(len(levels))]
+    r2 = yield [*(Cmd.of("XRANGE", keys.stream_level(p), f"({g[3]}", "+", "COUNT", 1)
+                  for p, g in zip(levels, groups, strict=True)),
                 Cmd.of("ZCOUNT", keys.workers, now - worker_alive_ms, "+inf")]
-    first = ok(r2[0])
-    age = (now - _entry_ms(_s(first[0][0]))) / 1000 if first else None
+    by_level: dict[int, LevelStats] = {}
+    for i, (p, (xlen, pend, _consumers, _last)) in enumerate(zip(levels, groups, strict=True)):
+        first = r2[i] if not isinstance(r2[i], Exception) else []
+        age = (now - _entry_ms(_s(first[0][0]))) / 1000 if first else None
+        by_level[p] = LevelStats(ready=max(0, int(xlen) - pend), pending=pend,
+                                 oldest_ready_age_s=age)
+    ages = [v.oldest_ready_age_s for v in by_level.values() if v.oldest_ready_age_s is not None]
     retrying = max(0, counters.get("retrying_now", 0))
     return QueueStats(
-        queue=keys.queue, ready=max(0, xlen - pending), pending=pending,
+        queue=keys.queue, ready=sum(v.ready for v in by_level.values()),
+        pending=sum(v.pending for v in by_level.values()),
         scheduled=max(0, delayed - retrying), retrying=min(retrying, delayed), dead=dead,
-        consumers=consumers, workers_alive=int(ok(r2[1])), paused=bool(ok(r[6])),
-        oldest_ready_age_s=age, counters=counters, group_waiting=int(ok(r[8])),
-        group_in_flight=int(ok(r[9])), groups=int(ok(r[10])))
+        consumers=max(g[2] for g in groups), workers_alive=int(ok(r2[-1])),
+        paused=bool(ok(r[5])), oldest_ready_age_s=max(ages) if ages else None,
+        counters=counters, levels=by_level, group_waiting=int(ok(r[7])),
+        group_in_flight=int(ok(r[8])), groups=int(ok(r[9])))
 
 
 # ------------------------------------------------------------------ pending
@@ -152,8 +196,66 @@ class Page:
     """Pass back to get the next page; None when the listing is complete."""
 
 
+def level_of(raw: Any) -> int:
+    """A record's priority ('p'; absent: the default)."""
+    try:
+        p = int(raw) if raw else DEFAULT_PRIORITY
+    except ValueError:
+        return DEFAULT_PRIORITY
+    return p if p in PRIORITIES else DEFAULT_PRIORITY
+
+
+def split_cursor(cursor: str | None) -> tuple[int | None, str | None]:
+    """A listing cursor over several level streams: '<id>' (the default level's, as before
+    priorities) or 'p<level>:<id>' (another level's)."""
+    if cursor and cursor.startswith("p") and ":" in cursor:
+        level, _, rest = cursor[1:].partition(":")
+        if level.isdigit() and int(level) in PRIORITIES:
+            return int(level), rest or None
+    return (DEFAULT_PRIORITY if cursor else None), cursor
+
+
+def join_cursor(level: int, cursor: str | None) -> str | None:
+    if cursor is None or level == DEFAULT_PRIORITY:
+        return cursor
+    return f"p{level}:{cursor}"
+
+
+def over_levels(keys: Keys, cursor: str | None, limit: int,
+                one: Callable[[Keys, str | None, int], Op[Page]]) -> Op[Page]:
+    """A listing over every priority level's stream, highest first: one(keys at a level,
+    cursor in it, how many) lists one stream; the cursor says where to go on."""
+    (raw,) = yield [Cmd.of("SMEMBERS", keys.levels)]
+    levels = priority_levels(raw)
+    at, inner = split_cursor(cursor)
+    if at is not None and at in levels:
+        levels = levels[levels.index(at):]
+    items: list[Any] = []
+    for i, level in enumerate(levels):
+        page = yield from one(keys.at_level(level), inner if i == 0 else None,
+                              limit - len(items))
+        items.extend(page.items)
+        if page.cursor is not None:
+            return Page(items, join_cursor(level, page.cursor))
+        if len(items) >= limit:
+            nxt = levels[i + 1] if i + 1 < len(levels) else None
+            return Page(items, None if nxt is None else f"p{nxt}:")
+    return Page(items, None)
+
+
 def pending(keys: Keys, *, min_idle_s: float = 0, consumer: str | None = None,
             count: int = 100, cursor: str | None = None) -> Op[Page]:
+    """Delivered, unsettled entries of every priority level (highest first), a page."""
+    count = max(1, min(count, PAGE))
+
+    def one(k: Keys, c: str | None, n: int) -> Op[Page]:
+        return _pending(k, min_idle_s=min_idle_s, consumer=consumer, count=n, cursor=c)
+
+    return (yield from over_levels(keys, cursor, count, one))
+
+
+def _pending(keys: Keys, *, min_idle_s: float = 0, consumer: str | None = None,
+             count: int = 100, cursor: str | None = None) -> Op[Page]:
     count = max(1, min(count, PAGE))
     args: list[Any] = ["XPENDING", keys.stream, GROUP]
     if min_idle_s > 0:
@@ -205,8 +307,8 @@ def _dict_b(reply: Any) -> dict[bytes, Any]:
 def requeue(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
     """Hand a pending (stuck) job back to the queue now, as a new attempt."""
     check_job_id(job_id)
-    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "e", "state", "entry")]
-    state, entry, state1, entry1 = ok(rec)
+    (rec,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "e", "state", "entry", "p")]
+    state, entry, state1, entry1, prio = ok(rec)
     if state is None:  # a layout-1 record, or none
         state, entry = state1, entry1
     if state is None:
@@ -215,6 +317,7 @@ def requeue(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
     entry = entry_id(entry).encode()
     if state not in ("active", "queued") or not entry:
         return f"not requeued: job is {state}"
+    keys = keys.at_level(level_of(prio))  # the stream of its priority level
     (res,) = yield [Call("requeue", [keys.stream, keys.dead, keys.stats, keys.events,
                                      keys.job(job_id), *keys.group_keys],
                          [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, who,
@@ -294,7 +397,8 @@ def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
             args += [e.dead_id, e.job_id]
         (res,) = yield [Call("redrive", [keys.stream, keys.dead, keys.stats, keys.events,
                                          *(keys.job(e.job_id or "-") for e in part),
-                                         *keys.group_keys], args)]
+                                         *keys.group_keys, keys.levels, *keys.level_streams],
+                         args)]
         for x in ok(res):
             outcome[_s(x)] = outcome.get(_s(x), 0) + 1
     return outcome
@@ -315,7 +419,11 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
     purged = 0
     cursor = "-"
     skipped = 0  # delayed-set members of another state stay in place: page past them
-    waiting = False  # queued: the stream first, then the groups' wait list
+    waiting = False  # queued: every priority level's stream, then the groups' wait list
+    streams = [keys.stream]
+    if state == "queued":
+        (raw,) = yield [Cmd.of("SMEMBERS", keys.levels)]
+        streams = [keys.stream_level(p) for p in priority_levels(raw)]
     while purged < max_jobs:
         batch: list[tuple[str, str]] = []
         if state == "queued" and waiting:
@@ -327,7 +435,7 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
             more = len(page) == PAGE
             cursor = f"({_s(page[-1])}" if page else cursor
         elif state == "queued":
-            (raw,) = yield [Cmd.of("XRANGE", keys.stream, cursor, "+", "COUNT", PAGE)]
+            (raw,) = yield [Cmd.of("XRANGE", streams[0], cursor, "+", "COUNT", PAGE)]
             page = ok(raw)
             for e in page:
                 batch.append((_s(_dict(e[1] or []).get("id", b"")), _s(e[0])))
@@ -335,7 +443,10 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
             # until the stream has nothing past it, then the groups' wait list
             more = True
             cursor = f"({_s(page[-1][0])}" if page else cursor
-            if not page:
+            if not page and len(streams) > 1:  # this level is done: the next one
+                streams.pop(0)
+                cursor = "-"
+            elif not page:
                 waiting, cursor = True, "-"
         elif state == "failed":
             (raw,) = yield [Cmd.of("XRANGE", keys.dead, cursor, "+", "COUNT", PAGE)]
@@ -357,7 +468,8 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
                 args += [j or "-", d]
             (res,) = yield [Call("purge", [keys.stream, keys.delayed, keys.dead, keys.stats,
                                            keys.events, *(keys.job(j or "-") for j, _ in batch),
-                                           *keys.group_keys], args)]
+                                           *keys.group_keys, keys.levels,
+                                           *keys.level_streams], args)]
             done = sum(1 for x in ok(res) if x == b"purged")
             purged += done
             skipped += len(batch) - done

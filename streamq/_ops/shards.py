@@ -19,7 +19,7 @@ from .._core.errors import InvalidArgument, ShardCountMismatch, UnknownQueue
 from .._core.keys import Keys, check_job_id, shard_keys, shard_of
 from . import browse as _browse
 from . import operations as _ops
-from .operations import Cmd, DeadEntry, DeadFilter, Op, Page, QueueStats, ok
+from .operations import Cmd, DeadEntry, DeadFilter, LevelStats, Op, Page, QueueStats, ok
 
 T = TypeVar("T")
 SHARDS_FIELD = "shards"
@@ -93,7 +93,23 @@ def stats(parts: Sequence[Keys]) -> Op[QueueStats]:
         workers_alive=max(s.workers_alive for s in found),
         paused=any(s.paused for s in found), oldest_ready_age_s=max(ages) if ages else None,
         counters=counters, group_waiting=total("group_waiting"),
-        group_in_flight=total("group_in_flight"), groups=total("groups"))
+        group_in_flight=total("group_in_flight"), groups=total("groups"),
+        levels=_levels(found))
+
+
+def _levels(found: Sequence[QueueStats]) -> dict[int, LevelStats]:
+    """Per-level stats of every shard, added up (the oldest age: the oldest of any shard)."""
+    out: dict[int, LevelStats] = {}
+    for s in found:
+        for p, v in s.levels.items():
+            o = out.get(p)
+            if o is None:
+                out[p] = v
+                continue
+            ages = [a for a in (o.oldest_ready_age_s, v.oldest_ready_age_s) if a is not None]
+            out[p] = LevelStats(ready=o.ready + v.ready, pending=o.pending + v.pending,
+                                oldest_ready_age_s=max(ages) if ages else None)
+    return dict(sorted(out.items(), reverse=True))
 
 
 def _cursor(parts: Sequence[Keys], cursor: str | None) -> tuple[int, str | None]:
@@ -125,14 +141,16 @@ def paged(parts: Sequence[Keys], cursor: str | None, limit: int,
 
 
 def check_cursor(cursor: str | None, shards: int) -> str | None:
-    """A listing cursor given by a user: a stream id (``1700-0``), or for a sharded queue
-    ``'<shard>:'`` or ``'<shard>:<stream id>'``; InvalidArgument else."""
+    """A listing cursor given by a user: a stream id (``1700-0``, or ``p<level>:1700-0`` in
+    another priority level's stream), or for a sharded queue ``'<shard>:'`` or
+    ``'<shard>:<that>'``; InvalidArgument else."""
     if cursor is None or shards == 1:
-        return _browse.check_stream_id(cursor)
+        _browse.check_stream_id(_ops.split_cursor(cursor)[1])  # 'p<level>:<id>' at a level
+        return cursor
     shard, sep, inner = cursor.partition(":")
     if not sep or not shard.isdigit() or int(shard) >= shards:
         raise InvalidArgument(f"invalid cursor {cursor!r}: expected '<shard>:<stream id>'")
-    _browse.check_stream_id(inner or None)
+    _browse.check_stream_id(_ops.split_cursor(inner or None)[1])
     return cursor
 
 

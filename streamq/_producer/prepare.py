@@ -24,7 +24,15 @@ from .._core.errors import (
     ResultNotReady,
     SerializationError,
 )
-from .._core.keys import GROUP, Keys, check_group, check_job_id, notify_allowed
+from .._core.keys import (
+    DEFAULT_PRIORITY,
+    GROUP,
+    Keys,
+    check_group,
+    check_job_id,
+    check_priority,
+    notify_allowed,
+)
 from .._core.model import (
     TERMINAL,
     CancelResult,
@@ -42,7 +50,7 @@ MAX_BATCH = 1000
 """Jobs per enqueue script call (loops are capped)."""
 
 ENQUEUE_KEYS = ("type", "payload", "job_id", "delay", "run_at", "deadline", "max_attempts",
-                "result_ttl", "idempotency_key", "headers", "version", "group")
+                "result_ttl", "idempotency_key", "headers", "version", "group", "priority")
 
 
 MAX_SECONDS = 100 * 365 * 24 * 3600
@@ -98,6 +106,8 @@ class Prepared(NamedTuple):  # a plain tuple: one per job on the enqueue hot pat
     """The queue shard the job goes to (keys.shard_of its id)."""
     group: str = ""
     """The job's group ('' = none): docs/fairness.md#groups."""
+    level: int = DEFAULT_PRIORITY
+    """The job's priority (its ready stream: Keys.stream_level)."""
 
 
 def prepare(
@@ -118,6 +128,7 @@ def prepare(
     trace: Mapping[str, str] | None = None,
     notify: str = "",
     group: str | None = None,
+    priority: int | None = None,
 ) -> Prepared:
     """Validate one job and build its slice of enqueue.lua's arguments. Raises InvalidArgument."""
     if type(job_type) is not str or job_type not in _TYPES_SEEN:
@@ -168,7 +179,11 @@ def prepare(
     opts = cfg.serde.dumps(options) if options else b""
     p = _sealed(keys, cfg, jid, job_type, data, opts, (attempts, ttl_s, deadline_arg,
                                                        delay_ms, run_at_ms, notify))
-    return p if group is None else p._replace(group=check_group(group))
+    if group is not None:
+        p = p._replace(group=check_group(group))
+    if priority is not None and check_priority(priority) != DEFAULT_PRIORITY:
+        p = p._replace(level=priority)
+    return p
 
 
 def _in_payload(exc: SerializationError) -> SerializationError:
@@ -308,6 +323,9 @@ def enqueue_call(
         k.extend(keys.group_keys)
         args.append(cfg.group_arg)
         args.extend(p.group for p in batch)
+    if any(p.level != DEFAULT_PRIORITY for p in batch):  # then the last 5 keys and N args:
+        k += (keys.levels, *keys.level_streams)  # enqueue.lua routes each job by priority
+        args.extend("" if p.level == DEFAULT_PRIORITY else p.level for p in batch)
     return k, args
 
 
@@ -369,7 +387,7 @@ def cancel_call(keys: Keys, cfg: QueueConfig, job_id: str) -> tuple[list[str], l
     check_job_id(job_id)
     keys = keys.for_job(job_id, cfg.shards)
     return ([keys.job(job_id), keys.stream, keys.delayed, keys.stats, keys.events,
-             *keys.group_keys],
+             *keys.group_keys, keys.levels, *keys.level_streams],
             [GROUP, job_id, cfg.events_arg, keys.cancel_channel, cfg.group_arg])
 
 

@@ -87,7 +87,7 @@ class CancelWatch:
     def __init__(self, client: Any, queues: list[QState], leases: LeaseKeeper,
                  outage: Outage | None = None) -> None:
         self.client = client
-        self._tags = {q.keys.cancel_channel: q.keys.tag for q in queues}
+        self._tags = {q.keys.cancel_channel: q.keys.shard_tag for q in queues}
         self._leases = leases
         self._recent: dict[tuple[str, str], float] = {}
         self._checks: set[asyncio.Task[None]] = set()
@@ -105,7 +105,7 @@ class CancelWatch:
     def launched(self, lease: Lease) -> None:
         """A job starts on this worker: if a cancel of its id was heard just before, ask its
         record (the message may have been for an earlier job of that id) and stop it."""
-        if self._recent.pop((lease.keys.tag, lease.job_id), None) is not None:
+        if self._recent.pop((lease.keys.shard_tag, lease.job_id), None) is not None:
             task = asyncio.create_task(self._confirm(lease))
             self._checks.add(task)
             task.add_done_callback(self._checks.discard)
@@ -120,7 +120,7 @@ class CancelWatch:
     def deliver(self, tag: str, job_id: str) -> None:
         found = False
         for lease in self._leases.snapshot():
-            if lease.job_id == job_id and lease.keys.tag == tag and not lease.lost:
+            if lease.job_id == job_id and lease.keys.shard_tag == tag and not lease.lost:
                 found = True
                 interrupt(lease)
         if not found:

@@ -26,7 +26,7 @@ from redis.exceptions import ResponseError
 
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, WorkerConfig
-from .._core.keys import GROUP, Keys
+from .._core.keys import DEFAULT_PRIORITY, GROUP, PRIORITIES, Keys
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
@@ -37,6 +37,8 @@ log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 _CLAIM_WIDTH = 10
 """Values per entry in claim.lua's reply."""
+_LEVELS_EVERY_S = 1.0
+"""How often a fetch loop reads its shard's levels SET (priority levels in use)."""
 
 
 class Fetching:
@@ -84,11 +86,74 @@ class Fetching:
         self._next_token += n
         return first
 
+    # ------------------------------------------------------------ lanes (priority levels)
+
+    def _lane(self, qs: QState, level: int) -> QState:
+        """The state of one level's stream of a shard (made on first use; its consumer group
+        must exist already): its leases, settling loop, own pending entries and reclaim."""
+        lane = qs.lanes.get(level)
+        if lane is None:
+            lane = QState(qs.keys.at_level(level), labels=qs.labels, own_cursor=None)
+            qs.lanes[level] = lane
+            self._lane_added(lane)
+        return lane
+
+    def _lane_added(self, lane: QState) -> None:
+        """A new lane's settling loop (the Worker starts it when it is running)."""
+
+    async def _refresh_levels_retried(self, client: aredis.Redis, qs: QState, _retried: bool
+                                      ) -> None:
+        await self._refresh_levels(qs, client)
+
+    async def _refresh_levels(self, qs: QState, client: aredis.Redis | None = None) -> None:
+        """Read the shard's levels SET: every level in use gets its consumer group and lane."""
+        client = client or self._client
+        assert client is not None
+        qs.lanes.setdefault(DEFAULT_PRIORITY, qs)
+        raw: Any = await client.smembers(qs.keys.levels)
+        found = set()
+        for v in raw:
+            try:
+                p = int(v)
+            except ValueError:
+                continue
+            if p in PRIORITIES:
+                found.add(p)
+        for p in sorted(found - set(qs.lanes)):
+            await self._ensure_group(client, qs.keys.at_level(p))
+            self._lane(qs, p)
+        qs.order = sorted(qs.lanes, reverse=True)
+
+    def _shares(self, qs: QState, n: int) -> list[int]:
+        """Split n over the levels in use (qs.order): by weight (smooth weighted round robin,
+        its state kept between calls) or, strict, all to the highest."""
+        order = qs.order
+        if len(order) == 1:
+            return [n]
+        if self.queue_config.strict_priority:
+            return [n] + [0] * (len(order) - 1)
+        weights = self.queue_config.priority_weights
+        total = sum(weights[p] for p in order)
+        cur = qs.wrr
+        shares = dict.fromkeys(order, 0)
+        for _ in range(n):
+            best = order[0]
+            for p in order:
+                cur[p] = cur.get(p, 0) + weights[p]
+                if cur[p] > cur.get(best, 0):
+                    best = p
+            cur[best] -= total
+            shares[best] += 1
+        return [shares[p] for p in order]
+
+    # ------------------------------------------------------------------------ fetching
+
     def _fetch_step(self, qs: QState) -> Any:
-        """One round of fetching for one queue: own pending entries first, lapsed leases when
-        a reclaim is due, new entries otherwise (claim.lua, or a blocking read when the
-        stream was found drained). The step alone owns the capacity it reserves; whatever it
-        raises, the supervisor logs and retries."""
+        """One round of fetching for one queue shard: own pending entries first, lapsed
+        leases when a reclaim is due, new entries otherwise (claim.lua, or a blocking read
+        when the streams were found drained), over every priority level in use. The step
+        alone owns the capacity it reserves; whatever it raises, the supervisor logs and
+        retries."""
         loop = asyncio.get_running_loop()
 
         async def step() -> float:
@@ -96,6 +161,9 @@ class Fetching:
             assert client is not None
             if qs.paused:
                 return 0.2
+            if loop.time() >= qs.levels_due:
+                await self._refresh_levels(qs)
+                qs.levels_due = loop.time() + _LEVELS_EVERY_S
             await self._capacity.wait()
             # at most half the slots per fetch: one batch starts while another settles
             n = self._reserve(min(self.config.fetch_batch,
@@ -103,47 +171,62 @@ class Fetching:
             if n == 0:
                 return 0.0
             mode = "new"
+            got: list[tuple[QState, list[Any]]] = []
             try:
                 if qs.starting and (qs.own_cursor is not None or loop.time() >= qs.next_reclaim):
                     # reading own entries or reclaiming must not meet a batch still starting
                     await asyncio.wait(set(qs.starting))
                 if qs.own_cursor is not None:  # entries delivered to this consumer name earlier
-                    entries = await self._read_own(qs, n)
+                    got = [await self._read_own(qs, n)]
                     mode = "own"
                 elif loop.time() >= qs.next_reclaim:
-                    entries = await self._reclaim(qs, n)
+                    got = [await self._reclaim(qs, n)]
                     mode = "reclaim"
-                    if qs.cursor == "0-0":  # a full sweep is done; the next one when due
-                        qs.next_reclaim = loop.time() + self.config.reclaim_every_s
                 elif not qs.idle:
                     await self._claim(qs, n)
                     return 0.0
-                else:  # the stream was drained: wait for one entry, then claim again
-                    reply: Any = await client.xreadgroup(
-                        GROUP, self.consumer, {qs.keys.stream: ">"}, count=1,
-                        block=min(self.config.block_ms,
-                                  max(1, int((qs.next_reclaim - loop.time()) * 1000))))
-                    entries = reply[0][1] if reply else []
-                    if entries:
-                        qs.idle = False
+                else:  # the streams were drained: wait for work, then claim again
+                    got = await self._wait_for_work(qs, n, loop.time())
             except BaseException as exc:
                 self._release(n)
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
-                    await self._ensure_group(client, qs.keys)  # deleted under us: make it again
+                    for lane in list(qs.lanes.values()):  # deleted under us: make them again
+                        await self._ensure_group(client, lane.keys)
                     return 0.0
                 if isinstance(exc, Exception):
                     qs.own_cursor = "0"  # a lost reply may have delivered entries: read them
                 raise
-            self._release(n - len(entries))
-            if entries:  # start in the background: the next read overlaps this round trip
-                task = asyncio.create_task(self._start_batch(qs, entries, mode))
-                qs.starting.add(task)
-                task.add_done_callback(qs.starting.discard)
-                if len(entries) < n:  # no backlog: let the start go out before the next read
-                    await asyncio.sleep(0)
+            total = sum(len(entries) for _, entries in got)
+            self._release(n - total)
+            for lane, entries in got:
+                if entries:  # start in the background: the next read overlaps this round trip
+                    task = asyncio.create_task(self._start_batch(qs, lane, entries, mode))
+                    qs.starting.add(task)
+                    task.add_done_callback(qs.starting.discard)
+            if total and total < n:  # no backlog: let the start go out before the next read
+                await asyncio.sleep(0)
             return 0.0
 
         return step
+
+    async def _wait_for_work(self, qs: QState, n: int, now: float
+                             ) -> list[tuple[QState, list[Any]]]:
+        """A blocking XREADGROUP COUNT 1 over the level streams (the highest n levels): at
+        most one entry per level, never a burst of low-priority entries ahead of urgent work
+        arriving just after; then claims go on."""
+        client = self._client
+        assert client is not None
+        lanes = [qs.lanes[p] for p in qs.order[:n]]
+        reply: Any = await client.xreadgroup(
+            GROUP, self.consumer, {lane.keys.stream: ">" for lane in lanes}, count=1,
+            block=min(self.config.block_ms, max(1, int((qs.next_reclaim - now) * 1000))))
+        if not reply:
+            return []
+        by_stream = {lane.keys.stream: lane for lane in lanes}
+        got = [(by_stream[stream.decode()], entries) for stream, entries in reply]
+        if any(entries for _, entries in got):
+            qs.idle = False
+        return got
 
     async def _claim(self, qs: QState, n: int) -> None:
         """Read and start up to n new entries with claim.lua (n slots are reserved; this
@@ -151,60 +234,88 @@ class Fetching:
         entries next, which finds the entries of a call whose reply was lost)."""
         client = self._client
         assert client is not None
-        k = qs.keys
         first = self._take_tokens(n)
+        order = qs.order
+        streams = [qs.lanes[p].keys.stream for p in order]
         reply = await SCRIPTS["claim"].run_async(client, *claim_call(
-            k, self.consumer, self.queue_config, self._token_prefix, first, n))
+            qs.keys, self.consumer, self.queue_config, self._token_prefix, first, n, streams,
+            self._shares(qs, n)))
         status = reply[0]
         if status == b"paused":
             qs.paused = True  # seen before the flag poll: stop fetching at once
             self._release(n)
             return
-        if reply[1]:  # the group is gone (deleted under us): make it again
-            await self._ensure_group(client, k)
+        if reply[1]:  # a group is gone (deleted under us): make it again
+            for i in reply[1].split(b","):
+                await self._ensure_group(client, qs.lanes[order[int(i) - 1]].keys)
         got = (len(reply) - 2) // _CLAIM_WIDTH
         if got < n:
             qs.idle = True
         launched = 0
         for i in range(2, len(reply), _CLAIM_WIDTH):
-            (_level, eid, jid, code, token, attempt, data, deadline, wait_ms,
+            (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
              age_ms) = reply[i:i + _CLAIM_WIDTH]
             if code != b"run":
                 if code == b"paused":
                     qs.paused = True
                 continue
             launched += 1
-            self._launch(qs, eid.decode(), jid.decode(), token.decode(), int(attempt), data,
+            self._launch(qs.lanes[order[int(level) - 1]], eid.decode(), jid.decode(),
+                         token.decode(), int(attempt), data,
                          (int(deadline), int(wait_ms), int(age_ms)))
         if launched:
             self.stats.started += launched
             tel.STARTED.add(launched, qs.labels)
         self._release(n - launched)
 
-    async def _read_own(self, qs: QState, n: int) -> list[Any]:
+    async def _read_own(self, qs: QState, n: int) -> tuple[QState, list[Any]]:
+        """Up to n of this consumer's own pending entries, lane after lane."""
         assert self._client is not None and qs.own_cursor is not None
+        if qs.own_cursor == "0":  # (re)started from outside: every lane again
+            qs.own_lane = 0
+        order = qs.order or [DEFAULT_PRIORITY]
+        lane = qs.lanes.get(order[min(qs.own_lane, len(order) - 1)], qs)
         reply: Any = await self._client.xreadgroup(
-            GROUP, self.consumer, {qs.keys.stream: qs.own_cursor}, count=n)
+            GROUP, self.consumer, {lane.keys.stream: qs.own_cursor}, count=n)
         raw: list[Any] = reply[0][1] if reply else []
-        qs.own_cursor = raw[-1][0].decode() if raw else None
-        return [e for e in raw if not self._busy(qs, e[0].decode())]
+        if raw:
+            qs.own_cursor = raw[-1][0].decode()
+        elif qs.own_lane + 1 < len(order):
+            qs.own_lane += 1
+            qs.own_cursor = "0-0"
+        else:
+            qs.own_cursor = None
+            qs.own_lane = 0
+        return lane, [e for e in raw if not self._busy(lane, e[0].decode())]
 
-    async def _reclaim(self, qs: QState, n: int) -> list[Any]:
-        """Take over up to n entries whose lease lapsed (XAUTOCLAIM; the cursor is kept).
-        Entries of this worker's own lost leases are taken like any other: the handler that
-        lost its lease is fenced out, the job runs again."""
+    async def _reclaim(self, qs: QState, n: int) -> tuple[QState, list[Any]]:
+        """Take over up to n entries whose lease lapsed (XAUTOCLAIM, each lane's cursor
+        kept), lane after lane; when a sweep of every lane is done, the next is due in
+        reclaim_every_s. Entries of this worker's own lost leases are taken like any other:
+        the handler that lost its lease is fenced out, the job runs again."""
         assert self._client is not None
+        order = qs.order or [DEFAULT_PRIORITY]
+        if qs.reclaim_lane >= len(order):
+            qs.reclaim_lane = 0
+        lane = qs.lanes.get(order[qs.reclaim_lane], qs)
         min_idle = int(self.config.visibility_timeout_s * 1000)
         reply: Any = await self._client.xautoclaim(
-            qs.keys.stream, GROUP, self.consumer, min_idle, qs.cursor, count=n)
-        qs.cursor = reply[0].decode()
-        entries = [e for e in reply[1] if not self._busy(qs, e[0].decode())]
+            lane.keys.stream, GROUP, self.consumer, min_idle, lane.cursor, count=n)
+        lane.cursor = reply[0].decode()
+        if lane.cursor == "0-0":  # this lane's sweep is done
+            qs.reclaim_lane += 1
+            if qs.reclaim_lane >= len(order):  # and every lane's: the next sweep when due
+                qs.reclaim_lane = 0
+                qs.next_reclaim = asyncio.get_running_loop().time() + self.config.reclaim_every_s
+        entries = [e for e in reply[1] if not self._busy(lane, e[0].decode())]
         if entries:
-            log.info("reclaiming %d lapsed entries of %s", len(entries), qs.keys.queue)
-        return entries
+            log.info("reclaiming %d lapsed entries of %s", len(entries), lane.keys.tag)
+        return lane, entries
 
-    async def _start_batch(self, qs: QState, entries: list[Any], mode: str) -> None:
-        """Start delivered entries (capacity for all of them is already reserved); mode is
+    async def _start_batch(self, qs: QState, lane: QState, entries: list[Any], mode: str
+                           ) -> None:
+        """Start delivered entries of one lane of shard qs (capacity for all of them is
+        already reserved); mode is
         'new', 'reclaim' or 'own' (own pending entries: a job active under a token of this
         worker is a start whose reply was lost, answered as the same start).
 
@@ -213,7 +324,7 @@ class Fetching:
         answers: a job is never counted as started twice for one start."""
         client = self._client
         assert client is not None
-        k = qs.keys
+        k = lane.keys
         good: list[tuple[str, str, str]] = []
         bad: list[tuple[str, str]] = []
         ghosts: list[str] = []
@@ -247,7 +358,7 @@ class Fetching:
                                 client, *start_call(k, self.consumer, self.queue_config, part,
                                                     bad, resume))
                             unreleased -= len(part) + len(bad)
-                            self._started(qs, part, reply, len(bad), mode == "reclaim")
+                            self._started(qs, lane, part, reply, len(bad), mode == "reclaim")
                         bad = []
                         calls.pop(0)
                     sup.ok()
@@ -265,9 +376,10 @@ class Fetching:
             self._release(unreleased)
             qs.own_cursor = "0"
 
-    def _started(self, qs: QState, part: list[tuple[str, str, str]], reply: Any,
+    def _started(self, qs: QState, lane: QState, part: list[tuple[str, str, str]], reply: Any,
                  malformed: int, reclaimed: bool) -> None:
-        """Launch what start.lua said to run; free the slots of everything else."""
+        """Launch what start.lua said to run (in lane, of shard qs); free the slots of
+        everything else."""
         launched = 0
         skipped = malformed
         for n, (eid, jid, _token) in enumerate(part):
@@ -278,7 +390,7 @@ class Fetching:
                     qs.paused = True  # seen before the flag poll: stop fetching at once
                 continue
             launched += 1
-            self._launch(qs, eid, jid, token.decode(), int(attempt), data,
+            self._launch(lane, eid, jid, token.decode(), int(attempt), data,
                          (int(deadline), int(wait_ms), int(age_ms)))
         if launched:
             self.stats.started += launched
@@ -307,10 +419,15 @@ def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[st
     return keys, args
 
 
-def claim_call(k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str, first: int, n: int
+def claim_call(k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str, first: int, n: int,
+               streams: Sequence[str] | None = None, shares: Sequence[int] | None = None
                ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of one claim.lua call: up to n entries, tokens from number first on."""
-    keys = [k.dead, k.stats, k.events, k.paused, k.stream, *k.group_keys]
+    """KEYS and ARGV of one claim.lua call: up to n entries, tokens from number first on,
+    from the level streams given (in reading order; default: the shard's default level)
+    with their shares of n."""
+    streams = [k.stream] if streams is None else list(streams)
+    shares = [n] if shares is None else list(shares)
+    keys = [k.dead, k.stats, k.events, k.paused, *streams, *k.group_keys]
     args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
-                       k.job(""), token_prefix, first, n, n, cfg.group_arg]
+                       k.job(""), token_prefix, first, n, *shares, cfg.group_arg]
     return keys, args

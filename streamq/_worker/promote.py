@@ -75,6 +75,7 @@ class Promoter:
         keys = [k.delayed, k.stream, k.dead, k.stats, k.events]
         keys.extend(k.job(i) for i in names)
         keys.extend(k.group_keys)
+        keys += (k.levels, *k.level_streams)  # a job with a priority goes to its level
         cfg = self.config
         moved, now, next_due = await SCRIPTS["promote"].run_async(
             client, keys, [cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, cfg.group_arg,

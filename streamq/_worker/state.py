@@ -30,7 +30,20 @@ class QState:
     own_cursor: str | None = "0"
     """Where to read this consumer's own pending entries from; None once they are all seen."""
     idle: bool = False
-    """The last claim found the stream drained: wait with a blocking read (fetch.py)."""
+    """The last claim found the streams drained: wait with a blocking read (fetch.py)."""
+    lanes: dict[int, QState] = attrs.field(factory=dict)
+    """A shard's lanes by priority level (its own state at the default level); the state
+    of each level's stream: leases, settling, own pending entries, reclaim (fetch.py)."""
+    order: list[int] = attrs.field(factory=list)
+    """The levels in use, highest first: the order in which a claim reads them."""
+    levels_due: float = 0.0
+    """When to read the shard's levels SET again."""
+    wrr: dict[int, int] = attrs.field(factory=dict)
+    """Smooth weighted round robin state (current weight per level) of the claim split."""
+    own_lane: int = 0
+    """Which lane (index in order) the own pending read is at."""
+    reclaim_lane: int = 0
+    """Which lane (index in order) the reclaim sweep is at."""
     promoter: Promoter | None = None
     groups: GroupKeeper | None = None
     """Group upkeep of this shard (unpark, reconcile)."""

@@ -28,7 +28,7 @@ from .._core import telemetry as tel
 from .._core.args import check_queue_list
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.conn import async_client, averify, sync_client
-from .._core.keys import Keys, queues_key, shard_keys
+from .._core.keys import DEFAULT_PRIORITY, Keys, queues_key, shard_keys
 from .._core.retry import acall
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .._ops.queues import publish_types
@@ -78,6 +78,8 @@ class Worker(Fetching):
         self._qs = {k.tag: QState(k, labels=tel.attrs_for(q)) for q in self._names
                     for k in shard_keys(q, self.queue_config.shards,
                                         self.queue_config.key_prefix)}
+        self._fetchers = len(self._qs)
+        """Fetch loops (one per shard of each queue); lanes of other levels join _qs later."""
         self.stats = WorkerStats()
         self._attempts = Attempts(self.config, self.queue_config, registry, self.stats)
         self._free = self.config.concurrency
@@ -172,7 +174,7 @@ class Worker(Fetching):
             return
         timeout = self.config.block_ms / 1000 + 10
         client = async_client(self.url, socket_timeout_s=timeout, **self._client_kwargs)
-        queues = list(self._qs.values())
+        queues = self._shards()
         hk = Housekeeper(client, self.config, self.consumer, queues, self._outage)
         try:
             # a URL of the wrong form (redis:// at a cluster node, …): one clear error
@@ -183,6 +185,8 @@ class Worker(Fetching):
                     name, self.queue_config.key_prefix), self.queue_config.shards))
             for qs in queues:
                 await acall(functools.partial(self._ensure_group_retried, client, qs.keys))
+                # every priority level in use gets its group and lane before anything runs
+                await acall(functools.partial(self._refresh_levels_retried, client, qs))
             # producers with require_handler refuse types that no worker has registered
             await acall(lambda _retried: publish_types(
                 client, [q.keys for q in queues if q.keys.shard == 0], self.registry.names()))
@@ -211,7 +215,7 @@ class Worker(Fetching):
         self._stopped.clear()
         self._hurry.clear()
         self._jobs.clear()
-        self._unsettled = sum(len(qs.buf) for qs in queues)
+        self._unsettled = sum(len(qs.buf) for qs in self._qs.values())
         self._free = self.config.concurrency - self._owed()
         self._capacity.set()
         self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s,
@@ -226,6 +230,7 @@ class Worker(Fetching):
                 f"fetch from {qs.keys.tag}", log, outage=self._outage)
             self._loops.append(asyncio.create_task(
                 fetch.run(self._fetch_step(qs), lambda: self._running)))
+        for qs in self._qs.values():  # one settling loop per lane (shard and level)
             self._flushers.append(asyncio.create_task(
                 self._settler.flush_loop(qs, lambda: self._settling)))
         tel.register_gauges(self, hk.gauge_values)
@@ -350,8 +355,18 @@ class Worker(Fetching):
 
     # ----------------------------------------------------------------- fetching
 
+    def _shards(self) -> list[QState]:
+        """The state of each shard of each queue (one fetch loop each; not its other lanes)."""
+        return [qs for qs in self._qs.values() if qs.keys.level == DEFAULT_PRIORITY]
+
+    def _lane_added(self, lane: QState) -> None:
+        self._qs[lane.keys.tag] = lane
+        if self._settling and self._settler is not None:
+            self._flushers.append(asyncio.create_task(
+                self._settler.flush_loop(lane, lambda: self._settling)))
+
     def _reserve(self, want: int) -> int:
-        share = max(1, self._free // max(1, len(self._qs)))
+        share = max(1, self._free // max(1, self._fetchers))
         n = min(want, share, self._free)
         self._free -= n
         if self._free <= 0:

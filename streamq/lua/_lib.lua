@@ -256,6 +256,24 @@ end
 local gctx, g_conf, g_count, g_held, g_tidy, g_fill, g_push,
   g_enter, g_release, g_unwait, g_gate, g_adopt
 
+-- Priorities (docs/fairness.md#priorities): a record's 'p' is its priority 0..4, absent for
+-- the default (2), whose entries go in the queue's ready stream as before priorities. A
+-- script that routes jobs by priority gets the levels SET at KEYS[at] and the other levels'
+-- streams (priorities 0, 1, 3, 4) at KEYS[at + 1 ..]. The stream of priority prio ('' or
+-- absent: the default's, which the caller passes as default):
+local function level_stream(keys, at, prio, default)
+  local p = tonumber(prio)
+  if not p or p == 2 or not keys[at] then return default end
+  if p < 2 then return keys[at + 1 + p] end
+  return keys[at + p]
+end
+
+-- Note a level as used (workers read the levels SET to know which streams to fetch from).
+local function level_used(keys, at, prio)
+  local p = tonumber(prio)
+  if p and p ~= 2 and keys[at] then redis.call('SADD', keys[at], p) end
+end
+
 -- Accept one job (enqueue.lua, fire.lua). The job's 9 arguments start at args[b]: id,
 -- options (serialised; '' = all default), body ('<type> <serialised payload>'), max_attempts
 -- (0 = handler decides), result_ttl_s, deadline_ms (0 = none; negative = that many ms after
@@ -269,7 +287,7 @@ local gctx, g_conf, g_count, g_held, g_tidy, g_fill, g_push,
 -- G, g: the group context (gctx) and the job's group (nil or '' = none; G then non-nil): a
 -- ready grouped job is admitted or waits (g_enter); the record keeps the group as 'g'.
 local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now, args, b, full,
-                      known_new, tag, G, g)
+                      known_new, tag, G, g, prio)
   local id, opts, body = args[b], args[b + 1], args[b + 2]
   if tag == '' then tag = nil end
   if not known_new and redis.call('EXISTS', jobkey) == 1 then
@@ -331,6 +349,10 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
   if args[b + 8] ~= '' then
     extra = extra or {}
     extra[#extra + 1] = 'notify'; extra[#extra + 1] = args[b + 8]
+  end
+  if prio and prio ~= '' then
+    extra = extra or {}
+    extra[#extra + 1] = 'p'; extra[#extra + 1] = prio
   end
   if extra then redis.call('HSET', jobkey, unpack(extra)) end
   emit(events, events_maxlen, id, 'enqueued', now, status)

@@ -13,6 +13,9 @@
 -- KEYS[4]   stats HASH
 -- KEYS[5]   events STREAM
 -- KEYS[6..11] the group keys (Keys.group_keys; optional)
+-- KEYS[#KEYS-4 .. #KEYS] (optional) the levels SET, then the ready streams of priorities 0,
+--           1, 3, 4: a queued job with a priority ('p') has its entry in its level's stream
+--           (the count of keys after KEYS[5] says what came: 6 groups, 5 levels, 11 both)
 -- ARGV[1]   consumer group
 -- ARGV[2]   job id
 -- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)
@@ -25,9 +28,10 @@
 --           'not_cancellable'; state is the state the job was in.
 local jobkey, stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, id, events_maxlen, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or ''
-local r = rec(jobkey, false, 's', 'e', 'x', 'notify', 'cx', 'g', 'gw')
+local r = rec(jobkey, false, 's', 'e', 'x', 'notify', 'cx', 'g', 'gw', 'p')
 local G = gctx(KEYS, 6, ARGV[5])
 local g = G and r[6] or nil
+local lv = (#KEYS == 10 or #KEYS == 16) and (#KEYS - 4) or nil  -- the level keys
 local state = r[1]
 if not state then return {'not_found', ''} end
 if state == 'active' and channel ~= '' then
@@ -43,7 +47,7 @@ if state == 'scheduled' or state == 'retrying' then
   redis.call('ZREM', delayed, id)
   if state == 'retrying' then redis.call('HINCRBY', stats, 'retrying_now', -1) end
 elseif state == 'queued' then
-  ack_del(stream, group, r[2])
+  ack_del(lv and level_stream(KEYS, lv, r[8], stream) or stream, group, r[2])
   -- waiting: off the wait list; admitted (its entry, if not yet adopted, is a ghost now)
   if g and not (r[7] and g_unwait(G, g, id, r[7])) then g_release(G, g, id, stream, now_ms()) end
 else

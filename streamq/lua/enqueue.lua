@@ -11,6 +11,9 @@
 -- ARGV[2]   max queue depth, ready + in flight + delayed (0 = unlimited)
 -- ARGV[3]   wake channel published when a delayed job becomes the earliest ('' = none)
 -- KEYS[5+N .. 10+N] the group keys (Keys.group_keys), only when a job of the batch has a group
+-- KEYS[#KEYS-4 .. #KEYS] the levels SET, then the ready streams of priorities 0, 1, 3, 4:
+--           only when a job of the batch has a priority other than the default (so the
+--           count of keys after the records says what came: 0, 6 groups, 5 levels, 11 both)
 -- ARGV[4]   N, the number of jobs
 -- ARGV[5 + 10*(i-1) ..] per job i: id, options (serialised; '' = all default), body
 --           ('<type> <serialised payload>'), max_attempts, result_ttl_s,
@@ -21,6 +24,8 @@
 -- ARGV[5+10*N]     group defaults (QueueConfig.group_arg), then ARGV[5+10*N+i] the group of
 --           job i ('' = none): only with the group keys. A ready grouped job is admitted to
 --           the stream or waits for a slot of its group (_lib.lua's g_enter).
+-- ARGV[#ARGV-N+i] (only with the level keys) the priority of job i ('' = the default, 2:
+--           KEYS[1]; else 0..4, kept as the record's 'p', the level added to the levels SET)
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
 --           (queued|scheduled|full); 5 for a duplicate: 'duplicate', its state, result
 --           ('' unless completed), error ('' unless failed), mine: 1 when this very row
@@ -66,14 +71,23 @@ if not none_exist then
     if bad then return bad end
   end
 end
-local seen = {}
+local seen, used = {}, {}
+local extra = #KEYS - 4 - n
+local lv = (extra == 5 or extra == 11) and (#KEYS - 4) or nil  -- the level keys
 for i = 1, n do
   local b = 5 + 10 * (i - 1)
   local jobkey = KEYS[4 + i]
-  local status, state, result, err, mine = accept(jobkey, stream, delayed, events,
+  local prio = lv and ARGV[#ARGV - n + i] or ''
+  local to = stream
+  if prio ~= '' then to = level_stream(KEYS, lv, prio, stream) end
+  local status, state, result, err, mine = accept(jobkey, to, delayed, events,
     events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
-    none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i])
+    none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio)
   seen[jobkey] = true
+  if prio ~= '' and not used[prio] and (status == 'queued' or status == 'scheduled') then
+    used[prio] = true
+    level_used(KEYS, lv, prio)
+  end
   if status == 'duplicate' then
     duplicates = duplicates + 1
   elseif status == 'full' then

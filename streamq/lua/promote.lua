@@ -11,6 +11,10 @@
 -- KEYS[5+i] job record HASH of candidate i (i = 1..N)
 -- KEYS[6+N .. 11+N] the group keys (Keys.group_keys): a grouped job is admitted to the
 --           stream or waits for a slot of its group (_lib.lua's g_enter)
+-- KEYS[#KEYS-4 .. #KEYS] (optional) the levels SET, then the ready streams of priorities
+--           0, 1, 3, 4: a job whose record has a priority ('p') goes to its level's stream
+--           (without them, to KEYS[2], as before priorities; the count of keys after the
+--           records says what came: 6 groups, 5 levels, 11 both)
 -- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   dead-letter retention in seconds
 -- ARGV[3]   dead stream max length
@@ -22,22 +26,29 @@ local events_maxlen, dead_ttl, dead_maxlen = ARGV[1], ARGV[2], ARGV[3]
 local now = now_ms()
 local moved, missing, retries = 0, 0, 0
 local G = gctx(KEYS, 2 + #ARGV, ARGV[4])
+local extra = #KEYS - 1 - #ARGV  -- keys after the records
+local lv = (extra == 5 or extra == 11) and (#KEYS - 4) or nil  -- the level keys
 for i = 5, #ARGV do
   local id = ARGV[i]
   local jobkey = KEYS[i + 1]
   local score = redis.call('ZSCORE', delayed, id)
   if score and tonumber(score) <= now then
     redis.call('ZREM', delayed, id)
-    local r = rec(jobkey, true, 's', 'g')
+    local r = rec(jobkey, true, 's', 'g', 'p')
     local state = not r.err and r[1] or nil  -- corrupted: as missing
     if state == 'retrying' then retries = retries + 1 end
+    local to = stream
+    if lv and r[3] and (state == 'scheduled' or state == 'retrying') then
+      to = level_stream(KEYS, lv, r[3], stream)
+      level_used(KEYS, lv, r[3])
+    end
     if state and G and r[2] and (state == 'scheduled' or state == 'retrying') then
-      local entry = g_enter(G, r[2], id, jobkey, stream, now)
+      local entry = g_enter(G, r[2], id, jobkey, to, now)
       if entry then set_entry(jobkey, 'queued', entry) end
       emit(events, events_maxlen, id, 'queued', now, state)
       moved = moved + 1
     elseif state == 'scheduled' or state == 'retrying' then
-      set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+      set_entry(jobkey, 'queued', redis.call('XADD', to, '*', 'id', id))
       emit(events, events_maxlen, id, 'queued', now, state)
       moved = moved + 1
     elseif not state then

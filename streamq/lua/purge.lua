@@ -9,6 +9,10 @@
 -- KEYS[5+i] job record HASH of job i (i = 1..N)
 -- KEYS[6+N .. 11+N] the group keys (Keys.group_keys): a purged grouped job leaves its
 --           group's wait list or frees its slot (the next waiting job is admitted)
+-- KEYS[#KEYS-4 .. #KEYS] (optional) the levels SET, then the ready streams of priorities
+--           0, 1, 3, 4: a queued job with a priority ('p') has its entry in its level's
+--           stream (the count of keys after the records says what came: 6 groups, 5
+--           levels, 11 both)
 -- ARGV[1]   consumer group
 -- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   the state to purge: queued | scheduled | retrying | failed
@@ -23,10 +27,12 @@ local out = {}
 local purged, retries = 0, 0
 local n = (#ARGV - 4) / 2
 local G = gctx(KEYS, 6 + n, ARGV[4])
+local extra = #KEYS - (5 + n)  -- keys after the records
+local lv = (extra == 5 or extra == 11) and (#KEYS - 4) or nil  -- the level keys
 for i = 1, n do
   local id, dead_id = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local jobkey = KEYS[5 + i]
-  local r = rec(jobkey, false, 's', 'e', 'g', 'gw')
+  local r = rec(jobkey, false, 's', 'e', 'g', 'gw', 'p')
   local state = r[1]
   local g = G and r[3] or nil
   if g and wanted == 'queued' and state == 'queued' and not r[2] and r[4] and dead_id ~= ''
@@ -40,7 +46,7 @@ for i = 1, n do
     out[i] = 'skipped'
   else
     if state == 'queued' then
-      ack_del(stream, group, r[2])
+      ack_del(lv and level_stream(KEYS, lv, r[5], stream) or stream, group, r[2])
       if g and not (r[4] and g_unwait(G, g, id, r[4])) then g_release(G, g, id, stream, now) end
     elseif state == 'scheduled' or state == 'retrying' then
       redis.call('ZREM', delayed, id)

@@ -10,6 +10,9 @@
 -- KEYS[4+i] job record HASH of dead entry i (i = 1..N)
 -- KEYS[5+N .. 10+N] the group keys (Keys.group_keys): a grouped job re-enters its group
 --           (admitted or waiting: _lib.lua's g_enter)
+-- KEYS[#KEYS-4 .. #KEYS] (optional) the levels SET, then the ready streams of priorities
+--           0, 1, 3, 4: a job with a priority ('p') goes back to its level's stream (the
+--           count of keys after the records says what came: 6 groups, 5 levels, 11 both)
 -- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   who re-drives (recorded in the event)
 -- ARGV[3]   group defaults (QueueConfig.group_arg)
@@ -24,6 +27,8 @@ local out = {}
 local redriven = 0
 local n = (#ARGV - 3) / 2
 local G = gctx(KEYS, 5 + n, ARGV[3])
+local extra = #KEYS - (4 + n)  -- keys after the records
+local lv = (extra == 5 or extra == 11) and (#KEYS - 4) or nil  -- the level keys
 for i = 1, n do
   local dead_id, id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
   local jobkey = KEYS[4 + i]
@@ -33,7 +38,7 @@ for i = 1, n do
     out[i] = 'not_a_job'
   else
     redis.call('XDEL', dead, dead_id)
-    local r = rec(jobkey, true, 's', 'g')
+    local r = rec(jobkey, true, 's', 'g', 'p')
     local state = r[1]
     if not state then
       out[i] = 'missing'
@@ -42,11 +47,16 @@ for i = 1, n do
     else
       redis.call('PERSIST', jobkey)
       redis.call('HDEL', jobkey, 'reason', 'f', 'o', 'r', 'k', 'n')
+      local to = stream
+      if lv and r[3] then
+        to = level_stream(KEYS, lv, r[3], stream)
+        level_used(KEYS, lv, r[3])
+      end
       if G and r[2] then
-        local entry = g_enter(G, r[2], id, jobkey, stream, now)
+        local entry = g_enter(G, r[2], id, jobkey, to, now)
         if entry then set_entry(jobkey, 'queued', entry) end
       else
-        set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+        set_entry(jobkey, 'queued', redis.call('XADD', to, '*', 'id', id))
       end
       emit(events, events_maxlen, id, 'redriven', now, who)
       redriven = redriven + 1

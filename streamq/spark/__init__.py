@@ -383,8 +383,8 @@ def _redrive(client: Any, k: Keys, cfg: QueueConfig, batch: list[tuple[str, str]
     for dead_id, jid in batch:
         args += [dead_id, jid or ""]
     res = SCRIPTS["redrive"](client, [k.stream, k.dead, k.stats, k.events,
-                                      *(k.job(j or "-") for _d, j in batch), *k.group_keys],
-                             args)
+                                      *(k.job(j or "-") for _d, j in batch), *k.group_keys,
+                                      k.levels, *k.level_streams], args)
     for x in res:
         key = x.decode()
         local[key] = local.get(key, 0) + 1
