@@ -350,7 +350,7 @@ def test_cli_groups_lists_and_changes_groups(url: str, q: Queue) -> None:
     from test_admin import cli
 
     q.enqueue_many([{"type": "g", "payload": {"g": g}, "group": g} for g in ("a", "b")
-                    for _ in range(3)])  # the CLI's defaults: limit 1
+                    for _ in range(3)])  # limit 2 (the producer's config): 2 in flight each
     out = cli(url, "groups", q.name)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[0].split() == ["GROUP", "WAITING", "IN_FLIGHT", "LIMIT",
@@ -366,6 +366,8 @@ def test_cli_groups_lists_and_changes_groups(url: str, q: Queue) -> None:
     assert bad.returncode != 0 and "invalid group" in bad.stderr
     shown = cli(url, "groups", q.name, "show", "a", "--json")
     assert json.loads(shown.stdout)["limit_overridden"] is True
+    stats = cli(url, "stats", q.name).stdout.splitlines()
+    assert stats[0].split()[-1] == "GROUP_WAITING" and stats[1].split()[-1] == "1"  # b's
 
 
 def test_a_repeated_grouped_start_and_enqueue_write_nothing_new(url: str, qname: str,

@@ -109,7 +109,8 @@ def queue_config(args: argparse.Namespace) -> QueueConfig:
     """The QueueConfig a worker or scheduler command runs with."""
     try:
         return QueueConfig(key_prefix=args.prefix, events_maxlen=args.events_maxlen,
-                           shards=args.shards, event_kinds=event_kinds(args.events))
+                           shards=args.shards, event_kinds=event_kinds(args.events),
+                           group_concurrency=args.group_concurrency)
     except InvalidArgument as exc:
         raise SystemExit(f"streamq: {exc}") from None
 
@@ -215,6 +216,11 @@ def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         help="the queues' shard count (QueueConfig.shards; default"
                         " $STREAMQ_SHARDS, else 1); it must equal the one stored with each"
                         " queue")
+    parser.add_argument("--group-concurrency", type=int,
+                        default=d(int(os.environ.get("STREAMQ_GROUP_CONCURRENCY", "1"))),
+                        help="the queues' default group limit (QueueConfig.group_concurrency;"
+                        " default $STREAMQ_GROUP_CONCURRENCY, else 1): give workers the"
+                        " producers' value")
     parser.add_argument("--events", default=d(os.environ.get("STREAMQ_EVENTS", "default")),
                         help="which lifecycle events workers and schedulers write:"
                         " 'default' (all but enqueued, queued, started, completed), 'all', or"

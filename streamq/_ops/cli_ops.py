@@ -76,7 +76,8 @@ def redact(url: str) -> str:
 class Ctx:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.config = QueueConfig(key_prefix=args.prefix, shards=args.shards)
+        self.config = QueueConfig(key_prefix=args.prefix, shards=args.shards,
+                                  group_concurrency=args.group_concurrency)
         self.admin = Admin.from_url(args.url, self.config, socket_timeout_s=15.0)
         self.admin.check_server()
 
@@ -145,8 +146,11 @@ def cmd_stats(ctx: Ctx) -> None:
                      else f"{s.oldest_ready_age_s:.1f}s",
                      "consumers": s.consumers, "workers": s.workers_alive,
                      "paused": "yes" if s.paused else ""} for s in stats]
+            if any(s.groups for s in stats):  # grouped jobs waiting for a slot: not in ready
+                for row, s in zip(rows, stats, strict=True):
+                    row["group_waiting"] = s.group_waiting
             orphans = [s.queue for s in stats if s.workers_alive == 0
-                       and s.ready + s.scheduled + s.retrying > 0]
+                       and s.ready + s.scheduled + s.retrying + s.group_waiting > 0]
             notes = [f"note: {q!r} has jobs waiting and no live worker (a typo in a producer's"
                      " queue name, or no worker started yet)" for q in orphans]
             return "\n".join([_table(rows, list(rows[0])), *notes])
