@@ -297,7 +297,7 @@ def test_upgrade_jobs_without_group_take_the_old_path(q: Queue, r: redis.Redis) 
     assert q.keys.group_wait not in keys and len(args) == 4 + 10
     q.enqueue("g", {"g": "-"}, job_id="old")
     assert r.xlen(q.keys.stream) == 1
-    assert not r.exists(*q.keys.group_keys)
+    assert not r.exists(*q.keys.group_keys[:6])  # (the rest are the ready streams)
     assert b"g" not in r.hgetall(q.keys.job("old"))
 
 
@@ -402,3 +402,22 @@ def test_a_repeated_grouped_start_and_enqueue_write_nothing_new(url: str, qname:
     assert admin.group(qname, "r").in_flight == 2
     rr.close()
     q.close()
+
+
+def test_a_waiting_job_is_admitted_into_its_own_priority_level(q: Queue, admin: Admin,
+                                                                r: redis.Redis) -> None:
+    k = q.keys
+    admin.set_group_limit(q.name, "hp", 1)
+    q.enqueue_many([{"type": "g", "payload": {"g": "hp"}, "group": "hp", "job_id": f"h{i}",
+                     "priority": 4} for i in range(3)])
+    q.enqueue("g", {"g": "hp"}, group="hp", job_id="low", priority=0)
+    assert r.xlen(k.stream_level(4)) == 1 and admin.group(q.name, "hp").waiting == 3
+    assert q.cancel("h0").cancelled  # its slot goes to h1, into the level-4 stream
+    assert r.xlen(k.stream_level(4)) == 1 and r.xlen(k.stream) == 0
+    assert q.cancel("h1").cancelled and q.cancel("h2").cancelled  # then 'low', at level 0
+    assert r.xlen(k.stream_level(0)) == 1 and r.xlen(k.stream) == 0
+    info_g = admin.group(q.name, "hp")
+    assert (info_g.in_flight, info_g.waiting) == (1, 0)  # (h1's, h2's entries: ghosts, dropped
+    # by the worker that reads them: their records say cancelled)
+    info = q.get("low")
+    assert info is not None and info.priority == 0 and info.group == "hp"

@@ -276,9 +276,12 @@ class Keys:
 
     @property
     def group_keys(self) -> list[str]:
-        """The six group keys, in the order every script takes them (_lib.lua's gctx)."""
+        """The group keys, in the order every script takes them (_groups.lua's gctx): the
+        six group keys, then the ready stream of every priority level, lowest first (a job
+        admitted from its group's wait list goes to its own level's stream)."""
         return [self.group_wait, self.group_inflight, self.group_index, self.group_config,
-                self.group_tat, self.group_parked]
+                self.group_tat, self.group_parked,
+                *(self.stream_level(p) for p in PRIORITIES)]
 
     def worker_info(self, consumer: str) -> str:
         return f"{self.base}:worker:{consumer}"

@@ -430,8 +430,8 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
             (raw,) = yield [Cmd.of("ZRANGE", keys.group_wait, cursor, "+", "BYLEX",
                                    "LIMIT", 0, PAGE)]
             page = ok(raw)
-            for m in page:  # '<group> <16-digit seq><job id>'
-                batch.append((_s(m).partition(" ")[2][16:], ""))
+            for m in page:  # '<group> <16-digit seq><priority digit><job id>'
+                batch.append((_s(m).partition(" ")[2][17:], ""))
             more = len(page) == PAGE
             cursor = f"({_s(page[-1])}" if page else cursor
         elif state == "queued":

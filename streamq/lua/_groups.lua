@@ -7,21 +7,25 @@
 -- handed back to its group's wait list (group paused, over its limit, rate not yet due).
 -- Slots are members '<group> <job id>' of one in-flight ZSET per shard (not a counter: freeing
 -- a slot twice is harmless, and the reconcile step checks each member against its record).
--- A group with no free slot keeps its ready jobs in the wait ZSET ('<group> <seq><id>',
--- FIFO by seq), so the stream holds at most <limit> jobs of each group: groups are served
+-- A group with no free slot keeps its ready jobs in the wait ZSET ('<group> <seq><p><id>',
+-- FIFO by seq; p its priority digit), so the stream holds at most <limit> jobs of each group: groups are served
 -- round robin by the stream's own order. A waiting job's record is 'queued' with no 'e' and
--- 'gw' = its seq; a job admitted from the wait list by a script that cannot name its record
+-- 'gw' = its seq and priority; a job admitted from the wait list by a script that cannot name its record
 -- (the record key is not in KEYS) carries 'w' = that seq in its stream entry, and the first
 -- script that meets the entry writes 'e' (g_adopt).
 local SEQ0 = 5000000000000000  -- wait seqs: SEQ0 + n at the tail, SEQ0 - n at the head
 
--- The group context: the six keys of Keys.group_keys from keys[at], and QueueConfig.group_arg
--- '<default limit> <default rate n> <rate period ms>'. nil when the caller passed no keys.
+-- The group context: the keys of Keys.group_keys from keys[at] (the six group keys, then the
+-- ready streams of priorities 0..4), and QueueConfig.group_arg '<default limit> <default rate
+-- n> <rate period ms>'. nil when the caller passed no keys.
 function gctx(keys, at, spec)
   if not keys[at] or not keys[at + 5] then return nil end
   local l, rn, rp = string.match(spec or '', '^(%d+) (%d+) (%d+)$')
+  local levels = nil
+  if keys[at + 10] then levels = {keys[at + 6], keys[at + 7], keys[at + 8], keys[at + 9],
+                                  keys[at + 10]} end
   return {wait = keys[at], fl = keys[at + 1], idx = keys[at + 2], cfg = keys[at + 3],
-          tat = keys[at + 4], parked = keys[at + 5], limit = tonumber(l) or 1,
+          tat = keys[at + 4], parked = keys[at + 5], levels = levels, limit = tonumber(l) or 1,
           rn = tonumber(rn) or 0, rp = tonumber(rp) or 0}
 end
 
@@ -77,21 +81,25 @@ function g_fill(G, g, stream, now)
     'LIMIT', 0, room)
   for _, m in ipairs(heads) do
     redis.call('ZREM', G.wait, m)
-    local seq, id = string.sub(m, #g + 2, #g + 17), string.sub(m, #g + 18)
-    redis.call('XADD', stream, '*', 'id', id, 'w', seq)
+    -- '<g> <seq, 16 digits><priority, 1 digit><id>': the job goes to its level's stream
+    local w, id = string.sub(m, #g + 2, #g + 18), string.sub(m, #g + 19)
+    local to = stream
+    if G.levels then to = G.levels[(tonumber(string.sub(w, 17)) or 2) + 1] or stream end
+    redis.call('XADD', to, '*', 'id', id, 'w', w)
     redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
   end
   return #heads
 end
 
 -- Put a ready job on its group's wait list (tail, or head for a job handed back): the record
--- becomes 'queued' without a stream entry, 'gw' = its seq, its creation time kept.
+-- becomes 'queued' without a stream entry, 'gw' = its wait token (the 16-digit seq and its
+-- priority digit, record 'p', 2 when absent), its creation time kept.
 function g_push(G, g, id, jobkey, head)
   local n = redis.call('HINCRBY', G.cfg, head and ' h' or ' t', 1)
-  local seq = string.format('%016d', head and (SEQ0 - n) or (SEQ0 + n))
+  local old = redis.call('HMGET', jobkey, 'e', 'c', 'p')
+  local seq = string.format('%016d', head and (SEQ0 - n) or (SEQ0 + n)) .. (old[3] or '2')
   redis.call('ZADD', G.wait, 0, g .. ' ' .. seq .. id)
   redis.call('ZADD', G.idx, 0, g)
-  local old = redis.call('HMGET', jobkey, 'e', 'c')
   if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
   redis.call('HSET', jobkey, 's', 'q', 'gw', seq)
   if old[1] then redis.call('HDEL', jobkey, 'e') end

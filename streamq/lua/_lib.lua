@@ -317,6 +317,7 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
   elseif g and g ~= '' then
     status = 'queued'
     redis.call('HSET', jobkey, 's', 'q', 'b', body, 'c', now)
+    if prio and prio ~= '' then redis.call('HSET', jobkey, 'p', prio) end  -- (g_push reads it)
     local entry = g_enter(G, g, id, jobkey, stream, now)
     if entry then redis.call('HSET', jobkey, 'e', enc_entry(entry)) end
   else

@@ -12,10 +12,10 @@
 -- KEYS[3]   delayed ZSET
 -- KEYS[4]   stats HASH
 -- KEYS[5]   events STREAM
--- KEYS[6..11] the group keys (Keys.group_keys; optional)
+-- KEYS[6..16] the group keys (Keys.group_keys; optional)
 -- KEYS[#KEYS-4 .. #KEYS] (optional) the levels SET, then the ready streams of priorities 0,
 --           1, 3, 4: a queued job with a priority ('p') has its entry in its level's stream
---           (the count of keys after KEYS[5] says what came: 6 groups, 5 levels, 11 both)
+--           (the count of keys after KEYS[5] says what came: 11 groups, 5 levels, 16 both)
 -- ARGV[1]   consumer group
 -- ARGV[2]   job id
 -- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)
@@ -31,7 +31,7 @@ local group, id, events_maxlen, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or 
 local r = rec(jobkey, false, 's', 'e', 'x', 'notify', 'cx', 'g', 'gw', 'p')
 local G = gctx(KEYS, 6, ARGV[5])
 local g = G and r[6] or nil
-local lv = (#KEYS == 10 or #KEYS == 16) and (#KEYS - 4) or nil  -- the level keys
+local lv = (#KEYS == 10 or #KEYS == 21) and (#KEYS - 4) or nil  -- the level keys
 local state = r[1]
 if not state then return {'not_found', ''} end
 if state == 'active' and channel ~= '' then

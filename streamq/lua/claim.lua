@@ -19,7 +19,7 @@
 -- KEYS[3]   events STREAM
 -- KEYS[4]   pause flag (STRING; exists while the queue is paused)
 -- KEYS[4+l] ready stream of level l (l = 1..L), in the order of reading
--- KEYS[5+L .. 10+L] the group keys (Keys.group_keys): grouped jobs start through their
+-- KEYS[5+L .. 15+L] the group keys (Keys.group_keys): grouped jobs start through their
 --           group's gate (_lib.lua's start_entry, g_gate)
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name
@@ -46,7 +46,7 @@ if redis.call('EXISTS', KEYS[4]) == 1 then return {'paused', ''} end
 local prefix, tokens = ARGV[6], ARGV[7]
 local next_token = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
-local levels = #KEYS - 10
+local levels = #KEYS - 15
 c.G = gctx(KEYS, 5 + levels, ARGV[10 + levels])
 local out = {'ok', ''}
 -- A job id must be UTF-8 (as the worker decodes ids of entries it reads itself)

@@ -10,10 +10,10 @@
 -- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   max queue depth, ready + in flight + delayed (0 = unlimited)
 -- ARGV[3]   wake channel published when a delayed job becomes the earliest ('' = none)
--- KEYS[5+N .. 10+N] the group keys (Keys.group_keys), only when a job of the batch has a group
+-- KEYS[5+N .. 15+N] the group keys (Keys.group_keys), only when a job of the batch has a group
 -- KEYS[#KEYS-4 .. #KEYS] the levels SET, then the ready streams of priorities 0, 1, 3, 4:
 --           only when a job of the batch has a priority other than the default (so the
---           count of keys after the records says what came: 0, 6 groups, 5 levels, 11 both)
+--           count of keys after the records says what came: 0, 11 groups, 5 levels, 16 both)
 -- ARGV[4]   N, the number of jobs
 -- ARGV[5 + 10*(i-1) ..] per job i: id, options (serialised; '' = all default), body
 --           ('<type> <serialised payload>'), max_attempts, result_ttl_s,
@@ -73,7 +73,7 @@ if not none_exist then
 end
 local seen, used = {}, {}
 local extra = #KEYS - 4 - n
-local lv = (extra == 5 or extra == 11) and (#KEYS - 4) or nil  -- the level keys
+local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
 for i = 1, n do
   local b = 5 + 10 * (i - 1)
   local jobkey = KEYS[4 + i]

@@ -18,7 +18,7 @@
 -- ARGV[3]   dead-letter retention in seconds
 -- ARGV[4]   dead stream max length
 -- ARGV[5]   wake channel ('' = none)
--- KEYS[6+N .. 11+N] the group keys (Keys.group_keys; absent: no group slot is freed)
+-- KEYS[6+N .. 16+N] the group keys (Keys.group_keys; absent: no group slot is freed)
 -- ARGV[6]   N, the number of attempts
 -- ARGV[7 + 7*(i-1) ..] per attempt i: job id, stream entry id, lease token,
 --           outcome ('ok' | 'retry' | 'dead' | 'later' | 'cancel'), data (result for ok,

@@ -5,7 +5,7 @@
 -- Safe to repeat: every operation sets a value; a repeat sets the same and admits nothing
 -- more than free slots allow.
 -- KEYS[1]   ready stream
--- KEYS[2..7] the group keys (Keys.group_keys)
+-- KEYS[2..12] the group keys (Keys.group_keys)
 -- ARGV[1]   group defaults (QueueConfig.group_arg)
 -- ARGV[2]   operation: 'limit' | 'rate' | 'pause' | 'resume'
 -- ARGV[3]   group

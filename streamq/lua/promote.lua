@@ -9,12 +9,12 @@
 -- KEYS[4]   stats HASH
 -- KEYS[5]   events STREAM
 -- KEYS[5+i] job record HASH of candidate i (i = 1..N)
--- KEYS[6+N .. 11+N] the group keys (Keys.group_keys): a grouped job is admitted to the
+-- KEYS[6+N .. 16+N] the group keys (Keys.group_keys): a grouped job is admitted to the
 --           stream or waits for a slot of its group (_lib.lua's g_enter)
 -- KEYS[#KEYS-4 .. #KEYS] (optional) the levels SET, then the ready streams of priorities
 --           0, 1, 3, 4: a job whose record has a priority ('p') goes to its level's stream
 --           (without them, to KEYS[2], as before priorities; the count of keys after the
---           records says what came: 6 groups, 5 levels, 11 both)
+--           records says what came: 11 groups, 5 levels, 16 both)
 -- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   dead-letter retention in seconds
 -- ARGV[3]   dead stream max length
@@ -27,7 +27,7 @@ local now = now_ms()
 local moved, missing, retries = 0, 0, 0
 local G = gctx(KEYS, 2 + #ARGV, ARGV[4])
 local extra = #KEYS - 1 - #ARGV  -- keys after the records
-local lv = (extra == 5 or extra == 11) and (#KEYS - 4) or nil  -- the level keys
+local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
 for i = 5, #ARGV do
   local id = ARGV[i]
   local jobkey = KEYS[i + 1]

@@ -7,12 +7,12 @@
 -- KEYS[4]   stats HASH
 -- KEYS[5]   events STREAM
 -- KEYS[5+i] job record HASH of job i (i = 1..N)
--- KEYS[6+N .. 11+N] the group keys (Keys.group_keys): a purged grouped job leaves its
+-- KEYS[6+N .. 16+N] the group keys (Keys.group_keys): a purged grouped job leaves its
 --           group's wait list or frees its slot (the next waiting job is admitted)
 -- KEYS[#KEYS-4 .. #KEYS] (optional) the levels SET, then the ready streams of priorities
 --           0, 1, 3, 4: a queued job with a priority ('p') has its entry in its level's
---           stream (the count of keys after the records says what came: 6 groups, 5
---           levels, 11 both)
+--           stream (the count of keys after the records says what came: 11 groups, 5
+--           levels, 16 both)
 -- ARGV[1]   consumer group
 -- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   the state to purge: queued | scheduled | retrying | failed
@@ -28,7 +28,7 @@ local purged, retries = 0, 0
 local n = (#ARGV - 4) / 2
 local G = gctx(KEYS, 6 + n, ARGV[4])
 local extra = #KEYS - (5 + n)  -- keys after the records
-local lv = (extra == 5 or extra == 11) and (#KEYS - 4) or nil  -- the level keys
+local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
 for i = 1, n do
   local id, dead_id = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local jobkey = KEYS[5 + i]

@@ -9,8 +9,8 @@
 -- (The opposite drift, a running job without a member, is healed by start.lua's g_gate,
 -- which asserts the member of every grouped job it starts and hands back one over the limit.)
 -- KEYS[1]   ready stream
--- KEYS[2..7] the group keys (Keys.group_keys)
--- KEYS[7+i] job record HASH of member i (i = 1..M)
+-- KEYS[2..12] the group keys (Keys.group_keys)
+-- KEYS[12+i] job record HASH of member i (i = 1..M)
 -- ARGV[1]   group defaults (QueueConfig.group_arg)
 -- ARGV[2]   M, the number of in-flight members to check
 -- ARGV[3..2+M] the members '<group> <job id>'
@@ -26,7 +26,7 @@ for i = 1, m do
   local member = ARGV[2 + i]
   local g, id = string.match(member, '^(%S+) (%S+)$')
   if g and redis.call('ZSCORE', G.fl, member) then
-    local r = rec(KEYS[7 + i], false, 's', 'e', 'g', 'gw')
+    local r = rec(KEYS[12 + i], false, 's', 'e', 'g', 'gw')
     local state, live = r[1], false
     if not r.err and r[3] == g and (state == 'queued' or state == 'active') then
       if r[2] then

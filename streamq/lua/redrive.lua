@@ -8,11 +8,11 @@
 -- KEYS[3]   stats HASH
 -- KEYS[4]   events STREAM
 -- KEYS[4+i] job record HASH of dead entry i (i = 1..N)
--- KEYS[5+N .. 10+N] the group keys (Keys.group_keys): a grouped job re-enters its group
+-- KEYS[5+N .. 15+N] the group keys (Keys.group_keys): a grouped job re-enters its group
 --           (admitted or waiting: _lib.lua's g_enter)
 -- KEYS[#KEYS-4 .. #KEYS] (optional) the levels SET, then the ready streams of priorities
 --           0, 1, 3, 4: a job with a priority ('p') goes back to its level's stream (the
---           count of keys after the records says what came: 6 groups, 5 levels, 11 both)
+--           count of keys after the records says what came: 11 groups, 5 levels, 16 both)
 -- ARGV[1]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[2]   who re-drives (recorded in the event)
 -- ARGV[3]   group defaults (QueueConfig.group_arg)
@@ -28,7 +28,7 @@ local redriven = 0
 local n = (#ARGV - 3) / 2
 local G = gctx(KEYS, 5 + n, ARGV[3])
 local extra = #KEYS - (4 + n)  -- keys after the records
-local lv = (extra == 5 or extra == 11) and (#KEYS - 4) or nil  -- the level keys
+local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
 for i = 1, n do
   local dead_id, id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
   local jobkey = KEYS[4 + i]

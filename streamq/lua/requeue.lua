@@ -11,7 +11,7 @@
 -- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   dead-letter retention in seconds
 -- ARGV[4]   dead stream max length
--- KEYS[5+N .. 10+N] the group keys (Keys.group_keys): a grouped job dead-lettered here frees
+-- KEYS[5+N .. 15+N] the group keys (Keys.group_keys): a grouped job dead-lettered here frees
 --           its slot; one admitted from its wait list takes its entry first (g_adopt)
 -- ARGV[5]   who requeues (recorded in the event)
 -- ARGV[6]   group defaults (QueueConfig.group_arg)

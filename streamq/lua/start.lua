@@ -20,7 +20,7 @@
 -- KEYS[4]   events STREAM
 -- KEYS[5]   pause flag (STRING; exists while the queue is paused)
 -- KEYS[5+i] job record HASH of entry i (i = 1..N)
--- KEYS[6+N .. 11+N] the group keys (Keys.group_keys; absent: group limits not applied)
+-- KEYS[6+N .. 16+N] the group keys (Keys.group_keys; absent: group limits not applied)
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name
 -- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)

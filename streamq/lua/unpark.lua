@@ -4,7 +4,7 @@
 -- Safe to repeat: a group is taken out of the parked ZSET as it is admitted, and g_fill
 -- admits only while the group has a free slot; a repeat finds nothing more to do.
 -- KEYS[1]   ready stream
--- KEYS[2..7] the group keys (Keys.group_keys)
+-- KEYS[2..12] the group keys (Keys.group_keys)
 -- ARGV[1]   group defaults (QueueConfig.group_arg)
 -- ARGV[2]   max groups to unpark in this call (<= 1000)
 -- Returns {admitted, server now ms, when to look again (ms) or -1}: the earliest of the next
