@@ -9,6 +9,7 @@ from ._core.config import (
     DEFAULT_EVENTS,
     GroupRate,
     QueueConfig,
+    RateLimit,
     RetryPolicy,
     WorkerConfig,
 )
@@ -79,6 +80,7 @@ __all__ = [
     "PayloadTooLarge",
     "Queue",
     "QueueConfig",
+    "RateLimit",
     "QueueFull",
     "RateLimited",
     "Registry",

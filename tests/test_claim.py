@@ -18,7 +18,7 @@ from streamq.admin import Admin
 
 def _parse(reply: list[Any]) -> list[dict[str, Any]]:
     out = []
-    for i in range(2, len(reply), 10):
+    for i in range(4, len(reply), 10):
         lv, eid, jid, code, token, attempt, *_ = reply[i:i + 10]
         out.append({"entry": eid.decode(), "id": jid.decode(), "code": code.decode(),
                     "token": token.decode() if isinstance(token, bytes) else token,
@@ -55,7 +55,7 @@ def test_claim_answers_paused_and_reads_nothing(r: redis.Redis, qname: str, url:
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     r.set(k.paused, 1)
     reply = SCRIPTS["claim"](r, *claim_call(k, "c1", QueueConfig(), "p", 1, 10))
-    assert reply[0] == b"paused" and len(reply) == 2
+    assert reply[0] == b"paused" and len(reply) == 4
     assert r.xpending(k.stream, GROUP)["pending"] == 0
 
 
@@ -73,7 +73,7 @@ def test_claim_reports_a_missing_group(r: redis.Redis, qname: str) -> None:
     k = Keys(qname)
     r.xadd(k.stream, {"id": "x"})
     reply = SCRIPTS["claim"](r, *claim_call(k, "c1", QueueConfig(), "p", 1, 10))
-    assert reply[0] == b"ok" and reply[1] == b"1" and len(reply) == 2
+    assert reply[0] == b"ok" and reply[1] == b"1" and len(reply) == 4
 
 
 async def test_a_lost_claim_reply_burns_no_attempt(url: str, qname: str,

@@ -40,6 +40,43 @@ def _optional_positive_seconds(
         _positive_seconds(inst, att, v)  # type: ignore[arg-type]
 
 
+def _limit_count(_inst: object, att: attrs.Attribute[int], v: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_000_000:
+        raise InvalidArgument(f"{att.name} must be an integer 1..1000000, got {v!r}")
+
+
+def _period(_inst: object, att: attrs.Attribute[float], v: float) -> None:
+    if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+            or not 0.001 <= v <= 86_400):
+        raise InvalidArgument(f"{att.name} must be a number of seconds 0.001..86400, got {v!r}")
+
+
+@attrs.frozen
+class RateLimit:
+    """At most ``limit`` job starts in any window of ``period_s`` seconds (sliding, not
+    fixed: docs/fairness.md#queue-wide-rate-limit). ``burst`` of them may start at once;
+    the rest are spaced evenly (GCRA: one every period_s / (limit - burst + 1))."""
+
+    limit: int = attrs.field(validator=_limit_count)
+    period_s: float = attrs.field(default=1.0, validator=_period)
+    burst: int = attrs.field(default=1, validator=_limit_count)
+
+    def __attrs_post_init__(self) -> None:
+        if self.burst > self.limit:
+            raise InvalidArgument(f"burst must be at most limit ({self.limit}), got"
+                                  f" {self.burst}")
+
+    def gcra(self, shard: int, shards: int) -> tuple[int, int]:
+        """(emission interval, tolerance) in microseconds of one shard's limiter: a
+        sharded queue divides the limit among its shards (shard i gets limit // shards, one
+        more for i < limit % shards), so the shards together never exceed it."""
+        mine = self.limit // shards + (1 if shard < self.limit % shards else 0)
+        burst = max(1, min(self.burst, mine))
+        period_us = round(self.period_s * 1_000_000)
+        interval = -(-period_us // (mine - burst + 1))  # rounded up: never more than limit
+        return interval, (burst - 1) * interval
+
+
 @attrs.frozen
 class RetryPolicy:
     """Exponential backoff with full jitter: delay = uniform(0, min(cap, base * 2**(attempt-1)))."""
@@ -155,6 +192,27 @@ class QueueConfig:
     highest first. The default gives each level twice the share of the level below it."""
     strict_priority: bool = False
     """Fetch strictly by priority instead (a lower level waits while a higher has work)."""
+    rate_limit: RateLimit | None = attrs.field(default=None)
+    """At most this many job starts per period over the whole queue, checked inside the
+    script that starts jobs (docs/fairness.md#queue-wide-rate-limit); None = no limit."""
+
+    @rate_limit.validator
+    def _check_rate(self, att: attrs.Attribute[RateLimit | None], v: RateLimit | None) -> None:
+        if v is None:
+            return
+        if not isinstance(v, RateLimit):
+            raise InvalidArgument(f"{att.name} must be a RateLimit or None, got {v!r}")
+        if v.limit < self.shards:
+            raise InvalidArgument(f"{att.name}: a queue of {self.shards} shards divides its"
+                                  f" limit among them: limit must be at least {self.shards},"
+                                  f" got {v.limit}")
+
+    def rate_args(self, shard: int) -> tuple[int, int]:
+        """The limiter's arguments of one shard (claim.lua, start.lua): emission interval
+        and tolerance in µs; (0, 0) = no limit."""
+        if self.rate_limit is None:
+            return 0, 0
+        return self.rate_limit.gcra(shard, self.shards)
 
 
     @property

@@ -175,6 +175,12 @@ class Keys:
         return [self.stream_level(p) for p in PRIORITIES if p != DEFAULT_PRIORITY]
 
     @property
+    def rate(self) -> str:
+        """STRING: the queue-wide rate limiter's state, the theoretical arrival time in µs
+        (GCRA; claim.lua and start.lua), expiring once it is in the past."""
+        return f"{self.base}:rate"
+
+    @property
     def levels(self) -> str:
         """SET of the priority levels other than the default that jobs of this shard have
         used (written by enqueue.lua; workers read it to know which streams to fetch from)."""

@@ -35,6 +35,8 @@ from .state import QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000
+_CLAIM_HEAD = 4
+"""Values before the entries in claim.lua's reply."""
 _CLAIM_WIDTH = 10
 """Values per entry in claim.lua's reply."""
 _LEVELS_EVERY_S = 1.0
@@ -161,6 +163,8 @@ class Fetching:
             assert client is not None
             if qs.paused:
                 return 0.2
+            if loop.time() < qs.limited_until:  # the rate limit allows no start yet
+                return qs.limited_until - loop.time()
             if loop.time() >= qs.levels_due:
                 await self._refresh_levels(qs)
                 qs.levels_due = loop.time() + _LEVELS_EVERY_S
@@ -240,19 +244,21 @@ class Fetching:
         reply = await SCRIPTS["claim"].run_async(client, *claim_call(
             qs.keys, self.consumer, self.queue_config, self._token_prefix, first, n, streams,
             self._shares(qs, n)))
-        status = reply[0]
+        status, missing, allowed, wait_ms = reply[:_CLAIM_HEAD]
         if status == b"paused":
             qs.paused = True  # seen before the flag poll: stop fetching at once
             self._release(n)
             return
-        if reply[1]:  # a group is gone (deleted under us): make it again
-            for i in reply[1].split(b","):
+        if wait_ms:  # the rate limit: no start conforms before then (no busy polling)
+            qs.limited_until = asyncio.get_running_loop().time() + int(wait_ms) / 1000
+        if missing:  # a group is gone (deleted under us): make it again
+            for i in missing.split(b","):
                 await self._ensure_group(client, qs.lanes[order[int(i) - 1]].keys)
-        got = (len(reply) - 2) // _CLAIM_WIDTH
-        if got < n:
+        got = (len(reply) - _CLAIM_HEAD) // _CLAIM_WIDTH
+        if got < int(allowed):  # fewer than the rate allowed: the streams are drained
             qs.idle = True
         launched = 0
-        for i in range(2, len(reply), _CLAIM_WIDTH):
+        for i in range(_CLAIM_HEAD, len(reply), _CLAIM_WIDTH):
             (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
              age_ms) = reply[i:i + _CLAIM_WIDTH]
             if code != b"run":
@@ -356,7 +362,7 @@ class Fetching:
                         if part or bad:
                             reply = await SCRIPTS["start"].run_async(
                                 client, *start_call(k, self.consumer, self.queue_config, part,
-                                                    bad, resume))
+                                                    bad, resume, rate=True))
                             unreleased -= len(part) + len(bad)
                             self._started(qs, lane, part, reply, len(bad), mode == "reclaim")
                         bad = []
@@ -388,6 +394,9 @@ class Fetching:
                 skipped += 1
                 if code == b"paused":
                     qs.paused = True  # seen before the flag poll: stop fetching at once
+                elif code == b"limited":  # over the queue's rate: handed back, wait
+                    qs.limited_until = max(qs.limited_until, asyncio.get_running_loop().time()
+                                           + int(data) / 1000)
                 continue
             launched += 1
             self._launch(lane, eid, jid, token.decode(), int(attempt), data,
@@ -402,10 +411,11 @@ class Fetching:
 
 
 def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[str, str, str]],
-               bad: Sequence[tuple[str, str]], resume: str = "") -> tuple[list[str], list[Any]]:
+               bad: Sequence[tuple[str, str]], resume: str = "", *, rate: bool = False
+               ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of one start.lua call: (entry, job id, token) per entry to start, and
     (entry, description) per malformed entry; resume: the worker's token prefix when these
-    are its own pending entries read again."""
+    are its own pending entries read again; rate: check the queue's rate limit (if any)."""
     keys = [k.stream, k.dead, k.stats, k.events, k.paused, *(k.job(j) for _, j, _t in part)]
     args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
                        resume, len(part)]
@@ -416,6 +426,9 @@ def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[st
         args += [eid, desc]
     keys += k.group_keys  # a grouped job starts through its group's gate
     args.append(cfg.group_arg)
+    if rate and cfg.rate_limit is not None:
+        keys.append(k.rate)
+        args += cfg.rate_args(k.shard)
     return keys, args
 
 
@@ -427,7 +440,8 @@ def claim_call(k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str, firs
     with their shares of n."""
     streams = [k.stream] if streams is None else list(streams)
     shares = [n] if shares is None else list(shares)
-    keys = [k.dead, k.stats, k.events, k.paused, *streams, *k.group_keys]
+    keys = [k.dead, k.stats, k.events, k.paused, k.rate, *streams, *k.group_keys]
     args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
-                       k.job(""), token_prefix, first, n, *shares, cfg.group_arg]
+                       k.job(""), token_prefix, first, n, *cfg.rate_args(k.shard), *shares,
+                       cfg.group_arg]
     return keys, args

@@ -44,6 +44,8 @@ class QState:
     """Which lane (index in order) the own pending read is at."""
     reclaim_lane: int = 0
     """Which lane (index in order) the reclaim sweep is at."""
+    limited_until: float = 0.0
+    """The queue's rate limit allows no start before this (loop time): fetching waits."""
     promoter: Promoter | None = None
     groups: GroupKeeper | None = None
     """Group upkeep of this shard (unpark, reconcile)."""

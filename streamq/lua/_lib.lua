@@ -406,6 +406,56 @@ local function job_data(r)
   return r[6]
 end
 
+-- The queue-wide rate limiter (docs/fairness.md#queue-wide-rate-limit): GCRA over the
+-- theoretical arrival time (TAT, µs) kept in a STRING. A start at now conforms when
+-- now >= TAT - tolerance; it moves TAT to max(TAT, now) + interval. At most limit starts
+-- in any window of the period follow from interval = period / (limit - burst + 1) and
+-- tolerance = (burst - 1) * interval. lim: {key, interval, tolerance} (interval 0: no
+-- limit); its state is read once per script (rate_load) and written back once (rate_save).
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function rate_load(lim)
+  if lim.tat then return end
+  lim.now = now_us()
+  local tat = tonumber(redis.call('GET', lim.key) or '') or 0
+  if tat < lim.now then tat = lim.now end
+  lim.tat, lim.tat0 = tat, tat
+end
+
+-- How many starts conform now (at most want).
+local function rate_allowed(lim, want)
+  if lim.interval <= 0 then return want end
+  rate_load(lim)
+  local room = lim.now + lim.tolerance - lim.tat
+  if room < 0 then return 0 end
+  return math.min(want, math.floor(room / lim.interval) + 1)
+end
+
+-- Take one start if it conforms (true), else false.
+local function rate_take(lim)
+  if lim.interval <= 0 then return true end
+  if rate_allowed(lim, 1) < 1 then return false end
+  lim.tat = lim.tat + lim.interval
+  return true
+end
+
+-- ms until the next start conforms (0: now).
+local function rate_wait_ms(lim)
+  if lim.interval <= 0 or not lim.tat then return 0 end
+  local w = lim.tat - lim.tolerance - lim.now
+  if w <= 0 then return 0 end
+  return math.ceil(w / 1000)
+end
+
+local function rate_save(lim)
+  if lim.interval <= 0 or not lim.tat or lim.tat == lim.tat0 then return end
+  redis.call('SET', lim.key, string.format('%.0f', lim.tat), 'PX',
+    math.ceil((lim.tat - lim.now) / 1000) + 1000)
+end
+
 local START_KNOWN = {scheduled = true, queued = true, active = true, retrying = true,
                      completed = true, failed = true, cancelled = true}
 
@@ -420,7 +470,8 @@ local START_KNOWN = {scheduled = true, queued = true, active = true, retrying = 
 -- pending list within this script (claim.lua), so it needs no ownership check and no idle
 -- reset. Returns code ('run' | 'skip' | 'dead' | 'paused'), token, attempt, the job's data
 -- (run) or the reason, deadline ms (0 = none), ms since the job (re)entered the stream, ms
--- since it was created.
+-- since it was created. c.rate (optional): the queue-wide limiter (rate_take); a start it
+-- refuses is handed back like a paused one (code 'limited', the reason: ms to wait).
 local function start_entry(c, jobkey, entry, id, token, owned)
   local stream, now = c.stream, c.now
   local r, state = {}, nil
@@ -489,6 +540,20 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   local attempts = tonumber(r[3]) or 0
   local max_attempts = tonumber(r[4]) or 0  -- 0: the handler's setting decides
   local deadline = tonumber(r[5]) or 0
+  local charged = false
+  if c.rate and not (deadline > 0 and now > deadline)
+      and not (max_attempts > 0 and attempts >= max_attempts) then
+    charged = rate_take(c.rate)
+  end
+  if c.rate and not charged and not (deadline > 0 and now > deadline)
+      and not (max_attempts > 0 and attempts >= max_attempts) then
+    -- over the queue's rate: hand it back untouched (no attempt counted), as when paused
+    ack_del(stream, c.group, entry)
+    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+    redis.call('HDEL', jobkey, 'k')
+    c.handed = c.handed + 1
+    return 'limited', 0, 0, rate_wait_ms(c.rate), 0, 0, 0
+  end
   if deadline > 0 and now > deadline then
     ack_del(stream, c.group, entry)
     bury(jobkey, c.dead, c.events, id, 'deadline passed', '', 'DeadlineExceeded', now,
@@ -506,6 +571,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   end
   local held = g and g_gate(G, g, id, now)
   if held then  -- back to the head of its group's wait list, no attempt counted
+    if charged then c.rate.tat = c.rate.tat - c.rate.interval end  -- did not start: refund
     ack_del(stream, c.group, entry)
     g_push(G, g, id, jobkey, true)
     redis.call('HDEL', jobkey, 'k')

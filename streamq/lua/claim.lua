@@ -6,6 +6,10 @@
 -- not fill is then read from the levels in the order given (priorities: docs/fairness.md).
 -- Every entry read is started as start.lua starts one (_lib.lua's start_entry), with the
 -- token '<token prefix><hex(first + k)>' for the k-th entry read (k = 0, 1, ...).
+-- The queue-wide rate limit (_lib.lua's rate_*, GCRA) is checked before anything is read:
+-- the claim reads at most as many entries as may start now, and a start that did not happen
+-- (an entry skipped or dead-lettered) is not charged. None may start: nothing is read and the
+-- reply says how long to wait.
 -- While the queue is paused nothing is read. A malformed entry (no id field, or an id that is
 -- not UTF-8) is dead-lettered.
 -- Job records are named by the caller's prefix (ARGV[6], built by the key builder: it holds
@@ -18,8 +22,9 @@
 -- KEYS[2]   stats HASH
 -- KEYS[3]   events STREAM
 -- KEYS[4]   pause flag (STRING; exists while the queue is paused)
--- KEYS[4+l] ready stream of level l (l = 1..L), in the order of reading
--- KEYS[5+L .. 15+L] the group keys (Keys.group_keys): grouped jobs start through their
+-- KEYS[5]   rate limiter STRING (its TAT; untouched without a limit)
+-- KEYS[5+l] ready stream of level l (l = 1..L), in the order of reading
+-- KEYS[6+L .. 16+L] the group keys (Keys.group_keys): grouped jobs start through their
 --           group's gate (_lib.lua's start_entry, g_gate)
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name
@@ -30,10 +35,14 @@
 -- ARGV[7]   lease token prefix (the caller's worker)
 -- ARGV[8]   first token number
 -- ARGV[9]   N, at most this many entries in all
--- ARGV[9+l] level l's share of N
--- ARGV[10+L] group defaults (QueueConfig.group_arg)
--- Returns a flat array: status ('ok' | 'paused'), levels without the consumer group (their
---           numbers, comma separated; '' = none), then 10 per entry read: level, stream
+-- ARGV[10]  rate limit: emission interval in µs (0 = no limit)
+-- ARGV[11]  rate limit: tolerance in µs
+-- ARGV[11+l] level l's share of N
+-- ARGV[12+L] group defaults (QueueConfig.group_arg)
+-- Returns a flat array: status ('ok' | 'paused' | 'limited': the rate allows no start now),
+--           levels without the consumer group (their numbers, comma separated; '' = none),
+--           how many entries the rate allowed to read (N without a limit), ms until the
+--           next start conforms (0 = now), then 10 per entry read: level, stream
 --           entry id, job id ('' for a malformed entry), code ('run' | 'skip' | 'dead' |
 --           'paused'), token, attempt, the job's data or the reason, deadline ms, ms since
 --           the job (re)entered the stream, ms since it was created.
@@ -42,13 +51,19 @@ local c = {dead = KEYS[1], stats = KEYS[2], events = KEYS[3], group = group,
   consumer = consumer, events_maxlen = ARGV[3], dead_ttl = ARGV[4], dead_maxlen = ARGV[5],
   resume = '', now = now_ms(), paused = false,
   started = 0, reclaimed = 0, failed = 0, handed = 0, cancelled = 0, fresh = {}}
-if redis.call('EXISTS', KEYS[4]) == 1 then return {'paused', ''} end
+if redis.call('EXISTS', KEYS[4]) == 1 then return {'paused', '', 0, 0} end
 local prefix, tokens = ARGV[6], ARGV[7]
 local next_token = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
-local levels = #KEYS - 15
-c.G = gctx(KEYS, 5 + levels, ARGV[10 + levels])
-local out = {'ok', ''}
+local lim = {key = KEYS[5], interval = tonumber(ARGV[10]), tolerance = tonumber(ARGV[11])}
+if lim.interval > 0 then
+  c.rate = lim
+  n = rate_allowed(lim, n)
+  if n == 0 then return {'limited', '', 0, rate_wait_ms(lim)} end
+end
+local levels = #KEYS - 16
+c.G = gctx(KEYS, 6 + levels, ARGV[12 + levels])
+local out = {'ok', '', n, 0}
 -- A job id must be UTF-8 (as the worker decodes ids of entries it reads itself)
 local function utf8_ok(s)
   if not string.find(s, '[\128-\255]') then return true end
@@ -78,7 +93,7 @@ local nogroup, drained = {}, {}
 local got = 0
 local function read(l, want)
   if want <= 0 or nogroup[l] or drained[l] then return end
-  local stream = KEYS[4 + l]
+  local stream = KEYS[5 + l]
   local reply = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
     'STREAMS', stream, '>')
   if type(reply) == 'table' and reply.err then
@@ -117,7 +132,7 @@ local function read(l, want)
   end
 end
 for l = 1, levels do
-  read(l, math.min(tonumber(ARGV[9 + l]) or 0, n - got))
+  read(l, math.min(tonumber(ARGV[11 + l]) or 0, n - got))
 end
 for l = 1, levels do
   read(l, n - got)
@@ -127,5 +142,7 @@ for l = 1, levels do
   if nogroup[l] then missing[#missing + 1] = l end
 end
 out[2] = table.concat(missing, ',')
+out[4] = rate_wait_ms(lim)
+rate_save(lim)
 count_starts(c)
 return out

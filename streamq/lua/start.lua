@@ -21,6 +21,9 @@
 -- KEYS[5]   pause flag (STRING; exists while the queue is paused)
 -- KEYS[5+i] job record HASH of entry i (i = 1..N)
 -- KEYS[6+N .. 16+N] the group keys (Keys.group_keys; absent: group limits not applied)
+-- KEYS[17+N] (optional) rate limiter STRING: with it, each start must conform to the
+--           queue-wide rate limit (_lib.lua's rate_take) or is handed back, no attempt
+--           counted (code 'limited', the reason: ms until a start conforms)
 -- ARGV[1]   consumer group
 -- ARGV[2]   consumer name
 -- ARGV[3]   events: max length and kinds (_lib.lua's emit; '0' = no events)
@@ -33,11 +36,14 @@
 -- ARGV[8 + 3*N]        M, the number of malformed entries (no usable job id)
 -- ARGV[9 + 3*N + 2*(j-1) ..] per malformed entry j: stream entry id, description
 -- ARGV[9 + 3*N + 2*M] group defaults (QueueConfig.group_arg), with the group keys
+-- ARGV[10 + 3*N + 2*M], ARGV[11 + 3*N + 2*M] (with KEYS[17+N]) the rate limit's emission
+--           interval and tolerance in µs
 -- A grouped job (record 'g') starts only through its group's gate (_lib.lua's start_entry and
 -- g_gate: pause, limit, rate); one refused goes back to the head of its group's wait list,
 -- its slot freed, no attempt counted ('skip'). Any other end of a grouped job frees its slot.
--- Returns a flat array, 7 per job entry: code ('run' | 'skip' | 'dead' | 'paused'), token,
---           attempt, the job's data (job_data below; run) or the reason (skip, dead), deadline ms
+-- Returns a flat array, 7 per job entry: code ('run' | 'skip' | 'dead' | 'paused' |
+--           'limited'), token, attempt, the job's data (_lib.lua's job_data; run) or the
+--           reason (skip, dead; limited: ms to wait), deadline ms
 --           (0 = none), ms since the job (re)entered the stream, ms since it was created.
 local c = {stream = KEYS[1], dead = KEYS[2], stats = KEYS[3], events = KEYS[4],
   group = ARGV[1], consumer = ARGV[2], events_maxlen = ARGV[3], dead_ttl = ARGV[4],
@@ -47,6 +53,11 @@ local c = {stream = KEYS[1], dead = KEYS[2], stats = KEYS[3], events = KEYS[4],
 local n = tonumber(ARGV[7])
 c.G = gctx(KEYS, 6 + n, ARGV[9 + 3 * n + 2 * tonumber(ARGV[8 + 3 * n])])
 local out = {}
+if KEYS[17 + n] then
+  local m0 = tonumber(ARGV[8 + 3 * n])
+  c.rate = {key = KEYS[17 + n], interval = tonumber(ARGV[10 + 3 * n + 2 * m0]),
+            tolerance = tonumber(ARGV[11 + 3 * n + 2 * m0])}
+end
 for i = 1, n do
   local b = 8 + 3 * (i - 1)
   local code, token, attempt, data, deadline, wait, age = start_entry(c, KEYS[5 + i], ARGV[b],
@@ -71,5 +82,6 @@ for j = 1, m do
     c.failed = c.failed + 1
   end
 end
+if c.rate then rate_save(c.rate) end
 count_starts(c)
 return out
