@@ -123,8 +123,12 @@ async def _idle(client: Any, keys: Keys) -> bool:
     pipe.zcount(keys.delayed, "-inf", now_ms)
     pipe.xinfo_groups(keys.stream)
     pipe.zcard(keys.group_parked)  # groups whose rate will admit waiting jobs soon
-    xlen, due, groups, parked = await pipe.execute(raise_on_error=False)
+    for stream in keys.level_streams:  # other priority levels: settled entries are deleted
+        pipe.xlen(stream)
+    xlen, due, groups, parked, *levels = await pipe.execute(raise_on_error=False)
     if isinstance(xlen, Exception) or isinstance(due, Exception) or parked:
+        return False
+    if any(isinstance(n, Exception) or n for n in levels):
         return False
     pending = 0
     if not isinstance(groups, Exception):

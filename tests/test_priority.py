@@ -293,3 +293,12 @@ def test_pending_and_ready_listings_cover_every_level(url: str, q: Queue,
         assert lease is not None and lease.consumer == "c"  # found in its level's stream
     finally:
         admin.close()
+
+
+def test_run_until_idle_waits_for_every_level(url: str, q: Queue) -> None:
+    from streamq.testing import run_until_idle
+
+    reg, ledger = _ledger_registry()
+    q.enqueue_many([{"type": "t", "job_id": f"h{i}", "priority": 4} for i in range(5)])
+    run_until_idle(Worker(url, [q.name], reg, fast()))
+    assert sorted(ledger) == [f"h{i}" for i in range(5)]
