@@ -421,3 +421,29 @@ def test_a_waiting_job_is_admitted_into_its_own_priority_level(q: Queue, admin: 
     # by the worker that reads them: their records say cancelled)
     info = q.get("low")
     assert info is not None and info.priority == 0 and info.group == "hp"
+
+
+def test_a_stopping_worker_hands_back_an_unstarted_admitted_job(q: Queue, admin: Admin,
+                                                                r: redis.Redis) -> None:
+    """release.lua (graceful stop) on an entry delivered but never started, whose job was
+    admitted from its group's wait list (its record has no entry yet): handed back, slot kept."""
+    from streamq._core.keys import GROUP
+    from streamq._core.scripts import SCRIPTS
+
+    k = q.keys
+    admin.set_group_limit(q.name, "s", 1)
+    q.enqueue_many([{"type": "g", "payload": {"g": "s"}, "group": "s", "job_id": f"s{i}"}
+                    for i in range(2)])
+    assert q.cancel("s0").cancelled  # s1 is admitted by the cancel script: no 'e' yet
+    assert r.hget(k.job("s1"), "e") is None
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    got: Any = r.xreadgroup(GROUP, "c1", {k.stream: ">"}, count=1)
+    entry = got[0][1][0][0].decode()
+    keys = [k.stream, k.stats, k.events, k.job("s1")]
+    args = [GROUP, q.config.events_arg, "c1", "s1", entry, ""]
+    assert SCRIPTS["release"](r, keys, args) == [1]
+    assert SCRIPTS["release"](r, keys, args) == [0]  # repeated: nothing more
+    new = r.hget(k.job("s1"), "e")
+    assert new is not None and r.xlen(k.stream) == 1
+    info = admin.group(q.name, "s")
+    assert (info.in_flight, info.waiting) == (1, 0)

@@ -2,7 +2,9 @@
 -- A started job is released only under the caller's token; its interrupted attempt is
 -- refunded and the token cleared, so a handler still running somewhere is fenced out.
 -- Safe to repeat: a released job's record points at its new entry, so a repeat answers 0.
--- A delivered-but-unstarted entry is released when the record still points at it.
+-- A delivered-but-unstarted entry is released when the record still points at it (a grouped
+-- job admitted from its wait list takes its entry first: _groups.lua's g_adopt; it keeps its
+-- group slot, as every released job does).
 -- The old entry is acked and deleted and a fresh entry is appended, so any worker can take it.
 -- KEYS[1]   ready stream
 -- KEYS[2]   stats HASH
@@ -21,7 +23,10 @@ local n = (#ARGV - 3) / 3
 for i = 1, n do
   local id, entry, token = ARGV[1 + 3 * i], ARGV[2 + 3 * i], ARGV[3 + 3 * i]
   local jobkey = KEYS[3 + i]
-  local r = rec(jobkey, false, 's', 'k', 'e', 'n', 'o')
+  local r = rec(jobkey, false, 's', 'k', 'e', 'n', 'o', 'gw')
+  if not r.err and not r[3] and r[6] and token == '' and g_adopt(jobkey, stream, entry, r[6]) then
+    r[3] = entry
+  end
   local ok = false
   if r[3] == entry then
     if token ~= '' then
