@@ -447,3 +447,24 @@ def test_a_stopping_worker_hands_back_an_unstarted_admitted_job(q: Queue, admin:
     assert new is not None and r.xlen(k.stream) == 1
     info = admin.group(q.name, "s")
     assert (info.in_flight, info.waiting) == (1, 0)
+
+
+def test_jobs_handed_back_keep_their_order_ahead_of_the_rest(q: Queue, admin: Admin,
+                                                             r: redis.Redis) -> None:
+    from streamq._core.keys import GROUP
+    from streamq._core.scripts import SCRIPTS
+    from streamq._worker.fetch import start_call
+
+    k = q.keys
+    q.enqueue_many([{"type": "g", "payload": {"g": "o"}, "group": "o", "job_id": f"o{i}"}
+                    for i in range(4)])  # limit 2: o0, o1 admitted; o2, o3 wait
+    admin.pause_group(q.name, "o")
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    got: Any = r.xreadgroup(GROUP, "c1", {k.stream: ">"}, count=2)
+    part = [(e.decode(), f[b"id"].decode(), f"t{i}") for i, (e, f) in enumerate(got[0][1])]
+    reply = SCRIPTS["start"](r, *start_call(k, "c1", q.config, part, []))
+    assert [reply[7 * i + 3] for i in range(2)] == [b"group paused"] * 2
+    order = [m.decode().partition(" ")[2][17:] for m in r.zrange(k.group_wait, 0, -1)]
+    assert order == ["o0", "o1", "o2", "o3"]
+    admin.resume_group(q.name, "o")
+    assert [f[b"id"] for _e, f in r.xrange(k.stream)] == [b"o0", b"o1"]

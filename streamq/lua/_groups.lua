@@ -13,7 +13,9 @@
 -- 'gw' = its seq and priority; a job admitted from the wait list by a script that cannot name its record
 -- (the record key is not in KEYS) carries 'w' = that seq in its stream entry, and the first
 -- script that meets the entry writes 'e' (g_adopt).
-local SEQ0 = 5000000000000000  -- wait seqs: SEQ0 + n at the tail, SEQ0 - n at the head
+local SEQ0 = 5000000000000000  -- wait seqs: SEQ0 + n at the tail; at the head (a job handed
+-- back) <ms now><3 digits of a counter>, below SEQ0 for ages and rising with time, so jobs
+-- handed back go ahead of the never-admitted ones, in the order they were handed back
 
 -- The group context: the keys of Keys.group_keys from keys[at] (the six group keys, then the
 -- ready streams of priorities 0..4), and QueueConfig.group_arg '<default limit> <default rate
@@ -97,7 +99,8 @@ end
 function g_push(G, g, id, jobkey, head)
   local n = redis.call('HINCRBY', G.cfg, head and ' h' or ' t', 1)
   local old = redis.call('HMGET', jobkey, 'e', 'c', 'p')
-  local seq = string.format('%016d', head and (SEQ0 - n) or (SEQ0 + n)) .. (old[3] or '2')
+  local seq = string.format('%016d', head and (now_ms() * 1000 + n % 1000) or (SEQ0 + n))
+    .. (old[3] or '2')
   redis.call('ZADD', G.wait, 0, g .. ' ' .. seq .. id)
   redis.call('ZADD', G.idx, 0, g)
   if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
