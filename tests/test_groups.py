@@ -464,7 +464,9 @@ def test_jobs_handed_back_keep_their_order_ahead_of_the_rest(q: Queue, admin: Ad
     part = [(e.decode(), f[b"id"].decode(), f"t{i}") for i, (e, f) in enumerate(got[0][1])]
     reply = SCRIPTS["start"](r, *start_call(k, "c1", q.config, part, []))
     assert [reply[7 * i + 3] for i in range(2)] == [b"group paused"] * 2
-    order = [m.decode().partition(" ")[2][17:] for m in r.zrange(k.group_wait, 0, -1)]
+    members: Any = r.zrange(k.group_wait, 0, -1)
+    order = [m.decode().partition(" ")[2][17:] for m in members]
     assert order == ["o0", "o1", "o2", "o3"]
     admin.resume_group(q.name, "o")
-    assert [f[b"id"] for _e, f in r.xrange(k.stream)] == [b"o0", b"o1"]
+    entries: Any = r.xrange(k.stream)
+    assert [f[b"id"] for _e, f in entries] == [b"o0", b"o1"]
