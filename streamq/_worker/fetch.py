@@ -221,14 +221,20 @@ class Fetching:
         client = self._client
         assert client is not None
         lanes = [qs.lanes[p] for p in qs.order[:n]]
+        # one stream (no priority level in use, no queue-wide rate limit): read up to n at
+        # once, and go on claiming only when that filled n (a backlog may be left); an idle
+        # worker that got a lone job then waits again instead of sending a claim that finds
+        # nothing (one round trip off every lone job's path to its result)
+        single = len(lanes) == 1 and self.queue_config.rate_limit is None
+        count = n if single else 1
         reply: Any = await client.xreadgroup(
-            GROUP, self.consumer, {lane.keys.stream: ">" for lane in lanes}, count=1,
+            GROUP, self.consumer, {lane.keys.stream: ">" for lane in lanes}, count=count,
             block=min(self.config.block_ms, max(1, int((qs.next_reclaim - now) * 1000))))
         if not reply:
             return []
         by_stream = {lane.keys.stream: lane for lane in lanes}
         got = [(by_stream[stream.decode()], entries) for stream, entries in reply]
-        if any(entries for _, entries in got):
+        if sum(len(entries) for _, entries in got) >= count:
             qs.idle = False
         return got
 
