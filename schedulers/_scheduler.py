@@ -25,7 +25,7 @@ from redis.exceptions import NoPermissionError
 from streamq import InvalidArgument, QueueConfig
 from streamq._core.config import _positive_seconds
 from streamq._core.conn import async_client, averify
-from streamq._core.keys import GROUP, Keys, queues_key, shard_keys
+from streamq._core.keys import DEFAULT_PRIORITY, GROUP, PRIORITIES, Keys, queues_key, shard_keys
 from streamq._core.retry import acall
 from streamq._core.scripts import SCRIPTS
 from streamq._core.supervise import LoopHealth, Outage, Supervised
@@ -349,14 +349,28 @@ class Scheduler:
                     raise
         return handed
 
-    async def _sweep_shard(self, keys: Keys) -> int:
+    async def _sweep_shard(self, shard: Keys) -> int:
+        """Every priority level's stream of one shard (docs/fairness.md#priorities)."""
         assert self._client is not None
-        queue = keys.tag
         now = self._server_now_ms()
         alive = await self._client.zcount(
-            keys.workers, now - int(self.config.workers_gone_after_s * 1000), "+inf")
+            shard.workers, now - int(self.config.workers_gone_after_s * 1000), "+inf")
         if alive:
             return 0  # live workers reclaim lapsed leases themselves
+        handed = await self._sweep_level(shard)
+        for p in sorted({int(v) for v in await self._client.smembers(shard.levels)
+                         if v.isdigit() and int(v) in PRIORITIES} - {DEFAULT_PRIORITY}):
+            try:
+                handed += await self._sweep_level(shard.at_level(p))
+            except Exception as exc:  # a level no worker has read yet has no group
+                if "NOGROUP" not in str(exc):
+                    raise
+        return handed
+
+    async def _sweep_level(self, keys: Keys) -> int:
+        assert self._client is not None
+        queue = keys.tag
+        self._cursors.setdefault(queue, "0-0")
         min_idle = int(self.config.visibility_timeout_s * 1000)
         handed = 0
         cfg = self.queue_config

@@ -302,3 +302,41 @@ def test_run_until_idle_waits_for_every_level(url: str, q: Queue) -> None:
     q.enqueue_many([{"type": "t", "job_id": f"h{i}", "priority": 4} for i in range(5)])
     run_until_idle(Worker(url, [q.name], reg, fast()))
     assert sorted(ledger) == [f"h{i}" for i in range(5)]
+
+
+async def test_the_scheduler_sweeps_every_level_when_no_worker_is_alive(
+        url: str, q: Queue, r: redis.Redis) -> None:
+    from helpers import start_entries
+
+    from schedulers import Scheduler, SchedulerConfig
+
+    k = q.keys
+    q.enqueue("t", job_id="hi", priority=4)
+    q.enqueue("t", job_id="plain")
+    for p in (4, 2):
+        r.xgroup_create(k.stream_level(p), GROUP, id="0", mkstream=True)
+        r.xreadgroup(GROUP, "dead-worker", {k.stream_level(p): ">"}, count=10)
+    hi = k.at_level(4)
+    entries: Any = r.xrange(hi.stream)
+    start_entries(r, hi, "dead-worker", [(entries[0][0].decode(), "hi")])
+    r.zadd(k.workers, {"dead-worker": 1})  # its last heartbeat was long ago
+    cfg = SchedulerConfig(visibility_timeout_s=0.05, sweep_interval_s=0.05)
+    async with Scheduler(url, [q.name], config=cfg) as sched:
+        await eventually(lambda: sched.requeued == 2, what="both entries handed back")
+    info = q.get("hi")
+    assert info is not None and (info.state, info.attempts) == ("queued", 1)
+    assert ids(r, hi.stream) == [b"hi"] and ids(r, k.stream) == [b"plain"]
+    assert r.xpending(hi.stream, GROUP)["pending"] == 0
+
+
+async def test_dead_consumers_are_pruned_from_every_level(url: str, q: Queue,
+                                                          r: redis.Redis) -> None:
+    k = q.keys
+    q.enqueue("t", job_id="hi", priority=4)  # the level is in use
+    r.xgroup_create(k.stream_level(4), GROUP, id="0", mkstream=True)
+    r.xgroup_createconsumer(k.stream_level(4), GROUP, "gone")
+    reg, _ = _ledger_registry()
+    cfg = fast(consumer_dead_after_s=0.05, prune_interval_s=0.05)
+    async with Worker(url, [q.name], reg, cfg):
+        await eventually(lambda: all(c["name"] != b"gone" for c in r.xinfo_consumers(
+            k.stream_level(4), GROUP)), what="the dead consumer pruned from the level's stream")

@@ -125,7 +125,8 @@ class Housekeeper:
 
     async def _prune_step(self) -> float:
         for qs in self.queues:
-            await self.prune(qs)
+            for lane in list(qs.lanes.values()) or [qs]:  # every priority level's stream
+                await self.prune(lane)
         return self.config.prune_interval_s
 
     async def prune(self, qs: QState) -> list[str]:
