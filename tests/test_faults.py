@@ -270,9 +270,8 @@ def test_stale_worker_completion_is_fenced_out(url: str, qname: str, r: redis.Re
     procs.signal("w-a", signal.SIGCONT)
     wait_until(lambda: stat(r, keys, "lease_lost") == 1, 15,
                "worker A's stale completion was counted as lease_lost", procs.diagnostics)
-    wait_until(lambda: ("k2", "w-a") in {(x["job"], x["consumer"]) for x in
-                                         read_ledger(procs.ledger) if x["ev"] == "end"},
-               5, "worker A's handler returned", procs.diagnostics)
+    # (worker A's handler either returned or was stopped when its renewal found the lease
+    # lost, whichever came first after the thaw: either way its outcome is fenced out)
 
     assert r.hgetall(keys.job("k2")) == record_after_b, "the stale worker wrote the record"
     info2 = q.get("k2")

@@ -51,6 +51,21 @@ def interrupt(lease: Lease) -> None:
         lease.task.cancel()
 
 
+def abandon(lease: Lease) -> None:
+    """Stop the handler of a lease that another worker took over (the renewal found it lost:
+    this worker stalled past the visibility timeout, e.g. a frozen process or a long GC
+    pause). Its outcome would be refused anyway (fencing) and the job runs again elsewhere, so
+    it must not go on beside the new owner, holding a second slot of the job's group: an
+    async handler's task is cancelled, a sync handler sees ``job.cancel_requested``. The
+    attempt is settled like a cancelled one, which finish.lua answers 'lost' (a stale token)."""
+    if lease.cancel.is_set():
+        return
+    lease.cancel.set()
+    if lease.task is not None:
+        lease.interrupted = True
+        lease.task.cancel()
+
+
 async def interruptible(lease: Lease, is_async: bool, call: Awaitable[Finish]) -> Finish:
     """Run one attempt (``call``) so that :func:`interrupt` can stop it: an async handler is
     cancelled, and an attempt that ends after the request is settled ``cancel``. The worker's
@@ -97,7 +112,11 @@ class CancelWatch:
         def from_thread(lease: Lease) -> None:
             ev_loop.call_soon_threadsafe(interrupt, lease)
 
+        def lost_from_thread(lease: Lease) -> None:
+            ev_loop.call_soon_threadsafe(abandon, lease)
+
         leases.on_cancel = from_thread
+        leases.on_lost = lost_from_thread
 
     def task(self, running: Callable[[], bool]) -> asyncio.Task[None]:
         return asyncio.create_task(self.loop.run(self._listen, running))

@@ -56,6 +56,9 @@ class LeaseKeeper:
         self.lost = 0
         self.on_cancel: Callable[[Lease], None] | None = None
         """Called (from this thread) for a lease whose renewal says a cancel was requested."""
+        self.on_lost: Callable[[Lease], None] | None = None
+        """Called (from this thread) for a lease whose renewal found it lost (another worker
+        took the job over): its handler is stopped (cancel.py's abandon)."""
         # after an error, try again soon: renewals must resume as soon as the server answers
         self.loop = Supervised("lease renewal", log, outage=outage, min_backoff_s=0.02,
                                max_backoff_s=max(0.05, every_s / 4))
@@ -132,5 +135,7 @@ class LeaseKeeper:
                     else:
                         x.lost = True
                         self.lost += 1
-                        log.warning("lease lost for job %s (entry %s): another worker took it over",
-                                    x.job_id, x.entry)
+                        log.warning("lease lost for job %s (entry %s): another worker took it"
+                                    " over; stopping its handler here", x.job_id, x.entry)
+                        if self.on_lost is not None:
+                            self.on_lost(x)
