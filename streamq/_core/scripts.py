@@ -1,7 +1,7 @@
 """The script registry: loads each ``lua/*.lua`` once, runs it with EVALSHA, falls back on NOSCRIPT.
 
-``lua/_lib.lua`` and ``lua/_groups.lua`` (helper functions only) are prepended to every
-script, so shared logic such as dead-lettering lives in one place.
+``lua/_lib.lua``, ``lua/_groups.lua`` and ``lua/_rate.lua`` (helper functions only) are
+prepended to every script, so shared logic such as dead-lettering lives in one place.
 """
 
 from __future__ import annotations
@@ -294,7 +294,8 @@ class Pipelined:
 
 def _load() -> dict[str, Script]:
     pkg = resources.files("streamq") / "lua"
-    lib = (pkg / "_lib.lua").read_text() + "\n" + (pkg / "_groups.lua").read_text()
+    lib = "\n".join((pkg / name).read_text()
+                    for name in ("_lib.lua", "_groups.lua", "_rate.lua"))
     return {n: Script(n, lib + "\n" + (pkg / f"{n}.lua").read_text()) for n in _NAMES}
 
 
