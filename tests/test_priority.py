@@ -189,6 +189,21 @@ def test_stats_per_level(url: str, q: Queue, r: redis.Redis) -> None:
     assert st.oldest_ready_age_s == max(v.oldest_ready_age_s or 0 for v in st.levels.values())
 
 
+def test_streamq_stats_shows_each_level(url: str, q: Queue) -> None:
+    """The CLI's stats add a table per priority level once a queue uses more than one."""
+    import subprocess
+    import sys
+
+    q.enqueue_many([{"type": "t", "priority": 4} for _ in range(3)]
+                   + [{"type": "t"} for _ in range(2)])
+    out = subprocess.run([sys.executable, "-m", "streamq", "--url", url, "stats", q.name],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+    header = next(i for i, row in enumerate(rows) if row[:2] == ["QUEUE", "PRIORITY"])
+    assert rows[header + 1][:4] == [q.name, "4", "3", "0"]
+    assert rows[header + 2][:4] == [q.name, "2", "2", "0"]
+
+
 def test_cancel_purge_and_redrive_use_the_level_stream(url: str, q: Queue,
                                                        r: redis.Redis) -> None:
     """Entry ids of two streams can be equal (same millisecond): a queued job's entry is

@@ -153,7 +153,15 @@ def cmd_stats(ctx: Ctx) -> None:
                        and s.ready + s.scheduled + s.retrying + s.group_waiting > 0]
             notes = [f"note: {q!r} has jobs waiting and no live worker (a typo in a producer's"
                      " queue name, or no worker started yet)" for q in orphans]
-            return "\n".join([_table(rows, list(rows[0])), *notes])
+            tables = [_table(rows, list(rows[0]))]
+            levels = [{"queue": s.queue, "priority": p, "ready": lv.ready, "pending": lv.pending,
+                       "oldest_ready": "-" if lv.oldest_ready_age_s is None
+                       else f"{lv.oldest_ready_age_s:.1f}s"}
+                      for s in stats if len(s.levels) > 1
+                      for p, lv in sorted(s.levels.items(), reverse=True)]
+            if levels:  # priorities in use: each level's share of ready and pending
+                tables += ["", _table(levels, list(levels[0]))]
+            return "\n".join([*tables, *notes])
 
         if ctx.args.watch and not ctx.args.json:
             sys.stdout.write("\x1b[H\x1b[2J")
