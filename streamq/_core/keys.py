@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from typing import Any
 
 import attrs
 
@@ -38,6 +39,21 @@ PRIORITIES = range(5)
 DEFAULT_PRIORITY = 2
 """A job without ``priority=`` has this one: its entry goes in the queue's ``stream`` as before
 priorities existed; every other level has a stream of its own (``Keys.stream_level``)."""
+
+
+def levels_in_use(raw: Any) -> list[int]:
+    """The priority levels in use from a SMEMBERS reply of ``Keys.levels`` (or an Exception
+    from a pipeline: none), highest first, with the default level always; members that are
+    not a known level are ignored."""
+    found = {DEFAULT_PRIORITY}
+    for v in () if raw is None or isinstance(raw, Exception) else raw:
+        try:
+            p = int(v)
+        except (TypeError, ValueError):
+            continue
+        if p in PRIORITIES:
+            found.add(p)
+    return sorted(found, reverse=True)
 
 
 def check_priority(priority: object) -> int:

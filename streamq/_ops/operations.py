@@ -15,7 +15,15 @@ import attrs
 
 from .._core.config import QueueConfig
 from .._core.errors import InvalidArgument, JobNotFound, UnknownQueue
-from .._core.keys import DEFAULT_PRIORITY, GROUP, PRIORITIES, Keys, check_job_id, queues_key
+from .._core.keys import (
+    DEFAULT_PRIORITY,
+    GROUP,
+    PRIORITIES,
+    Keys,
+    check_job_id,
+    levels_in_use,
+    queues_key,
+)
 from .._core.model import BRIEF_FIELDS, JobInfo, brief, decode_record, entry_id, record_state
 from .._core.scripts import Arg
 
@@ -122,20 +130,6 @@ def _group(groups: Any) -> tuple[int, int, str]:
     return 0, 0, "0-0"
 
 
-def priority_levels(raw: Any) -> list[int]:
-    """The levels in use from a SMEMBERS reply of Keys.levels, highest first, with the
-    default level always."""
-    found = {DEFAULT_PRIORITY}
-    for v in raw if not isinstance(raw, Exception) else []:
-        try:
-            p = int(v)
-        except ValueError:
-            continue
-        if p in PRIORITIES:
-            found.add(p)
-    return sorted(found, reverse=True)
-
-
 def stats(keys: Keys, worker_alive_ms: int = 30_000) -> Op[QueueStats]:
     r = yield [Cmd.of("TIME"), Cmd.of("SMEMBERS", keys.levels),
                Cmd.of("ZCARD", keys.delayed), Cmd.of("XLEN", keys.dead),
@@ -146,7 +140,7 @@ def stats(keys: Keys, worker_alive_ms: int = 30_000) -> Op[QueueStats]:
     if not ok(r[6]):
         raise UnknownQueue(f"queue {keys.queue!r} does not exist (no keys under {keys.base})")
     now = _server_ms(ok(r[0]))
-    levels = priority_levels(r[1])
+    levels = levels_in_use(r[1])
     delayed, dead = ok(r[2]), ok(r[3])
     counters = {_s(k): int(v) for k, v in _dict(ok(r[4])).items()}
     per = yield [c for p in levels for c in (Cmd.of("XLEN", keys.stream_level(p)),
@@ -226,7 +220,7 @@ def over_levels(keys: Keys, cursor: str | None, limit: int,
     """A listing over every priority level's stream, highest first: one(keys at a level,
     cursor in it, how many) lists one stream; the cursor says where to go on."""
     (raw,) = yield [Cmd.of("SMEMBERS", keys.levels)]
-    levels = priority_levels(raw)
+    levels = levels_in_use(raw)
     at, inner = split_cursor(cursor)
     if at is not None and at in levels:
         levels = levels[levels.index(at):]
@@ -423,7 +417,7 @@ def purge(keys: Keys, cfg: QueueConfig, state: str, *, max_jobs: int = 100_000
     streams = [keys.stream]
     if state == "queued":
         (raw,) = yield [Cmd.of("SMEMBERS", keys.levels)]
-        streams = [keys.stream_level(p) for p in priority_levels(raw)]
+        streams = [keys.stream_level(p) for p in levels_in_use(raw)]
     while purged < max_jobs:
         batch: list[tuple[str, str]] = []
         if state == "queued" and waiting:

@@ -26,7 +26,7 @@ from redis.exceptions import ResponseError
 
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, WorkerConfig
-from .._core.keys import DEFAULT_PRIORITY, GROUP, PRIORITIES, Keys
+from .._core.keys import DEFAULT_PRIORITY, GROUP, Keys, levels_in_use
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
@@ -113,15 +113,7 @@ class Fetching:
         assert client is not None
         qs.lanes.setdefault(DEFAULT_PRIORITY, qs)
         raw: Any = await client.smembers(qs.keys.levels)
-        found = set()
-        for v in raw:
-            try:
-                p = int(v)
-            except ValueError:
-                continue
-            if p in PRIORITIES:
-                found.add(p)
-        for p in sorted(found - set(qs.lanes)):
+        for p in sorted(set(levels_in_use(raw)) - set(qs.lanes)):
             await self._ensure_group(client, qs.keys.at_level(p))
             self._lane(qs, p)
         qs.order = sorted(qs.lanes, reverse=True)
