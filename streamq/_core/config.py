@@ -192,6 +192,10 @@ class QueueConfig:
     highest first. The default gives each level twice the share of the level below it."""
     strict_priority: bool = False
     """Fetch strictly by priority instead (a lower level waits while a higher has work)."""
+    handoff: bool = True
+    """Idle workers post hand-off tickets, and producers start a new job for such a worker
+    inside the enqueue call, so it wakes with a started job (no start round trip on an idle
+    queue's path: docs/performance.md#hand-off). Off on either side: none is handed off."""
     rate_limit: RateLimit | None = attrs.field(default=None)
     """At most this many job starts per period over the whole queue, checked inside the
     script that starts jobs (docs/fairness.md#queue-wide-rate-limit); None = no limit."""

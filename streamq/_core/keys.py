@@ -191,6 +191,17 @@ class Keys:
         return [self.stream_level(p) for p in PRIORITIES if p != DEFAULT_PRIORITY]
 
     @property
+    def tickets(self) -> str:
+        """ZSET of the hand-off tickets of idle workers reading this level's ready stream
+        (ticket.lua, enqueue.lua: docs/performance.md#hand-off), scored by when each lapses."""
+        return f"{self.stream}:tickets"
+
+    def inbox(self, token_prefix: str) -> str:
+        """STREAM where producers put the jobs they started for one idle worker run (named
+        by its lease token prefix, new at every start of a worker): ticket.lua."""
+        return f"{self.base}:inbox:{token_prefix}"
+
+    @property
     def rate(self) -> str:
         """STRING: the queue-wide rate limiter's state, the theoretical arrival time in µs
         (GCRA; claim.lua and start.lua), expiring once it is in the past."""

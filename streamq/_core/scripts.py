@@ -24,7 +24,7 @@ Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
           "prune", "fire", "requeue", "redrive", "purge", "progress", "claim", "unpark",
-          "reconcile", "group")
+          "reconcile", "group", "ticket")
 
 
 _pack: Any

@@ -301,11 +301,12 @@ def in_order(prepared: Sequence[Prepared], batches: Sequence[Sequence[Prepared]]
 
 def enqueue_call(
     keys: Keys, cfg: QueueConfig, batch: Sequence[Prepared],
-    tags: Sequence[str] | None = None,
+    tags: Sequence[str] | None = None, *, handoff: bool = False,
 ) -> tuple[list[str], list[Arg]]:
     """enqueue.lua's keys and arguments for ``batch`` (jobs of one shard: see ``chunks``).
     ``tags``: one writer tag per job (the Spark path: it identifies the row, see
-    enqueue.lua); without, a repeated call is told by its bodies and options."""
+    enqueue.lua); without, a repeated call is told by its bodies and options. ``handoff``:
+    jobs may go straight to idle workers' inboxes, started (docs/performance.md#hand-off)."""
     if batch and batch[0].shard != keys.shard:
         keys = keys.of_shard(batch[0].shard)
     k = [keys.stream, keys.delayed, keys.stats, keys.events]
@@ -319,13 +320,15 @@ def enqueue_call(
         for p, tag in zip(batch, tags, strict=True):
             args.extend(p.args)
             args.append(tag)
-    if any(p.group for p in batch):  # only then: an ungrouped batch is sent as before
+    if handoff or any(p.group for p in batch):  # else an ungrouped batch is sent as before
         k.extend(keys.group_keys)
         args.append(cfg.group_arg)
         args.extend(p.group for p in batch)
     if any(p.level != DEFAULT_PRIORITY for p in batch):  # then the last 5 keys and N args:
         k += (keys.levels, *keys.level_streams)  # enqueue.lua routes each job by priority
         args.extend("" if p.level == DEFAULT_PRIORITY else p.level for p in batch)
+    if handoff:  # the last 3 keys (with the group keys above: enqueue.lua tells them apart)
+        k += (keys.tickets, keys.paused, keys.dead)
     return k, args
 
 

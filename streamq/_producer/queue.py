@@ -147,7 +147,8 @@ class Queue(_Base):
         parts: list[tuple[list[EnqueueResult], int]] = []
         batches = prod.chunks(prepared)
         for batch in batches:
-            keys, args = prod.enqueue_call(self.keys, self.config, batch)
+            keys, args = prod.enqueue_call(self.keys, self.config, batch,
+                                           handoff=self.config.handoff)
 
             def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
                 (reply,), (n,) = durable.run(SCRIPTS["enqueue"], self.client, [(k, a)],
@@ -200,7 +201,8 @@ class Queue(_Base):
 
     def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         batches = prod.chunks(prepared)
-        calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
+        calls = [prod.enqueue_call(self.keys, self.config, b, handoff=self.config.handoff)
+                 for b in batches]
 
         def once(retried: bool) -> tuple[list[EnqueueResult], Parts]:
             replies, acks = durable.run(SCRIPTS["enqueue"], self.client, calls, self.config,
@@ -359,7 +361,8 @@ class AsyncQueue(_Base):
         parts: list[tuple[list[EnqueueResult], int]] = []
         batches = prod.chunks(prepared)
         for batch in batches:
-            keys, args = prod.enqueue_call(self.keys, self.config, batch)
+            keys, args = prod.enqueue_call(self.keys, self.config, batch,
+                                           handoff=self.config.handoff)
 
             async def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
                 (reply,), (n,) = await durable.arun(SCRIPTS["enqueue"], self.client, [(k, a)],
@@ -405,7 +408,8 @@ class AsyncQueue(_Base):
 
     async def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         batches = prod.chunks(prepared)
-        calls = [prod.enqueue_call(self.keys, self.config, b) for b in batches]
+        calls = [prod.enqueue_call(self.keys, self.config, b, handoff=self.config.handoff)
+                 for b in batches]
 
         async def once(retried: bool) -> tuple[list[EnqueueResult], Parts]:
             replies, acks = await durable.arun(SCRIPTS["enqueue"], self.client, calls,

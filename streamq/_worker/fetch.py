@@ -41,6 +41,21 @@ _CLAIM_WIDTH = 10
 """Values per entry in claim.lua's reply."""
 _LEVELS_EVERY_S = 1.0
 """How often a fetch loop reads its shard's levels SET (priority levels in use)."""
+_TICKET_SLACK_MS = 500
+"""A hand-off ticket holds this long past the blocking read it was posted for: a worker
+that is gone (killed while idle) gets handed nothing after that."""
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _inbox_row(entry: Any) -> tuple[Any, ...]:
+    """An inbox entry read by XREADGROUP as a row of ticket.lua's reply."""
+    eid, f = entry
+    f = f or {}
+    return (eid, f.get(b"e", b""), f.get(b"id", b""), f.get(b"c", b"own"), f.get(b"k", b""),
+            f.get(b"n", 0), f.get(b"d", b""), f.get(b"dl", 0), f.get(b"w", 0), f.get(b"a", 0))
 
 
 class Fetching:
@@ -59,6 +74,8 @@ class Fetching:
         _leases: LeaseKeeper
         _token_prefix: str
         _next_token: int
+        _free: int
+        _no_handoff: bool
 
         def _reserve(self, want: int) -> int: ...
         def _release(self, n: int) -> None: ...
@@ -168,7 +185,15 @@ class Fetching:
                 return 0.0
             mode = "new"
             got: list[tuple[QState, list[Any]]] = []
+            launched = 0
             try:
+                if qs.ticket and not (qs.idle and qs.own_cursor is None
+                                      and loop.time() < qs.next_reclaim):
+                    # leaving the idle wait: no job may be handed over any more before
+                    # anything else is read (hand-off: docs/performance.md#hand-off)
+                    launched = await self._ticket(qs, 0)
+                    self._settle_slots(n, launched)
+                    return 0.0
                 if qs.starting and (qs.own_cursor is not None or loop.time() >= qs.next_reclaim):
                     # reading own entries or reclaiming must not meet a batch still starting
                     await asyncio.wait(set(qs.starting))
@@ -182,7 +207,7 @@ class Fetching:
                     await self._claim(qs, n)
                     return 0.0
                 else:  # the streams were drained: wait for work, then claim again
-                    got = await self._wait_for_work(qs, n, loop.time())
+                    got, launched = await self._wait_for_work(qs, n, loop.time())
             except BaseException as exc:
                 self._release(n)
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
@@ -193,7 +218,7 @@ class Fetching:
                     qs.own_cursor = "0"  # a lost reply may have delivered entries: read them
                 raise
             total = sum(len(entries) for _, entries in got)
-            self._release(n - total)
+            self._settle_slots(n, total + launched)
             for lane, entries in got:
                 if entries:  # start in the background: the next read overlaps this round trip
                     task = asyncio.create_task(self._start_batch(qs, lane, entries, mode))
@@ -206,10 +231,11 @@ class Fetching:
         return step
 
     async def _wait_for_work(self, qs: QState, n: int, now: float
-                             ) -> list[tuple[QState, list[Any]]]:
+                             ) -> tuple[list[tuple[QState, list[Any]]], int]:
         """A blocking XREADGROUP COUNT 1 over the level streams (the highest n levels): at
         most one entry per level, never a burst of low-priority entries ahead of urgent work
-        arriving just after; then claims go on."""
+        arriving just after; then claims go on. Returns the entries read per lane, and how
+        many jobs were handed over started (launched already, in slots of the n)."""
         client = self._client
         assert client is not None
         lanes = [qs.lanes[p] for p in qs.order[:n]]
@@ -218,17 +244,110 @@ class Fetching:
         # worker that got a lone job then waits again instead of sending a claim that finds
         # nothing (one round trip off every lone job's path to its result)
         single = len(lanes) == 1 and self.queue_config.rate_limit is None
+        block = min(self.config.block_ms, max(1, int((qs.next_reclaim - now) * 1000)))
         count = n if single else 1
-        reply: Any = await client.xreadgroup(
-            GROUP, self.consumer, {lane.keys.stream: ">" for lane in lanes}, count=count,
-            block=min(self.config.block_ms, max(1, int((qs.next_reclaim - now) * 1000))))
+        streams: dict[Any, Any] = {lane.keys.stream: ">" for lane in lanes}
+        launched = 0
+        if single and n >= 2 and self.queue_config.handoff and not self._no_handoff:
+            # post (or refresh) this lane's ticket, one slot of the n kept for the job a
+            # producer may start for this worker; the inbox is read beside the stream
+            launched = await self._ticket(qs, block + _TICKET_SLACK_MS)
+            if launched:  # handed over since the last read: run it, then wait again
+                return [], launched
+            count = n - 1
+            streams[qs.keys.inbox(self._token_prefix)] = ">"
+        elif qs.ticket:  # no longer a lane for hand-offs (levels in use, a rate limit)
+            return [], await self._ticket(qs, 0)
+        reply: Any = await client.xreadgroup(GROUP, self.consumer, streams, count=count,
+                                             block=block)
         if not reply:
-            return []
+            return [], 0
         by_stream = {lane.keys.stream: lane for lane in lanes}
-        got = [(by_stream[stream.decode()], entries) for stream, entries in reply]
+        got = []
+        for stream, entries in reply:
+            lane = by_stream.get(stream.decode())
+            if lane is None:  # the inbox
+                launched += self._handed(qs, [_inbox_row(e) for e in entries])
+            else:
+                got.append((lane, entries))
         if sum(len(entries) for _, entries in got) >= count:
             qs.idle = False
-        return got
+        return got, launched
+
+    # ------------------------------------------------------------------------ hand-off
+
+    def _ticket_member(self, qs: QState) -> str:
+        """This worker's ticket for a lane (ticket.lua's header): fixed per worker run."""
+        k, cfg = qs.keys, self.queue_config
+        return "|".join((k.job(""), k.inbox(self._token_prefix), self._token_prefix,
+                         cfg.events_arg, str(cfg.dead_ttl_s), str(cfg.dead_maxlen),
+                         self.consumer))
+
+    async def _ticket(self, qs: QState, hold_ms: int) -> int:
+        """Post (hold_ms > 0) or withdraw (0) the lane's hand-off ticket with ticket.lua,
+        and launch the jobs handed over since the inbox was last read; returns how many.
+        Until a withdrawal is answered a ticket may be out (``qs.ticket``): the fetch step
+        withdraws it before it reads anything else."""
+        client = self._client
+        assert client is not None
+        k = qs.keys
+        qs.ticket = True
+        acks, qs.inbox_acks = qs.inbox_acks, []
+        try:
+            reply = await SCRIPTS["ticket"].run_async(
+                client, [k.tickets, k.inbox(self._token_prefix)],
+                [self._ticket_member(qs), hold_ms, GROUP, self.consumer, *acks])
+        except BaseException as exc:
+            qs.inbox_acks = acks + qs.inbox_acks  # acknowledged by the next call
+            if isinstance(exc, Exception) and not transient(exc) and hold_ms:
+                # refused for good (an ACL without a command ticket.lua needs, ...): this
+                # worker goes on without hand-offs; a ticket posted earlier lapses, and a job
+                # handed over meanwhile is found among its own pending entries
+                log.warning("hand-off off for worker %s: %s", self.consumer, exc)
+                self._no_handoff = True
+                qs.own_cursor = "0"
+            raise
+        if hold_ms == 0:
+            qs.ticket = False
+        flat = reply[1:]
+        return self._handed(qs, [flat[i:i + _CLAIM_WIDTH] for i in range(0, len(flat),
+                                                                         _CLAIM_WIDTH)])
+
+    def _handed(self, qs: QState, rows: list[Sequence[Any]]) -> int:
+        """Launch jobs a producer started for this worker (enqueue.lua's hand-off; each row:
+        inbox entry, then the start as claim.lua gives it without the level); returns how
+        many were launched."""
+        launched = 0
+        for inbox_entry, eid, jid, code, token, attempt, data, deadline, wait_ms, age_ms in rows:
+            qs.inbox_acks.append(_text(inbox_entry))
+            if code == b"own":  # a malformed entry: start.lua settles it with our own ones
+                qs.own_cursor = "0"
+                continue
+            if code != b"run" or self._busy(qs, _text(eid)):
+                continue
+            try:
+                job_id = _text(jid)
+            except UnicodeDecodeError:
+                qs.own_cursor = "0"
+                continue
+            launched += 1
+            self._launch(qs, _text(eid), job_id, _text(token), int(attempt), data,
+                         (int(deadline), int(wait_ms), int(age_ms)))
+        if launched:
+            self.stats.started += launched
+            self.stats.handed_over += launched
+            tel.STARTED.add(launched, qs.labels)
+        return launched
+
+    def _settle_slots(self, reserved: int, used: int) -> None:
+        """Free the reserved slots a fetch step did not use; a hand-off beyond them (a
+        started job always runs) takes slots the worker did not have free yet."""
+        if used <= reserved:
+            self._release(reserved - used)
+        else:
+            self._free -= used - reserved
+            if self._free <= 0:
+                self._capacity.clear()
 
     async def _claim(self, qs: QState, n: int) -> None:
         """Read and start up to n new entries with claim.lua (n slots are reserved; this

@@ -51,6 +51,10 @@ class QState:
     """Group upkeep of this shard (unpark, reconcile)."""
     starting: set[asyncio.Task[None]] = attrs.field(factory=set)
     """start.lua calls in flight: the fetch loop reads on while a batch starts."""
+    ticket: bool = False
+    """A hand-off ticket of this lane may be out (posted, not yet withdrawn): fetch.py."""
+    inbox_acks: list[str] = attrs.field(factory=list)
+    """Inbox entries read, acknowledged with the next ticket.lua call."""
     labels: dict[str, str] = attrs.field(factory=dict)
     """Metric attributes of this queue."""
     gauges: dict[str, float] = attrs.field(factory=dict)
@@ -67,6 +71,8 @@ class WorkerStats:
     released: int = 0
     cancelled: int = 0
     """Running jobs stopped by a requested cancel."""
+    handed_over: int = 0
+    """Jobs a producer started for this idle worker inside its enqueue (hand-off)."""
     rate_limited: int = 0
     """Attempts that raised RateLimited (back later, no attempt counted)."""
     stuck_threads: int = 0

@@ -104,6 +104,8 @@ class Worker(Fetching):
         self._cancels: CancelWatch | None = None
         self._sup: dict[str, Supervised] = {}
         self._token_prefix = secrets.token_hex(5)
+        self._no_handoff = False
+        """ticket.lua was refused for good: no hand-offs for this worker (fetch.py)."""
         self._next_token = 1
         self._outage = Outage(log, f"worker {self.consumer}")
         self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s,
@@ -261,6 +263,12 @@ class Worker(Fetching):
             t.cancel()
         await asyncio.wait(self._loops, timeout=5)
         self._loops.clear()
+        for qs in self._qs.values():  # no hand-off to a stopping worker
+            if qs.ticket:
+                try:  # what was handed over meanwhile runs in the grace period
+                    self._settle_slots(0, await asyncio.wait_for(self._ticket(qs, 0), 2.0))
+                except Exception as exc:  # noqa: BLE001 - stop() never raises for Redis
+                    log.debug("hand-off ticket not withdrawn at stop (it lapses): %s", exc)
         starting = {t for qs in self._qs.values() for t in qs.starting}
         if starting:  # a batch being started: let its jobs launch (they get the grace period)
             await asyncio.wait(starting, timeout=5)

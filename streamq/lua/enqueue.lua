@@ -26,6 +26,22 @@
 --           the stream or waits for a slot of its group (_lib.lua's g_enter).
 -- ARGV[#ARGV-N+i] (only with the level keys) the priority of job i ('' = the default, 2:
 --           KEYS[1]; else 0..4, kept as the record's 'p', the level added to the levels SET)
+-- KEYS[#KEYS-2 .. #KEYS] (optional; the group keys and their ARGV then always come too, so
+--           the count of keys after the records is 14 or 19) the hand-off keys: the tickets
+--           ZSET of KEYS[1] (Keys.tickets), the pause flag, the dead STREAM. With them, for
+--           each job this call adds to KEYS[1] (no group, the default priority) while the
+--           queue is not paused, one idle worker's ticket (ticket.lua) is taken: KEYS[1] is
+--           read for its consumer (XREADGROUP COUNT 1: the oldest entry not yet delivered
+--           lands in that worker's pending list, as a claim's would), that entry's job is
+--           started as start.lua starts one (_lib.lua's start_entry, through its group's gate
+--           if it has one; token '<the worker's token prefix>h<stream entry id>') and the
+--           start is written to the worker's inbox STREAM, where its blocked read wakes with
+--           it (docs/performance.md#hand-off). The ticket names the inbox and the record key
+--           prefix: the two keys not passed in KEYS (like claim.lua's records, they carry this
+--           shard's hash tag). A ticket whose inbox no longer exists is dropped (its worker is
+--           gone). An entry without a job id is not started: code 'own' sends the worker to
+--           read its own pending entries (start.lua dead-letters it). A repeat of this call
+--           adds no job, so it hands nothing off.
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
 --           (queued|scheduled|full); 5 for a duplicate: 'duplicate', its state, result
 --           ('' unless completed), error ('' unless failed), mine: 1 when this very row
@@ -39,7 +55,13 @@ local wake = ARGV[3]
 local n = tonumber(ARGV[4])
 local now = now_ms()
 local out = {}
-local G = gctx(KEYS, 5 + n, ARGV[5 + 10 * n])
+local extra = #KEYS - 4 - n  -- keys after the records
+local ho = nil  -- the hand-off keys
+if extra == 14 or extra == 19 then
+  ho = #KEYS - 2
+  extra = extra - 3
+end
+local G = (extra == 11 or extra == 16) and gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) or nil
 local depth = -1
 if max_depth > 0 then
   depth = redis.call('XLEN', stream) + redis.call('ZCARD', delayed)
@@ -71,9 +93,46 @@ if not none_exist then
     if bad then return bad end
   end
 end
+-- Hand up to m jobs just added to the ready stream to idle workers (the header's hand-off).
+local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
+  if redis.call('EXISTS', paused) == 1 then return end
+  local live = redis.call('ZRANGEBYSCORE', tickets, now, '+inf', 'LIMIT', 0, m + 4)
+  local c = {dead = dead, stats = stats, events = events, stream = stream, group = 'streamq',
+    resume = '', now = now, paused = false, started = 0, reclaimed = 0, failed = 0,
+    handed = 0, cancelled = 0, fresh = {}, G = G}
+  for _, member in ipairs(live) do
+    if m <= 0 then break end
+    local records, inbox, tokens, ev, dttl, dmax, consumer = string.match(member,
+      '^([^|]+)|([^|]+)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.+)$')
+    if not inbox or redis.call('EXISTS', inbox) == 0 then
+      redis.call('ZREM', tickets, member)  -- its worker is gone
+    else
+      local reply = redis.pcall('XREADGROUP', 'GROUP', c.group, consumer, 'COUNT', 1,
+        'STREAMS', stream, '>')
+      if type(reply) == 'table' and reply.err then break end  -- no consumer group yet
+      if not reply or not reply[1] then break end  -- nothing left undelivered
+      redis.call('ZREM', tickets, member)
+      m = m - 1
+      local e = reply[1][2][1]
+      local entry, id = e[1], nil
+      for j = 1, #e[2], 2 do
+        if e[2][j] == 'id' then id = e[2][j + 1] end
+      end
+      c.consumer, c.events_maxlen, c.dead_ttl, c.dead_maxlen = consumer, ev, dttl, dmax
+      local code, tok, attempt, data, deadline, wait, age = 'own', '', 0, '', 0, 0, 0
+      if id then
+        code, tok, attempt, data, deadline, wait, age = start_entry(c,
+          records .. id, entry, id, tokens .. 'h' .. entry, true)
+      end
+      redis.call('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id or '', 'c', code,
+        'k', tok, 'n', attempt, 'd', data, 'dl', deadline, 'w', wait, 'a', age)
+    end
+  end
+  count_starts(c)
+end
 local seen, used = {}, {}
-local extra = #KEYS - 4 - n
-local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
+local lv = (extra == 5 or extra == 16) and (4 + n + extra - 4) or nil  -- the level keys
+local handable = 0
 for i = 1, n do
   local b = 5 + 10 * (i - 1)
   local jobkey = KEYS[4 + i]
@@ -84,6 +143,9 @@ for i = 1, n do
     events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
     none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio)
   seen[jobkey] = true
+  if ho and status == 'queued' and prio == '' and not (G and ARGV[5 + 10 * n + i] ~= '') then
+    handable = handable + 1
+  end
   if prio ~= '' and not used[prio] and (status == 'queued' or status == 'scheduled') then
     used[prio] = true
     level_used(KEYS, lv, prio)
@@ -100,6 +162,13 @@ for i = 1, n do
   if status == 'duplicate' then
     out[#out + 1] = state; out[#out + 1] = result; out[#out + 1] = err; out[#out + 1] = mine
   end
+end
+if handable > 0 then
+  -- an optimisation only: whatever it meets (an ACL without a command it needs, ...), the
+  -- jobs are enqueued, and a job it did not hand over is read from the stream as usual
+  local ok = pcall(hand_off, stream, KEYS[ho], KEYS[ho + 1], KEYS[ho + 2], stats, events,
+    now, handable, G)
+  if not ok then count(stats, 'handoff_errors', 1) end
 end
 count(stats, 'enqueued', enqueued)
 count(stats, 'duplicates', duplicates)
