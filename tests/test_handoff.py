@@ -131,7 +131,11 @@ async def test_concurrency_holds_with_hand_offs(url: str, qname: str) -> None:
                 for t in threads:
                     t.join()
                 done = 30 * (rnd + 1)
-                await eventually(lambda d=done: w.stats.completed == d, 30, f"{done} done")
+
+                def all_done(d: int = done) -> bool:
+                    return w.stats.completed == d
+
+                await eventually(all_done, 30, f"{done} done")
         assert peak[0] <= 4, peak
         assert w.stats.handed_over >= 5
         assert w.stats.started == 150
@@ -196,7 +200,7 @@ def test_a_handed_over_grouped_entry_goes_through_its_gate(url: str, qname: str)
         cfg = QueueConfig()
         p = prod.prepare(k, cfg, "echo", 2)
         SCRIPTS["enqueue"](r, *prod.enqueue_call(k, cfg, [p], handoff=True))
-        inbox = r.xrange(k.inbox("tp"))
+        inbox: Any = r.xrange(k.inbox("tp"))
         assert len(inbox) == 1
         fields = inbox[0][1]
         assert fields[b"id"].decode() == gid and fields[b"c"] == b"skip"
@@ -225,7 +229,7 @@ async def test_a_lost_reply_of_the_blocking_read_runs_the_job_once(url: str, qna
         inbox = Keys(qname).inbox(w._token_prefix)
 
         async def lossy(*a: Any, **kw: Any) -> Any:
-            reply = await orig(*a, **kw)
+            reply: Any = await orig(*a, **kw)
             if reply and not lost[0] and any(s.decode() == inbox for s, _ in reply):
                 lost[0] += 1
                 raise redis.ConnectionError("reply of the blocking read lost (test)")
