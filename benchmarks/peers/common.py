@@ -54,13 +54,20 @@ def _redis() -> redis.Redis:
     return _client
 
 
+# read once per process (the environment of a worker process does not change while it runs;
+# reading it per task cost each peer a few µs per job, as much as a fast peer's whole job)
+_SLEEP_S = float(os.environ.get("BENCH_SLEEP_MS", "0")) / 1000.0
+_COUNT_START = bool(os.environ.get("BENCH_COUNT_START"))
+_SYNC_FLUSH = bool(os.environ.get("BENCH_SYNC_FLUSH"))
+
+
 def sleep_s() -> float:
-    return float(os.environ.get("BENCH_SLEEP_MS", "0")) / 1000.0
+    return _SLEEP_S
 
 
 def tally_start() -> None:
     """Call at the start of every task."""
-    if os.environ.get("BENCH_COUNT_START"):
+    if _COUNT_START:
         _redis().incr("bench:started")
     if _state["first"] is None or _state["pid"] != os.getpid():
         _reset_if_forked()
@@ -76,7 +83,7 @@ def _reset_if_forked() -> None:
             global _client
             _client = None
             _state.update(pid=os.getpid(), count=0, flushed=0, first=None, last=0.0)
-            if not os.environ.get("BENCH_SYNC_FLUSH"):
+            if not _SYNC_FLUSH:
                 threading.Thread(target=_flusher, daemon=True).start()
 
 
@@ -86,7 +93,7 @@ def tally_done() -> None:
     with _lock:
         _state["count"] += 1
         _state["last"] = time.time()
-    if os.environ.get("BENCH_SYNC_FLUSH"):
+    if _SYNC_FLUSH:
         _flush()
 
 
