@@ -8,6 +8,14 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A number as redis.call sends it ('%.17g'), formatted once per value and script call
+local NUM_STR = {}
+local function nstr(x)
+  local s = NUM_STR[x]
+  if not s then s = string.format('%.17g', x); NUM_STR[x] = s end
+  return s
+end
+
 -- Lifecycle event. The entry id carries the server time (ms); every entry has the same
 -- three fields, so the stream stores field names once per node. spec is the caller's events
 -- argument: '0' (no events), '<maxlen>' (every kind) or '<maxlen>:,<kind>,<kind>,' (only the
@@ -90,14 +98,21 @@ local function upgrade_v1(jobkey)
   return true
 end
 
+local function names_at(names)  -- name -> its index in names, found once per names table
+  if names.at then return names.at end
+  local at = {}
+  for i = #names, 1, -1 do at[names[i]] = i end
+  names.at = at
+  return at
+end
+
 -- HMGET of a job record by layout-2 names, decoded: 's' as the state name, 'e' as the stream
 -- entry id, 'x' with its default, 'c' from 'e' when absent. A layout-1 record is upgraded
 -- first when write is true or it is not active (an old worker may still be running an active
 -- one: it is read as it is, and left for its owner, until a script takes it over); otherwise
 -- it is read through its layout-1 names. Returns the reply table, or the error of a key that
--- is not a hash (its .err set).
-local function rec(jobkey, write, ...)
-  local names = {...}
+-- is not a hash (its .err set). rec_t takes the names as a list (a script's constant one).
+local function rec_t(jobkey, write, names)
   local r = redis.pcall('HMGET', jobkey, unpack(names))
   if r.err then return r end
   if names[1] == 's' and not r[1] then
@@ -118,26 +133,18 @@ local function rec(jobkey, write, ...)
       end
     end
   end
-  -- one pass (this runs once per job in start and finish: keep it lean)
-  local ie, ic
-  for i = 1, #names do
-    local f = names[i]
-    if f == 's' then
-      local v = r[i]
-      if v then r[i] = STATE_NAME[v] or ('?' .. v) end
-    elseif f == 'e' then
-      ie = i
-    elseif f == 'x' then
-      r[i] = r[i] or DEFAULT_TTL
-    elseif f == 'c' then
-      ic = i
-    end
-  end
+  local at = names_at(names)
+  local is, ie, ix, ic = at.s, at.e, at.x, at.c
+  local v = is and r[is]
+  if v then r[is] = STATE_NAME[v] or ('?' .. v) end
+  if ix then r[ix] = r[ix] or DEFAULT_TTL end
   local e = ie and r[ie]
   if ic and not r[ic] then r[ic] = entry_ms(e) end
   if ie then r[ie] = dec_entry(e) end
   return r
 end
+
+local function rec(jobkey, write, ...) return rec_t(jobkey, write, {...}) end
 
 -- Point a record at a new stream entry (promotion, hand-back, requeue, re-drive), keeping
 -- its creation time: 'c' is written once, from the old entry's time, when it was implied.
@@ -411,6 +418,36 @@ end
 -- start_entry below (and every script) can call them.
 local now_us, rate_read, rate_allowed, rate_take, rate_wait_ms, rate_save
 
+-- start_entry's read: rec_t(jobkey, true, START_F) as one HGETALL (a short reply, no search
+-- per name). canon: entry is as Redis writes ids; 'e' equal to it (either form): r[2] = entry.
+local START_F = {'s', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o', 'op', 'env',
+                 'cx', 'g', 'gw'}
+local PAD = {'00', '0', ''}
+local function start_rec(jobkey, entry, canon)
+  local h = redis.pcall('HGETALL', jobkey)
+  if h.err then return h end
+  local at = names_at(START_F)
+  local r = {false, false, false, false, false, false, false, false, false, false, false, false,
+             false, false}
+  for i = 1, #h, 2 do
+    local j = at[h[i]]
+    if j then r[j] = h[i + 1] end
+  end
+  local s, e = r[1], r[2]
+  if not s then return rec_t(jobkey, true, START_F) end  -- layout 1, or no record
+  local ems
+  if canon and e then
+    local p = string.find(entry, '-', 1, true)
+    local ms, n = string.sub(entry, 1, p - 1), #entry - p
+    if e == entry or (n <= 3 and e == ms .. PAD[n] .. string.sub(entry, p + 1)) then
+      ems = tonumber(ms)
+    end
+  end
+  r[1], r[2] = STATE_NAME[s] or ('?' .. s), ems and entry or dec_entry(e)
+  if not r[7] then r[7] = ems or entry_ms(e) end
+  return r, ems
+end
+
 local START_KNOWN = {scheduled = true, queued = true, active = true, retrying = true,
                      completed = true, failed = true, cancelled = true}
 
@@ -429,7 +466,8 @@ local START_KNOWN = {scheduled = true, queued = true, active = true, retrying = 
 -- refuses is handed back like a paused one (code 'limited', the reason: ms to wait).
 local function start_entry(c, jobkey, entry, id, token, owned)
   local stream, now = c.stream, c.now
-  local r, state = {}, nil
+  local r, state, ems = {}, nil, nil  -- ems: the ms of entry, once r[2] is known to be entry
+  local canon = owned  -- entry as Redis writes ids ('<ms>-<seq>', no leading zeros)
   if not owned then
     -- Only the consumer whose pending list holds the entry may start it: a stale delivery
     -- (the caller stalled after XREADGROUP and another worker took it over) is left alone.
@@ -437,9 +475,9 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     if owner[1] == nil or owner[1][2] ~= c.consumer then
       return 'skip', 0, 0, 'not the owner', 0, 0, 0
     end
+    canon = owner[1][1] == entry
   end
-  r = rec(jobkey, true, 's', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o',
-    'op', 'env', 'cx', 'g', 'gw')
+  r, ems = start_rec(jobkey, entry, canon)
   state = r[1]
   local G = c.G
   if G and not r[2] and r[14] then  -- admitted from its group's wait list: its entry?
@@ -460,7 +498,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     return 'dead', 0, 0, 'job record missing', 0, 0, 0
   elseif not state or not START_KNOWN[state]
       or ((state == 'queued' or state == 'active')
-        and not string.match(r[2] or '', '^%d+%-%d+$')) then
+        and not (ems or string.match(r[2] or '', '^%d+%-%d+$'))) then
     -- a record without a usable state or stream entry is damaged, not a ghost: bury it
     ack_del(stream, c.group, entry)
     bury(jobkey, c.dead, c.events, id, 'job record corrupted', '', 'CorruptRecord', now,
@@ -476,7 +514,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     -- this very start ran before (its reply was lost): the same lease, the same attempt
     if not owned then c.fresh[#c.fresh + 1] = entry end
     return 'run', r[8], tonumber(r[3]) or 1, job_data(r), tonumber(r[5]) or 0,
-      now - (entry_ms(r[2]) or now), now - (tonumber(r[7]) or now)
+      now - (ems or entry_ms(r[2]) or now), now - (tonumber(r[7]) or now)
   elseif r[12] then  -- cancel requested while it ran: it ends here, never runs again
     ack_del(stream, c.group, entry)
     redis.call('HDEL', jobkey, 'k')
@@ -492,9 +530,9 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     c.handed = c.handed + 1
     return 'paused', 0, 0, 'queue paused', 0, 0, 0
   end
-  local attempts = tonumber(r[3]) or 0
-  local max_attempts = tonumber(r[4]) or 0  -- 0: the handler's setting decides
-  local deadline = tonumber(r[5]) or 0
+  local attempts = r[3] and tonumber(r[3]) or 0  -- (absent: no call)
+  local max_attempts = r[4] and tonumber(r[4]) or 0  -- 0: the handler's setting decides
+  local deadline = r[5] and tonumber(r[5]) or 0
   local charged = false
   if c.rate and not (deadline > 0 and now > deadline)
       and not (max_attempts > 0 and attempts >= max_attempts) then
@@ -535,7 +573,8 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     return 'skip', 0, attempts, held, 0, 0, 0
   end
   attempts = attempts + 1
-  redis.call('HSET', jobkey, 's', 'a', 'n', attempts, 'k', token, 'o', c.consumer, 'a', now)
+  redis.call('HSET', jobkey, 's', 'a', 'n', nstr(attempts), 'k', token, 'o', c.consumer, 'a',
+    nstr(now))
   if state == 'active' then
     c.reclaimed = c.reclaimed + 1
     emit(c.events, c.events_maxlen, id, 'reclaimed', now, c.consumer)
@@ -543,7 +582,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   c.started = c.started + 1
   if not owned then c.fresh[#c.fresh + 1] = entry end
   emit(c.events, c.events_maxlen, id, 'started', now, attempts)
-  return 'run', token, attempts, job_data(r), deadline, now - (entry_ms(r[2]) or now),
+  return 'run', token, attempts, job_data(r), deadline, now - (ems or entry_ms(r[2]) or now),
     now - (tonumber(r[7]) or now)
 end
 

@@ -66,7 +66,7 @@ c.G = gctx(KEYS, 6 + levels, ARGV[12 + levels])
 local out = {'ok', '', n, 0}
 -- A job id must be UTF-8 (as the worker decodes ids of entries it reads itself)
 local function utf8_ok(s)
-  if not string.find(s, '[\128-\255]') then return true end
+  if string.find(s, '^[\1-\127%z]*$') then return true end  -- ASCII (one anchored pass)
   local i, n = 1, #s
   while i <= n do
     local b = string.byte(s, i)
@@ -88,6 +88,19 @@ local function utf8_ok(s)
     i = i + len
   end
   return true
+end
+-- The token of the k-th entry: tokens .. hex(first + k), the hex of (first + k) / 16
+-- formatted once per 16 tokens
+local HEX = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd', 'e', 'f'}
+local hi_n, hi_s = -1, ''
+local function token_of(x)
+  if x < 0 or x % 1 ~= 0 then return tokens .. string.format('%x', x) end
+  local hi = math.floor(x / 16)
+  if hi ~= hi_n then
+    hi_n = hi
+    hi_s = hi > 0 and string.format('%x', hi) or ''
+  end
+  return tokens .. hi_s .. HEX[x % 16 + 1]
 end
 local nogroup, drained = {}, {}
 local got = 0
@@ -121,7 +134,7 @@ local function read(l, want)
       out[k + 5] = 0; out[k + 6] = 0; out[k + 7] = 'malformed stream entry'
       out[k + 8] = 0; out[k + 9] = 0; out[k + 10] = 0
     else
-      local token = tokens .. string.format('%x', next_token)
+      local token = token_of(next_token)
       next_token = next_token + 1
       local code, tok, attempt, data, deadline, wait, age = start_entry(c, prefix .. id, entry,
         id, token, true)

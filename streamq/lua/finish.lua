@@ -44,12 +44,15 @@ local out = {}
 local completed, retried, failed, lost, cancelled, limited = 0, 0, 0, 0, 0, 0
 local settled = {}  -- acknowledged and deleted with one XACK and one XDEL after the loop
 local G = gctx(KEYS, 6 + n, ARGV[7 + 7 * n])
+-- what every attempt needs; the rest ('ft', attempts) only on the paths that use it
+local NAMES, TRIES = {'s', 'k', 'x', 'notify', 'cx', 'g'}, {'s', 'n', 'max_attempts'}
+local TTL = {}  -- tonumber of each 'x' value met
 for i = 1, n do
   local b = 7 + 7 * (i - 1)
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
-  local r = rec(jobkey, false, 's', 'k', 'n', 'max_attempts', 'x', 'notify', 'ft', 'cx', 'g')
+  local r = rec_t(jobkey, false, NAMES)
   local state, cur = r[1], r[2]
   if r.err or not state then  -- (a corrupted record is settled by a reclaim)
     lost = lost + 1
@@ -59,11 +62,12 @@ for i = 1, n do
     -- applied by an earlier run of this same call (every other path that ends a lease
     -- changes the token); a retry may have been promoted or cancelled since
     if state == 'completed' or state == 'failed' then out[i] = state else out[i] = 'retrying' end
-    if r[7] == 'cancelled:' .. token then out[i] = 'cancelled' end
+    if redis.call('HGET', jobkey, 'ft') == 'cancelled:' .. token then out[i] = 'cancelled' end
   elseif cur ~= token then
-    if r[7] == 'retrying:' .. token then
+    local ft = redis.call('HGET', jobkey, 'ft')
+    if ft == 'retrying:' .. token then
       out[i] = 'retrying'
-    elseif r[7] == 'failed:' .. token then
+    elseif ft == 'failed:' .. token then
       out[i] = 'failed'
     else
       lost = lost + 1
@@ -72,54 +76,59 @@ for i = 1, n do
     end
   else
     if entry ~= '' then settled[#settled + 1] = entry end
-    local max_attempts = tonumber(r[4]) or 0
-    if outcome ~= 'ok' and (outcome == 'cancel' or r[8]) then
+    if outcome ~= 'ok' and (outcome == 'cancel' or r[5]) then
       end_cancelled(jobkey, events, events_maxlen, id, now, 'running')
       redis.call('HSET', jobkey, 'ft', 'cancelled:' .. token)
       cancelled = cancelled + 1
       out[i] = 'cancelled'
     elseif outcome == 'later' or outcome == 'later_group' then
       put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
-      if outcome == 'later_group' and G and r[9] then g_hold(G, r[9], now + tonumber(extra)) end
+      if outcome == 'later_group' and G and r[6] then g_hold(G, r[6], now + tonumber(extra)) end
       limited = limited + 1
       emit(events, events_maxlen, id, 'rate_limited', now, extra)
       out[i] = 'retrying'
     elseif outcome == 'ok' then
       if data ~= '' then
-        redis.call('HSET', jobkey, 's', 'c', 'r', data, 'f', now)
+        redis.call('HSET', jobkey, 's', 'c', 'r', data, 'f', nstr(now))
       else  -- a None result is not stored
-        redis.call('HSET', jobkey, 's', 'c', 'f', now)
+        redis.call('HSET', jobkey, 's', 'c', 'f', nstr(now))
       end
-      local ttl = tonumber(r[5]) or 0
-      if r[5] == '0' then  -- fire-and-forget: nothing is kept once the job completed
+      local x = r[3]
+      local ttl = TTL[x]
+      if not ttl then ttl = tonumber(x) or 0; TTL[x] = ttl end
+      if x == '0' then  -- fire-and-forget: nothing is kept once the job completed
         redis.call('DEL', jobkey)
       elseif ttl > 0 then
-        redis.call('EXPIRE', jobkey, ttl)
+        redis.call('EXPIRE', jobkey, nstr(ttl))
       end
       completed = completed + 1
       emit(events, events_maxlen, id, 'completed', now, '')
-      notify(r[6], 'completed', id, data)
+      notify(r[4], 'completed', id, data)
       out[i] = 'completed'
-    elseif outcome == 'retry' and (max_attempts == 0 or (tonumber(r[3]) or 0) < max_attempts) then
-      local due = now + tonumber(extra)
-      wake_if_sooner(delayed, wake, due)
-      redis.call('ZADD', delayed, due, id)
-      redis.call('HSET', jobkey, 's', 'r', 'due', due, 'error', data, 'ft', 'retrying:' .. token)
-      remember_error(jobkey, r[3], etype, now)
-      retried = retried + 1
-      emit(events, events_maxlen, id, 'retrying', now, etype)
-      out[i] = 'retrying'
     else
-      local reason = extra
-      if outcome == 'retry' then reason = 'attempts exhausted' end
-      if etype ~= 'LeaseExpired' then remember_error(jobkey, r[3], etype, now) end
-      bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
-        events_maxlen, false)
-      redis.call('HSET', jobkey, 'ft', 'failed:' .. token)
-      failed = failed + 1
-      out[i] = 'failed'
+      local a = rec_t(jobkey, false, TRIES)
+      local max_attempts = tonumber(a[3]) or 0
+      if outcome == 'retry' and (max_attempts == 0 or (tonumber(a[2]) or 0) < max_attempts) then
+        local due = now + tonumber(extra)
+        wake_if_sooner(delayed, wake, due)
+        redis.call('ZADD', delayed, due, id)
+        redis.call('HSET', jobkey, 's', 'r', 'due', due, 'error', data, 'ft', 'retrying:' .. token)
+        remember_error(jobkey, a[2], etype, now)
+        retried = retried + 1
+        emit(events, events_maxlen, id, 'retrying', now, etype)
+        out[i] = 'retrying'
+      else
+        local reason = extra
+        if outcome == 'retry' then reason = 'attempts exhausted' end
+        if etype ~= 'LeaseExpired' then remember_error(jobkey, a[2], etype, now) end
+        bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
+          events_maxlen, false)
+        redis.call('HSET', jobkey, 'ft', 'failed:' .. token)
+        failed = failed + 1
+        out[i] = 'failed'
+      end
     end
-    if G and r[9] then g_release(G, r[9], id, stream, now) end
+    if G and r[6] then g_release(G, r[6], id, stream, now) end
   end
 end
 if #settled > 0 then
