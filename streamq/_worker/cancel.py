@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from .._core.supervise import Outage, Supervised
@@ -100,9 +100,13 @@ class CancelWatch:
     and stops the running jobs named there; the renewal thread's reports come here too."""
 
     def __init__(self, client: Any, queues: list[QState], leases: LeaseKeeper,
-                 outage: Outage | None = None) -> None:
+                 outage: Outage | None = None, alive: Sequence[str] = ()) -> None:
         self.client = client
         self._tags = {q.keys.cancel_channel: q.keys.shard_tag for q in queues}
+        self._alive = list(alive)
+        """Channels subscribed to only to be seen alive: a producer hands a job to a worker
+        only while its inbox channel has a subscriber (hand-off, enqueue.lua), so a worker
+        that is gone (its connection closed) is handed nothing."""
         self._leases = leases
         self._recent: dict[tuple[str, str], float] = {}
         self._checks: set[asyncio.Task[None]] = set()
@@ -164,7 +168,7 @@ class CancelWatch:
     async def _listen(self) -> float:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(*self._tags)
+            await pubsub.subscribe(*self._tags, *self._alive)
             await self.check_running()
             self.loop.ok()
             while True:  # until the worker stops (its task is cancelled)

@@ -224,7 +224,8 @@ class Worker(Fetching):
                                    self._outage)
         self._leases.start()
         self._settler.leases = self._leases
-        self._cancels = CancelWatch(client, queues, self._leases, self._outage)
+        self._cancels = CancelWatch(client, queues, self._leases, self._outage,
+                                    [qs.keys.inbox(self._token_prefix) for qs in queues])
         hk.loops["cancel requests"] = self._cancels.loop
         self._loops.append(self._cancels.task(lambda: self._running))
         for qs in queues:

@@ -38,8 +38,10 @@
 --           start is written to the worker's inbox STREAM, where its blocked read wakes with
 --           it (docs/performance.md#hand-off). The ticket names the inbox and the record key
 --           prefix: the two keys not passed in KEYS (like claim.lua's records, they carry this
---           shard's hash tag). A ticket whose inbox no longer exists is dropped (its worker is
---           gone). An entry without a job id is not started: code 'own' sends the worker to
+--           shard's hash tag). A ticket is dropped, not used, when its inbox no longer exists
+--           or the channel of the inbox's name has no subscriber (PUBSUB NUMSUB: each worker
+--           subscribes to it while it runs, so a killed worker's closed connection ends it; on
+--           Redis Cluster the count is the shard's node's only). An entry without a job id is not started: code 'own' sends the worker to
 --           read its own pending entries (start.lua dead-letters it). A repeat of this call
 --           adds no job, so it hands nothing off.
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
@@ -104,8 +106,11 @@ local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
     if m <= 0 then break end
     local records, inbox, tokens, ev, dttl, dmax, consumer = string.match(member,
       '^([^|]+)|([^|]+)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.+)$')
-    if not inbox or redis.call('EXISTS', inbox) == 0 then
-      redis.call('ZREM', tickets, member)  -- its worker is gone
+    -- the worker subscribes to its inbox's name as a channel: no subscriber, no worker
+    -- (killed: its connection closed) or none yet; an inbox gone, a worker gone
+    local alive = inbox and redis.call('PUBSUB', 'NUMSUB', inbox)[2] > 0
+    if not alive or redis.call('EXISTS', inbox) == 0 then
+      redis.call('ZREM', tickets, member)
     else
       local reply = redis.pcall('XREADGROUP', 'GROUP', c.group, consumer, 'COUNT', 1,
         'STREAMS', stream, '>')
