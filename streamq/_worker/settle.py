@@ -84,6 +84,7 @@ class Settler:
             args.extend(b)
         keys += k.group_keys  # a settled grouped job frees its group's slot
         args.append(cfg.group_arg)
+        qs.settle_calls += 1
         (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
                                                 [(keys, args)], cfg)  # min_replicas: + WAIT
         del qs.buf[:len(batch)]

@@ -55,6 +55,10 @@ class QState:
     """A hand-off ticket of this lane may be out (posted, not yet withdrawn): fetch.py."""
     inbox_acks: list[str] = attrs.field(factory=list)
     """Inbox entries read, acknowledged with the next ticket.lua call."""
+    handed: list[asyncio.Task[None]] = attrs.field(factory=list)
+    """Jobs just handed over, launched by the fetch loop (it lets them settle first)."""
+    settle_calls: int = 0
+    """finish.lua calls the settling loop has sent (settle.py counts them)."""
     labels: dict[str, str] = attrs.field(factory=dict)
     """Metric attributes of this queue."""
     gauges: dict[str, float] = attrs.field(factory=dict)
