@@ -1,6 +1,6 @@
 // BullMQ worker for the peer benchmark: node worker.mjs (env BENCH_URL, BENCH_CONC,
 // BENCH_SLEEP_MS, BENCH_VT, BENCH_COUNT_START). Counts completions like common.py does:
-// INCRBY bench:done every 10 ms, with the first start / last completion times.
+// INCRBY bench:done every 50 ms, with the first start / last completion times.
 import { Worker } from "bullmq";
 import IORedis from "ioredis";
 
@@ -17,7 +17,7 @@ setInterval(async () => {
   await r.multi().incrby("bench:done", d)
     .zadd("bench:first", "NX", first / 1000, String(process.pid))
     .zadd("bench:last", "GT", last / 1000, String(process.pid)).exec();
-}, 10);
+}, 50);
 
 const opts = {
   connection: new IORedis(url, { maxRetriesPerRequest: null }),
