@@ -30,6 +30,7 @@ from .._core.keys import DEFAULT_PRIORITY, GROUP, Keys, levels_in_use
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
+from .handoff import TICKET_SLACK_MS, HandOff, inbox_row
 from .lease import LeaseKeeper
 from .state import QState, WorkerStats
 
@@ -41,28 +42,7 @@ _CLAIM_WIDTH = 10
 """Values per entry in claim.lua's reply."""
 _LEVELS_EVERY_S = 1.0
 """How often a fetch loop reads its shard's levels SET (priority levels in use)."""
-_HANDED_WAIT_S = 0.002
-"""How long a fetch loop waits for a job just handed over to end before its next ticket."""
-_HANDED_YIELDS = 8
-"""At most this many event-loop turns for the settling loop to send that job's outcome."""
-_TICKET_SLACK_MS = 500
-"""A hand-off ticket holds this long past the blocking read it was posted for: a worker
-that is gone (killed while idle) gets handed nothing after that."""
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _inbox_row(entry: Any) -> tuple[Any, ...]:
-    """An inbox entry read by XREADGROUP as a row of ticket.lua's reply."""
-    eid, f = entry
-    f = f or {}
-    return (eid, f.get(b"e", b""), f.get(b"id", b""), f.get(b"c", b"own"), f.get(b"k", b""),
-            f.get(b"n", 0), f.get(b"d", b""), f.get(b"dl", 0), f.get(b"w", 0), f.get(b"a", 0))
-
-
-class Fetching:
+class Fetching(HandOff):
     """Fetch, claim and start: the part of the Worker that turns stream entries into leases."""
 
     if TYPE_CHECKING:  # the Worker's state this part reads and writes
@@ -78,9 +58,7 @@ class Fetching:
         _leases: LeaseKeeper
         _token_prefix: str
         _next_token: int
-        _free: int
         _no_handoff: bool
-        _jobs: dict[tuple[str, str], asyncio.Task[None]]
 
         def _reserve(self, want: int) -> int: ...
         def _release(self, n: int) -> None: ...
@@ -258,7 +236,7 @@ class Fetching:
         if single and n >= 2 and self.queue_config.handoff and not self._no_handoff:
             # post (or refresh) this lane's ticket, one slot of the n kept for the job a
             # producer may start for this worker; the inbox is read beside the stream
-            launched = await self._ticket(qs, block + _TICKET_SLACK_MS)
+            launched = await self._ticket(qs, block + TICKET_SLACK_MS)
             if launched:  # handed over since the last read: run it, then wait again
                 return [], launched
             count = n - 1
@@ -274,105 +252,12 @@ class Fetching:
         for stream, entries in reply:
             lane = by_stream.get(stream.decode())
             if lane is None:  # the inbox
-                launched += self._handed(qs, [_inbox_row(e) for e in entries])
+                launched += self._handed(qs, [inbox_row(e) for e in entries])
             else:
                 got.append((lane, entries))
         if sum(len(entries) for _, entries in got) >= count:
             qs.idle = False
         return got, launched
-
-    # ------------------------------------------------------------------------ hand-off
-
-    def _ticket_member(self, qs: QState) -> str:
-        """This worker's ticket for a lane (ticket.lua's header): fixed per worker run."""
-        k, cfg = qs.keys, self.queue_config
-        return "|".join((k.job(""), k.inbox(self._token_prefix), self._token_prefix,
-                         cfg.events_arg, str(cfg.dead_ttl_s), str(cfg.dead_maxlen),
-                         self.consumer))
-
-    async def _ticket(self, qs: QState, hold_ms: int) -> int:
-        """Post (hold_ms > 0) or withdraw (0) the lane's hand-off ticket with ticket.lua,
-        and launch the jobs handed over since the inbox was last read; returns how many.
-        Until a withdrawal is answered a ticket may be out (``qs.ticket``): the fetch step
-        withdraws it before it reads anything else."""
-        client = self._client
-        assert client is not None
-        k = qs.keys
-        qs.ticket = True
-        acks, qs.inbox_acks = qs.inbox_acks, []
-        try:
-            reply = await SCRIPTS["ticket"].run_async(
-                client, [k.tickets, k.inbox(self._token_prefix)],
-                [self._ticket_member(qs), hold_ms, GROUP, self.consumer, *acks])
-        except BaseException as exc:
-            qs.inbox_acks = acks + qs.inbox_acks  # acknowledged by the next call
-            if isinstance(exc, Exception) and not transient(exc) and hold_ms:
-                # refused for good (an ACL without a command ticket.lua needs, ...): this
-                # worker goes on without hand-offs; a ticket posted earlier lapses, and a job
-                # handed over meanwhile is found among its own pending entries
-                log.warning("hand-off off for worker %s: %s", self.consumer, exc)
-                self._no_handoff = True
-                qs.own_cursor = "0"
-            raise
-        if hold_ms == 0:
-            qs.ticket = False
-        flat = reply[1:]
-        return self._handed(qs, [flat[i:i + _CLAIM_WIDTH] for i in range(0, len(flat),
-                                                                         _CLAIM_WIDTH)])
-
-    def _handed(self, qs: QState, rows: list[Sequence[Any]]) -> int:
-        """Launch jobs a producer started for this worker (enqueue.lua's hand-off; each row:
-        inbox entry, then the start as claim.lua gives it without the level); returns how
-        many were launched."""
-        launched = 0
-        for inbox_entry, eid, jid, code, token, attempt, data, deadline, wait_ms, age_ms in rows:
-            qs.inbox_acks.append(_text(inbox_entry))
-            if code == b"own":  # a malformed entry: start.lua settles it with our own ones
-                qs.own_cursor = "0"
-                continue
-            if code != b"run" or self._busy(qs, _text(eid)):
-                continue
-            try:
-                job_id = _text(jid)
-            except UnicodeDecodeError:
-                qs.own_cursor = "0"
-                continue
-            launched += 1
-            self._launch(qs, _text(eid), job_id, _text(token), int(attempt), data,
-                         (int(deadline), int(wait_ms), int(age_ms)))
-            task = self._jobs.get((qs.keys.tag, _text(eid)))
-            if task is not None:
-                qs.handed.append(task)
-        if launched:
-            self.stats.started += launched
-            self.stats.handed_over += launched
-            tel.STARTED.add(launched, qs.labels)
-        return launched
-
-    async def _let_handed_settle(self, qs: QState) -> None:
-        """A job was just handed over: before this loop posts its next ticket, let that
-        job's outcome go out if it ends at once (the result is what its producer waits for;
-        measured, a ticket sent first delayed it by ~0.2 ms). A job that runs longer than
-        _HANDED_WAIT_S is not waited for."""
-        tasks, qs.handed = qs.handed, []
-        pending = [t for t in tasks if not t.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=_HANDED_WAIT_S)
-        sent = qs.settle_calls
-        for _ in range(_HANDED_YIELDS):  # the settling loop's turn to send finish.lua
-            if not qs.buf or qs.settle_calls != sent:
-                break
-            await asyncio.sleep(0)
-
-    def _settle_slots(self, reserved: int, used: int) -> None:
-        """Free the reserved slots a fetch step did not use; a hand-off beyond them (a
-        started job always runs) takes slots the worker did not have free yet."""
-        if used <= reserved:
-            self._release(reserved - used)
-        else:
-            self._free -= used - reserved
-            if self._free <= 0:
-                self._capacity.clear()
 
     async def _claim(self, qs: QState, n: int) -> None:
         """Read and start up to n new entries with claim.lua (n slots are reserved; this

@@ -60,6 +60,7 @@ if hold > 0 then
   -- a worker that is gone leaves an inbox that lapses on its own
   redis.call('EXPIRE', inbox, math.ceil(hold / 1000) + 60)
   redis.call('ZADD', tickets, now + hold, member)  -- last: a call that failed posted nothing
+  redis.call('EXPIRE', tickets, math.ceil(hold / 1000) + 60)  -- gone once no worker posts
 else
   redis.call('ZREM', tickets, member)
 end
