@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,7 @@ import redis
 from helpers import eventually, fast
 
 from streamq import InvalidArgument, Job, Queue, Registry, Worker
-from streamq._core.scripts import SCRIPTS
+from streamq._core.scripts import SCRIPTS, Script
 from streamq._ops.cli import main as cli
 from streamq.admin import Admin
 
@@ -79,6 +80,53 @@ async def test_a_sync_handler_reports_without_await_and_its_last_report_is_kept(
     assert info is not None and info.progress == 100
     assert [ln["m"] for ln in info.logs] == ["tile 1", "tile 2", "tile 3"]
     assert [ln["n"] for ln in info.logs] == [1, 2, 3]
+
+
+async def test_reports_made_while_a_write_is_under_way_are_written_too(
+        url: str, q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync handler reports on while the writer's batch is in flight: those reports stay
+    pending and are written (a bug dropped them: the writer compared its batch with itself).
+    Each step waits for the one before it (events, the writer's own count), no sleeps."""
+    sent, reported = threading.Event(), threading.Event()
+    orig = Script.run_async
+    calls = [0]
+
+    async def held(self: Script, client: Any, keys: Any, args: Any) -> Any:
+        reply = await orig(self, client, keys, args)
+        if self is SCRIPTS["progress"] and calls[0] == 0:  # the first write: (1, ["a"])
+            calls[0] += 1
+            sent.set()
+            await asyncio.to_thread(reported.wait, 5)  # the handler reported more meanwhile
+        return reply
+
+    monkeypatch.setattr(Script, "run_async", held)
+    reg = Registry()
+    worker: list[Worker] = []
+
+    @reg.handler("steps")
+    def steps(job: Job) -> int:
+        job.progress(1)
+        job.log("a")
+        assert sent.wait(5)
+        job.progress(2)
+        job.log("b")
+        reported.set()
+        prog = worker[0]._progress
+        assert prog is not None
+        end = time.monotonic() + 5
+        while prog._written < 2 and time.monotonic() < end:  # the first write's step is over
+            time.sleep(0.005)
+        job.progress(3)
+        return 1
+
+    q.enqueue("steps", job_id="st")
+    async with Worker(url, [q.name], reg, fast()) as w:
+        worker.append(w)
+        await eventually(lambda: q.get("st").state == "completed",  # type: ignore[union-attr]
+                         what="the job to complete")
+    info = q.get("st")
+    assert info is not None and info.progress == 3
+    assert [ln["m"] for ln in info.logs] == ["a", "b"]
 
 
 async def test_a_waiter_follows_progress(url: str, q: Queue) -> None:

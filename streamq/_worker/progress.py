@@ -70,6 +70,9 @@ class Progress:
         self._seq = 0
         self._written = 0
         self._wake = asyncio.Event()
+        self._writing = asyncio.Lock()
+        """Held while reports are written: a job's last reports (settle_first) go out after
+        any write already under way, so an older report never lands after a newer one."""
         self._written_cond = asyncio.Condition()
         self._loop = asyncio.get_running_loop()
 
@@ -128,17 +131,19 @@ class Progress:
     async def _step(self) -> float:
         await self._wake.wait()
         self._wake.clear()
-        with self._lock:
-            batch = list(self._pending.values())
-            top = self._seq
-        if batch:
-            await self.write(batch)
-            with self._lock:
-                for p in batch:
-                    key = (p.lease.keys.tag, p.lease.job_id)
-                    cur = self._pending.get(key)
-                    if cur is p and cur.seq == p.seq and len(cur.lines) == len(p.lines):
-                        del self._pending[key]
+        async with self._writing:
+            with self._lock:  # copies: a handler's thread goes on reporting meanwhile
+                batch = [attrs.evolve(p, lines=list(p.lines)) for p in self._pending.values()]
+                top = self._seq
+            if batch:
+                await self.write(batch)
+                with self._lock:  # drop what was written, unless more came meanwhile
+                    for p in batch:
+                        key = (p.lease.keys.tag, p.lease.job_id)
+                        cur = self._pending.get(key)
+                        if (cur is not None and cur.lease.token == p.lease.token
+                                and cur.seq == p.seq):
+                            del self._pending[key]
         async with self._written_cond:
             self._written = max(self._written, top)
             self._written_cond.notify_all()
@@ -163,13 +168,14 @@ class Progress:
         """Write the job's pending reports now, before its outcome is settled (after that the
         record is no longer 'active' and would refuse them). Best effort: an error is logged."""
         key = (queue, job_id)
-        with self._lock:
-            p = self._pending.pop(key, None)
-            self._line_seq.pop(key, None)
-        if p is None:
-            return
-        try:
-            await self.write([p])
-        except Exception as exc:  # noqa: BLE001 - reports are best effort
-            log.warning("progress of job %s not written: %s: %s", job_id,
-                        type(exc).__name__, exc)
+        async with self._writing:
+            with self._lock:
+                p = self._pending.pop(key, None)
+                self._line_seq.pop(key, None)
+            if p is None:
+                return
+            try:
+                await self.write([p])
+            except Exception as exc:  # noqa: BLE001 - reports are best effort
+                log.warning("progress of job %s not written: %s: %s", job_id,
+                            type(exc).__name__, exc)
