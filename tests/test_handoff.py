@@ -108,6 +108,12 @@ async def test_a_stopped_worker_is_handed_nothing(url: str, qname: str) -> None:
     with Queue.from_url(url, qname) as q:
         jid = q.enqueue("echo", 1).job_id
     assert Admin.from_url(url).job(qname, jid).state == "queued"
+    # withdrawing a ticket whose inbox is gone leaves no inbox behind (it would have no TTL)
+    k = Keys(qname)
+    r.delete(k.inbox("gone"))
+    member = "|".join((k.job(""), k.inbox("gone"), "gone", "0", "60", "100", "c9"))
+    assert SCRIPTS["ticket"](r, [k.tickets, k.inbox("gone")], [member, 0, GROUP, "c9"]) == [0]
+    assert r.exists(k.inbox("gone")) == 0
 
 
 async def test_concurrency_holds_with_hand_offs(url: str, qname: str) -> None:

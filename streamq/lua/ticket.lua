@@ -38,11 +38,15 @@ local reply = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 100,
   'STREAMS', inbox, '>')
 if type(reply) == 'table' and reply.err then
   if not string.find(reply.err, 'NOGROUP', 1, true) then error(reply.err) end
-  -- no inbox yet (or it lapsed): made with its group at the start, so that an entry a
-  -- producer wrote meanwhile is read below
-  redis.call('XGROUP', 'CREATE', inbox, group, '0', 'MKSTREAM')
-  reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 100,
-    'STREAMS', inbox, '>')
+  if hold > 0 then
+    -- no inbox yet (or it lapsed): made with its group at the start (it gets its TTL
+    -- below), so that an entry a producer wrote meanwhile is read
+    redis.call('XGROUP', 'CREATE', inbox, group, '0', 'MKSTREAM')
+    reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 100,
+      'STREAMS', inbox, '>')
+  else
+    reply = nil  -- withdrawing: no inbox is made (it would have no TTL); none was used
+  end
 end
 if reply and reply[1] then
   for _, e in ipairs(reply[1][2]) do
