@@ -85,8 +85,11 @@ class Settler:
         keys += k.group_keys  # a settled grouped job frees its group's slot
         args.append(cfg.group_arg)
         qs.settle_calls += 1
-        (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
-                                                [(keys, args)], cfg)  # min_replicas: + WAIT
+        try:
+            (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
+                                                    [(keys, args)], cfg)  # min_replicas: WAIT
+        finally:
+            qs.settled.set()
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
         for b, state in zip(batch, reply, strict=True):

@@ -59,6 +59,8 @@ class QState:
     """Jobs just handed over, launched by the fetch loop (it lets them settle first)."""
     settle_calls: int = 0
     """finish.lua calls the settling loop has sent (settle.py counts them)."""
+    settled: asyncio.Event = attrs.field(factory=asyncio.Event)
+    """Set when a finish.lua call of the settling loop has ended (its reply read or failed)."""
     labels: dict[str, str] = attrs.field(factory=dict)
     """Metric attributes of this queue."""
     gauges: dict[str, float] = attrs.field(factory=dict)
