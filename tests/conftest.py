@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 
+from streamq import Queue
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.server import RedisServer
 
@@ -37,6 +38,14 @@ def url(redis_server: RedisServer) -> str:
 @pytest.fixture
 def qname() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def q(url: str, qname: str) -> Iterator[Queue]:
+    """A queue of this test's own name (a module that needs another kind defines its own)."""
+    queue = Queue.from_url(url, qname)
+    yield queue
+    queue.close()
 
 
 @pytest.fixture

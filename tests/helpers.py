@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
 import redis
 
-from streamq import Keys, QueueConfig, WorkerConfig
+from streamq import Keys, Queue, QueueConfig, Registry, Worker, WorkerConfig
 from streamq._core.model import V1_FIELDS, normalize_record
 from streamq._core.scripts import SCRIPTS
 from streamq._worker import start_call
@@ -48,6 +49,23 @@ def fast(**overrides: Any) -> WorkerConfig:
     base = WorkerConfig(concurrency=16, block_ms=200, promote_interval_s=0.05,
                         heartbeat_interval_s=0.5, grace_period_s=2.0, visibility_timeout_s=30.0)
     return attrs.evolve(base, **overrides)
+
+
+@asynccontextmanager
+async def running(url: str, qname: str, reg: Registry, **cfg: Any) -> AsyncIterator[Worker]:
+    """A Worker serving ``qname`` with the ``fast`` config (``cfg`` overrides some of it)."""
+    async with Worker(url, [qname], reg, fast(**cfg)) as w:
+        yield w
+
+
+def state(q: Queue, job_id: str) -> str:
+    """The job's state as ``Queue.get`` reads it; "" when there is no such job."""
+    info = q.get(job_id)
+    return info.state if info else ""
+
+
+def finished(q: Queue, *ids: str) -> bool:
+    return all(state(q, i) in ("completed", "failed", "cancelled") for i in ids)
 
 
 _tokens = itertools.count(1)

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually
-from test_worker import running
+from helpers import eventually, running
 
 from streamq import Job, Queue, QueueConfig, Registry
 from streamq._core.config import ALL_EVENTS, DEFAULT_EVENTS

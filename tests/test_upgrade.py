@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, record
-from test_worker import running
+from helpers import eventually, record, running
 
 from streamq import Job, Keys, Queue, Registry
 from streamq._core.keys import GROUP

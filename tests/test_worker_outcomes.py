@@ -1,17 +1,16 @@
-"""Worker behaviour against a real redis-server: outcomes, bad input, leases, recovery."""
+"""Worker outcomes against a real redis-server: results, retries and backoff, dead letters and
+their reasons, bad input, timeouts, concurrency, promotion, pause, several queues, versioned
+handlers and config validation. Leases and recovery are in test_worker_leases.py."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast, field, record, start_entries
+from helpers import eventually, fast, finished, running, state
 
 from streamq import (
     Fail,
@@ -27,29 +26,6 @@ from streamq import (
     WorkerConfig,
 )
 from streamq._core.keys import GROUP
-from streamq._core.scripts import SCRIPTS
-
-
-@asynccontextmanager
-async def running(url: str, qname: str, reg: Registry, **cfg: Any) -> AsyncIterator[Worker]:
-    async with Worker(url, [qname], reg, fast(**cfg)) as w:
-        yield w
-
-
-def state(q: Queue, job_id: str) -> str:
-    info = q.get(job_id)
-    return info.state if info else ""
-
-
-def finished(q: Queue, *ids: str) -> bool:
-    return all(state(q, i) in ("completed", "failed", "cancelled") for i in ids)
-
-
-@pytest.fixture
-def q(url: str, qname: str) -> Any:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
 
 
 async def test_async_and_sync_handlers_store_results(url: str, q: Queue) -> None:
@@ -278,168 +254,6 @@ async def test_concurrency_is_bounded(url: str, q: Queue) -> None:
     assert peak == 7
 
 
-async def test_stale_completion_is_rejected_and_counted(url: str, q: Queue,
-                                                        r: redis.Redis) -> None:
-    """Fencing: a worker whose lease was taken over cannot overwrite the new owner's result."""
-    reg = Registry()
-    started = asyncio.Event()
-    release = asyncio.Event()
-
-    @reg.handler("t")
-    async def t(job: Job) -> str:
-        started.set()
-        await release.wait()
-        return "stale result"
-
-    q.enqueue("t", job_id="j")
-    async with running(url, q.name, reg, visibility_timeout_s=60) as w:
-        await asyncio.wait_for(started.wait(), 10)
-        k = q.keys
-        # another consumer takes the entry over and starts it (what a reclaim does)
-        entry: Any = field(r, k.job("j"), "entry")
-        assert entry is not None
-        r.xclaim(k.stream, GROUP, "other", 0, [entry], justid=True)
-        reply: Any = start_entries(r, k, "other", [(entry.decode(), "j")])
-        assert reply[0] == b"run" and reply[2] == 2
-        release.set()
-        await eventually(lambda: w.stats.lost == 1, what="stale finish to be rejected")
-    rec = record(r, k.job("j"))
-    assert rec[b"state"] == b"active" and rec[b"owner"] == b"other"
-    assert rec[b"token"] == reply[1] and b"result" not in rec
-    assert r.hget(k.stats, "lease_lost") == b"1"
-    # the new owner settles normally
-    done = SCRIPTS["finish"](r, [k.stream, k.delayed, k.dead, k.stats, k.events, k.job("j")],
-                             [GROUP, 100, 3600, 1000, "", 1, "j", entry.decode(), reply[1],
-                              "ok", b'"new result"', 0, ""])
-    assert done == [b"completed"] and q.result("j") == "new result"
-    # settling twice (a client retry) answers with the state and changes nothing
-    again = SCRIPTS["finish"](r, [k.stream, k.delayed, k.dead, k.stats, k.events, k.job("j")],
-                              [GROUP, 100, 3600, 1000, "", 1, "j", entry.decode(), reply[1],
-                               "ok", b'"other"', 0, ""])
-    assert again == [b"completed"] and q.result("j") == "new result"
-    assert r.hget(k.stats, "completed") == b"1"
-
-
-def test_lease_is_renewed_while_a_handler_blocks_the_event_loop(url: str, q: Queue,
-                                                                r: redis.Redis) -> None:
-    """A blocking async handler starves the loop, not the lease thread (streaq#146)."""
-    reg = Registry()
-
-    @reg.handler("blocker")
-    async def blocker(job: Job) -> str:
-        time.sleep(2.0)  # noqa: ASYNC251 - deliberately blocks the event loop
-        return "done"
-
-    q.enqueue("blocker", job_id="b")
-    r.xgroup_create(q.keys.stream, GROUP, id="0")
-    worker = Worker(url, [q.name], reg, fast(visibility_timeout_s=0.6))
-    stop = threading.Event()
-
-    async def serve() -> None:
-        async with worker:
-            await asyncio.to_thread(stop.wait)
-
-    thread = threading.Thread(target=asyncio.run, args=(serve(),))
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        idle_seen: list[int] = []
-        while state(q, "b") != "completed" and time.monotonic() < deadline:
-            pending: Any = r.xpending_range(q.keys.stream, GROUP, "-", "+", 10)
-            idle_seen += [p["time_since_delivered"] for p in pending]
-            time.sleep(0.05)
-    finally:
-        stop.set()
-        thread.join(15)
-    assert state(q, "b") == "completed"
-    info = q.get("b")
-    assert info is not None and info.attempts == 1  # never reclaimed
-    assert idle_seen and max(idle_seen) < 600, f"lease lapsed: idle up to {max(idle_seen)} ms"
-    assert r.hget(q.keys.stats, "lease_lost") is None
-
-
-async def test_graceful_stop_finishes_short_jobs_and_hands_back_long_ones(
-    url: str, q: Queue, r: redis.Redis
-) -> None:
-    reg = Registry()
-    started: set[str] = set()
-
-    @reg.handler("short")
-    async def short(job: Job) -> str:
-        started.add(job.id)
-        await asyncio.sleep(0.2)
-        return "short done"
-
-    @reg.handler("long")
-    async def long(job: Job) -> str:
-        started.add(job.id)
-        await asyncio.sleep(60)
-        return "never"
-
-    q.enqueue("short", job_id="s")
-    q.enqueue("long", job_id="l")
-    worker = Worker(url, [q.name], reg, fast(grace_period_s=0.5, visibility_timeout_s=60))
-    await worker.start()
-    await eventually(lambda: started == {"s", "l"}, what="both started")
-    await worker.stop()
-    assert state(q, "s") == "completed"
-    info = q.get("l")
-    assert info is not None and info.state == "queued" and info.attempts == 0  # refunded
-    assert r.xlen(q.keys.stream) == 1
-    assert r.xpending(q.keys.stream, GROUP)["pending"] == 0
-    assert worker.stats.released == 1
-
-
-async def test_lapsed_leases_are_reclaimed_and_counted(url: str, q: Queue,
-                                                       r: redis.Redis) -> None:
-    """Entries held by a dead consumer are found with XAUTOCLAIM and re-run."""
-    k = q.keys
-    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-    for i in range(250):
-        q.enqueue("t", job_id=f"j{i}")
-    q.enqueue("t", job_id="once", max_attempts=1)
-    # a consumer that died: it read everything; it started 'once' and j0 before dying
-    r.xreadgroup(GROUP, "dead-consumer", {k.stream: ">"}, count=1000)
-    for jid in ("once", "j0"):
-        entry: Any = field(r, k.job(jid), "entry")
-        assert entry is not None
-        start_entries(r, k, "dead-consumer", [(entry.decode(), jid)])
-    reg = Registry()
-
-    @reg.handler("t")
-    async def t(job: Job) -> int:
-        return job.attempt
-
-    ids = [f"j{i}" for i in range(250)]
-    async with running(url, q.name, reg, concurrency=64, visibility_timeout_s=0.3,
-                       reclaim_interval_s=0.05) as w:
-        await eventually(lambda: finished(q, *ids, "once"), timeout_s=20, what="reclaim all")
-    assert q.result("j0") == 2 and q.result("j1") == 1
-    once = q.get("once")
-    assert once is not None and once.state == "failed"
-    assert once.reason == "attempts exhausted (lease lapsed)"
-    assert w.stats.reclaimed >= 250
-    assert r.xpending(k.stream, GROUP)["pending"] == 0
-
-
-async def test_restarted_worker_takes_back_its_own_pending_entries_at_once(
-    url: str, q: Queue, r: redis.Redis
-) -> None:
-    k = q.keys
-    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-    q.enqueue("t", job_id="mine")
-    r.xreadgroup(GROUP, "host:1:0", {k.stream: ">"}, count=10)  # delivered, then the process died
-    reg = Registry()
-
-    @reg.handler("t")
-    async def t(job: Job) -> str:
-        return "ok"
-
-    async with Worker(url, [q.name], reg, fast(visibility_timeout_s=3600), consumer="host:1:0"):
-        await eventually(lambda: state(q, "mine") == "completed", timeout_s=5,
-                         what="own pending entry to run without waiting for the timeout")
-
-
 async def test_delayed_jobs_are_promoted_by_workers(url: str, q: Queue) -> None:
     reg = Registry()
 
@@ -521,25 +335,6 @@ async def test_enqueue_and_wait_returns_result_or_raises(url: str, q: Queue) -> 
         assert await asyncio.to_thread(q.enqueue_and_wait, "double", 21, timeout=10) == 42
         with pytest.raises(JobFailed, match="no"):
             await asyncio.to_thread(q.enqueue_and_wait, "fails", None, timeout=10)
-
-
-def test_prune_keeps_consumers_with_pending_entries(q: Queue, r: redis.Redis) -> None:
-    k = q.keys
-    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-    q.enqueue("t")
-    r.xreadgroup(GROUP, "holding", {k.stream: ">"}, count=1)
-    r.xgroup_createconsumer(k.stream, GROUP, "empty")
-    r.xgroup_createconsumer(k.stream, GROUP, "alive-empty")
-    r.zadd(k.workers, {"alive-empty": int(time.time() * 1000)})
-
-    def prune(name: str) -> Any:
-        return SCRIPTS["prune"](r, [k.stream, k.workers], [GROUP, 60_000, name])
-
-    assert prune("holding") == []
-    assert prune("alive-empty") == []
-    assert prune("empty") == [b"empty"]
-    names = {c["name"] for c in r.xinfo_consumers(k.stream, GROUP)}
-    assert names == {b"holding", b"alive-empty"}
 
 
 def test_registry_and_config_validation() -> None:
@@ -628,46 +423,3 @@ async def test_msgpack_serde_round_trips_binary_payloads(url: str, qname: str) -
     async with Worker(url, [qname], reg, fast(), cfg):
         await eventually(lambda: state(q, "m") == "completed", what="the msgpack job")
     assert q.result("m") == {"got": {"blob": b"\x00\xffbinary"}, "size": 8}
-
-
-def test_a_stale_delivery_cannot_restart_a_job_under_a_live_lease(q: Queue,
-                                                                   r: redis.Redis) -> None:
-    """B read an entry, stalled; A took it over and started it. B's late start is skipped."""
-    k = q.keys
-    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-    q.enqueue("t", job_id="s")
-    r.xreadgroup(GROUP, "B", {k.stream: ">"}, count=1)
-    entry: Any = field(r, k.job("s"), "entry")
-    r.xclaim(k.stream, GROUP, "A", 0, [entry])
-
-    def start(consumer: str) -> Any:
-        return start_entries(r, k, consumer, [(entry.decode(), "s")])
-
-    a = start("A")
-    assert a[0] == b"run"
-    assert start("B")[0] == b"skip"  # not B's entry any more
-    rec = record(r, k.job("s"))
-    assert rec[b"owner"] == b"A" and rec[b"attempts"] == b"1"
-    assert rec[b"token"] == a[1]
-
-
-def test_a_batch_start_runs_exactly_the_callers_own_entries(q: Queue, r: redis.Redis) -> None:
-    """In one start.lua batch, entries another consumer took over are skipped and left alone;
-    the caller's own entries start, however many others it holds."""
-    k = q.keys
-    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-    n = 1_010
-    q.enqueue_many([{"type": "t", "job_id": f"j{i}"} for i in range(n)])
-    r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=n)
-    entries = {f"j{i}": field(r, k.job(f"j{i}"), "entry").decode()  # type: ignore[union-attr]
-               for i in range(n)}
-    # B took over one entry in the middle and the second-to-last one (A's are now stale)
-    stale = {"j500", f"j{n - 2}"}
-    r.xclaim(k.stream, GROUP, "B", 0, [entries[j] for j in stale])
-    batch = ["j0", "j500", "j999", f"j{n - 2}", f"j{n - 1}"]
-    out = start_entries(r, k, "A", [(entries[j], j) for j in batch])
-    codes = dict(zip(batch, out[::7], strict=True))
-    assert codes == {j: (b"skip" if j in stale else b"run") for j in batch}
-    for j in batch:
-        rec = record(r, k.job(j))
-        assert rec[b"state"] == (b"queued" if j in stale else b"active")
