@@ -13,6 +13,7 @@ import attrs
 import redis
 
 from streamq import Keys, Queue, QueueConfig, Registry, Worker, WorkerConfig
+from streamq._core.keys import GROUP
 from streamq._core.model import V1_FIELDS, normalize_record
 from streamq._core.scripts import SCRIPTS
 from streamq._worker import start_call
@@ -100,3 +101,28 @@ def record(r: redis.Redis, key: str) -> dict[bytes, bytes]:
 def field(r: redis.Redis, key: str, name: str) -> bytes | None:
     """One field of ``record``."""
     return record(r, key).get(name.encode())
+
+
+def started(r: redis.Redis, q: Queue, job_id: str, consumer: str = "c1") -> tuple[str, str]:
+    """Enqueue ``job_id`` and start it as ``consumer`` would: (entry, token)."""
+    q.enqueue("x", job_id=job_id)
+    r.xreadgroup(GROUP, consumer, {q.keys.stream: ">"}, count=10)
+    entries: Any = r.xrange(q.keys.stream)
+    entry: str = entries[-1][0].decode()
+    token = f"tok-{job_id}"
+    reply = start_entries(r, q.keys, consumer, [(entry, job_id)], token=token)
+    assert reply[0] == b"run"
+    return entry, token
+
+
+def finish(r: redis.Redis, q: Queue, job_id: str, entry: str, token: str, outcome: str,
+           extra: Any = 1000) -> list[bytes]:
+    """Call finish.lua for a job ``started`` above with ``outcome`` ("ok", "retry", "later",
+    "dead", "cancel") and its argument ``extra`` (a delay in ms, or a dead letter's reason)."""
+    k = q.keys
+    data = b'{"type": "E", "message": "m"}' if outcome != "ok" else b"42"
+    keys = [k.stream, k.delayed, k.dead, k.stats, k.events, k.job(job_id)]
+    out: list[bytes] = SCRIPTS["finish"](r, keys, [
+        GROUP, "1000", 3600, 1000, "", 1, job_id, entry, token, outcome, data, extra,
+        "E" if outcome != "ok" else ""])
+    return out
