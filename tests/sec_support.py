@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import redis
 
-from streamq import QueueConfig, Registry, Worker, WorkerConfig
+from streamq import Job, QueueConfig, Registry, RetryPolicy, Worker, WorkerConfig
 from streamq._core.server import RedisServer, free_port
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -52,6 +52,32 @@ def drop_queue(r: redis.Redis, qname: str, prefix: str = "streamq") -> None:
 def xpending_count(r: redis.Redis, stream: str) -> int:
     summary: Any = r.xpending(stream, "streamq")
     return int(summary["pending"])
+
+
+# --------------------------------------------------------------------------- security handlers
+
+
+def security_registry() -> Registry:
+    """The security tests' handlers: ``echo``, ``flaky`` (fails its first attempt) and ``slow``
+    (outlasts a short lease renewal interval)."""
+    reg = Registry()
+
+    @reg.handler("echo")
+    async def echo(job: Job) -> Any:
+        return job.payload
+
+    @reg.handler("flaky", max_attempts=2, retry=RetryPolicy(base_s=0.05, cap_s=0.05))
+    async def flaky(job: Job) -> int:
+        if job.attempt == 1:
+            raise ConnectionError("first attempt fails")
+        return job.attempt
+
+    @reg.handler("slow")
+    async def slow(job: Job) -> str:
+        await asyncio.sleep(1.0)  # longer than a short lease's renewal interval (ACL test)
+        return "slow done"
+
+    return reg
 
 
 # --------------------------------------------------------------------------- a threaded worker

@@ -155,8 +155,8 @@ class JsonSerde:
 
     def _restore_all(self, value: Any) -> Any:
         """Rebuild tagged values bottom-up, as an object hook would (none is passed to the
-        decoder: tests/test_security.py keeps every decoder free of hooks that build objects
-        from data; _restore builds only the listed types)."""
+        decoder: tests/test_security_data.py keeps every decoder free of hooks that build
+        objects from data; _restore builds only the listed types)."""
         if isinstance(value, dict):
             return self._restore({k: self._restore_all(v) for k, v in value.items()})
         if isinstance(value, list):
