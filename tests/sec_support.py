@@ -1,5 +1,6 @@
-"""Helpers of the bad-input and security tests: key snapshots, a worker on its own thread,
-certificates made with the openssl command line, a TLS-only redis-server, ACL files.
+"""Helpers of the bad-input and security tests: key snapshots, the handlers and job-state checks
+that their modules share, a worker on its own thread, certificates made with the openssl command
+line, a TLS-only redis-server, ACL files.
 
 Every server here is private (free port, temp dir); none of them touches port 6379.
 """
@@ -16,14 +17,17 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 import redis
+from helpers import eventually, field
 
-from streamq import Job, QueueConfig, Registry, RetryPolicy, Worker, WorkerConfig
+from streamq import Job, Queue, QueueConfig, Registry, RetryPolicy, Worker, WorkerConfig
 from streamq._core.server import RedisServer, free_port
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -52,6 +56,72 @@ def drop_queue(r: redis.Redis, qname: str, prefix: str = "streamq") -> None:
 def xpending_count(r: redis.Redis, stream: str) -> int:
     summary: Any = r.xpending(stream, "streamq")
     return int(summary["pending"])
+
+
+# --------------------------------------------------------------------------- bad-input queue side
+
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def new_qname() -> str:
+    return f"bad-{uuid.uuid4().hex[:12]}"
+
+
+def server_ms(r: redis.Redis) -> int:
+    t: Any = r.time()
+    return int(t[0]) * 1000 + int(t[1]) // 1000
+
+
+def bad_input_registry() -> Registry:
+    """The bad-input tests' well-behaved handlers: ``ok`` (async) and ``sync-ok``."""
+    reg = Registry()
+
+    @reg.handler("ok")
+    async def ok(job: Job) -> Any:
+        return {"echo": job.payload, "id": job.id}
+
+    @reg.handler("sync-ok")
+    def sync_ok(job: Job) -> Any:
+        return job.payload
+
+    return reg
+
+
+def state(r: redis.Redis, q: Queue, job_id: str) -> str:
+    """The record's state field as stored (readable on a damaged record, unlike ``get``)."""
+    v: Any = field(r, q.keys.job(job_id), "state")
+    return v.decode(errors="replace") if v else ""
+
+
+def settled(r: redis.Redis, q: Queue, *ids: str) -> bool:
+    return all(state(r, q, i) in TERMINAL for i in ids)
+
+
+def reason_of(r: redis.Redis, q: Queue, job_id: str) -> str:
+    v: Any = r.hget(q.keys.job(job_id), "reason")
+    return v.decode() if v else ""
+
+
+async def still_working(r: redis.Redis, q: Queue, w: Worker) -> None:
+    """The worker keeps running: a job now and a delayed one (promotion) both complete, and
+    the stream and pending list drain."""
+    q.enqueue("ok", "after", job_id="after-now")
+    q.enqueue("ok", "later", job_id="after-later", delay=0.05)
+    await eventually(lambda: settled(r, q, "after-now", "after-later"), timeout_s=10,
+                     what="jobs enqueued afterwards")
+    assert state(r, q, "after-now") == "completed" and state(r, q, "after-later") == "completed"
+    await eventually(lambda: r.xlen(q.keys.stream) == 0 and xpending_count(r, q.keys.stream) == 0,
+                     timeout_s=10, what="stream and PEL to drain")
+    assert w._running
+
+
+@pytest.fixture(name="q")
+def bad_input_queue(url: str) -> Iterator[Queue]:
+    """The ``q`` fixture of a bad-input module that imports it: a queue named by ``new_qname``."""
+    queue = Queue.from_url(url, new_qname())
+    yield queue
+    queue.close()
 
 
 # --------------------------------------------------------------------------- security handlers
