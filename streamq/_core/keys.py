@@ -131,23 +131,30 @@ class Keys:
     prefix: str = "streamq"
     shard: int = attrs.field(default=0, validator=_shard_no)
     level: int = attrs.field(default=DEFAULT_PRIORITY, validator=_level)
+    # derived names, computed once (the worker and producer ask for them per job)
+    _shard_tag: str = attrs.field(init=False, eq=False, repr=False, hash=False)
+    _tag: str = attrs.field(init=False, eq=False, repr=False, hash=False)
+    _base: str = attrs.field(init=False, eq=False, repr=False, hash=False)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.prefix, str) or not _PREFIX_RE.fullmatch(self.prefix):
             raise InvalidQueueName(f"invalid key prefix {self.prefix!r}")
+        shard_tag = self.queue if self.shard == 0 else f"{self.queue}#{self.shard}"
+        object.__setattr__(self, "_shard_tag", shard_tag)
+        object.__setattr__(self, "_tag", shard_tag if self.level == DEFAULT_PRIORITY
+                           else f"{shard_tag}^{self.level}")
+        object.__setattr__(self, "_base", f"{self.prefix}:{{{shard_tag}}}")
 
     @property
     def shard_tag(self) -> str:
         """The hash tag's content: the queue name for shard 0, '<queue>#<i>' for shard i."""
-        return self.queue if self.shard == 0 else f"{self.queue}#{self.shard}"
+        return self._shard_tag
 
     @property
     def tag(self) -> str:
         """Names one lane wherever a worker keys its state (leases, loops): the shard's tag
         (``shard_tag``) at the default priority, '<shard tag>^<level>' at another."""
-        if self.level == DEFAULT_PRIORITY:
-            return self.shard_tag
-        return f"{self.shard_tag}^{self.level}"
+        return self._tag
 
     def of_shard(self, shard: int) -> Keys:
         """The keys of another shard of the same queue (at the default priority)."""
@@ -170,7 +177,7 @@ class Keys:
 
     @property
     def base(self) -> str:
-        return f"{self.prefix}:{{{self.shard_tag}}}"
+        return self._base
 
     @property
     def stream(self) -> str:
