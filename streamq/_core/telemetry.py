@@ -13,8 +13,8 @@ import contextvars
 import json
 import logging
 import os
-import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -104,27 +104,27 @@ def publish(queue: str, n: int, job_id: str | None) -> Iterator[dict[str, str]]:
         yield carrier
 
 
-_running: dict[str, int] = {}
-"""Handlers running in this process, by queue (the in-flight gauge)."""
-_running_lock = threading.Lock()  # workers on several threads' event loops share it
+class InFlight:
+    """Handlers running, by queue, of one worker: changed on its event loop only (no lock
+    per job); the in-flight gauge adds up every worker's of the process."""
+
+    __slots__ = ("__weakref__", "by_queue")
+
+    def __init__(self) -> None:
+        self.by_queue: dict[str, int] = {}
+        _in_flight_sources.add(self)
+
+
+_in_flight_sources: weakref.WeakSet[InFlight] = weakref.WeakSet()
 
 
 class Attempt:
-    """The consumer span of one attempt (or nothing, when tracing is off); counts the attempt
-    as in flight until ``end``."""
+    """The consumer span of one attempt; made only while tracing (``tracing()``)."""
 
-    __slots__ = ("_queue", "_scope", "span", "trace_id")
+    __slots__ = ("_scope", "span", "trace_id")
 
     def __init__(self, queue: str, job_id: str, job_type: str, attempt: int,
                  carrier: dict[str, str], parent: bool) -> None:
-        with _running_lock:
-            _running[queue] = _running.get(queue, 0) + 1
-        self._queue: str | None = queue
-        self.span: Any = None
-        self._scope: Any = None
-        self.trace_id = _carrier_trace_id(carrier)
-        if not tracing():
-            return
         ctx = propagate.extract(carrier)
         producer = trace.get_current_span(ctx).get_span_context()
         links = [Link(producer)] if producer.is_valid else []
@@ -139,12 +139,6 @@ class Attempt:
         self._scope.__enter__()
 
     def end(self, outcome: str, exc: BaseException | None = None, detail: str = "") -> None:
-        if self._queue is not None:
-            with _running_lock:
-                _running[self._queue] -= 1
-            self._queue = None
-        if self.span is None:
-            return
         self._scope.__exit__(None, None, None)
         self.span.set_attribute("streamq.job.outcome", outcome)
         if exc is not None:
@@ -158,7 +152,10 @@ class Attempt:
         self.span.end()
 
 
-def _carrier_trace_id(carrier: dict[str, str]) -> str:
+def carrier_trace_id(carrier: dict[str, str]) -> str:
+    """The trace id a producer's carrier names ('' when none)."""
+    if not carrier:
+        return ""
     tp = carrier.get("traceparent", "")
     parts = tp.split("-")
     return parts[1] if len(parts) == 4 else ""
@@ -202,9 +199,11 @@ for _field, _unit, _desc in [
 
 
 def _in_flight(_options: CallbackOptions) -> Iterable[Observation]:
-    with _running_lock:
-        running = list(_running.items())
-    for queue, n in running:
+    running: dict[str, int] = {}
+    for source in list(_in_flight_sources):
+        for queue, n in source.by_queue.copy().items():  # (a copy is one step under the GIL)
+            running[queue] = running.get(queue, 0) + n
+    for queue, n in running.items():
         yield Observation(n, attrs_for(queue))
 
 

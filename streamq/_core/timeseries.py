@@ -82,7 +82,9 @@ class SeriesRecorder:
     def observe(self, queue: str, *, completed: bool, wait_ms: float | None = None,
                 run_ms: float | None = None) -> None:
         """One job settled: completed, or dead-lettered (``completed=False``)."""
-        acc = self._acc.setdefault(queue, _Acc())
+        acc = self._acc.get(queue)
+        if acc is None:  # (setdefault would build an _Acc per call)
+            acc = self._acc[queue] = _Acc()
         if completed:
             acc.completed += 1
         else:

@@ -46,26 +46,23 @@ class Attempts:
         self.runner: SyncRunner | None = None
         self.progress: Progress | None = None
         self.series: SeriesRecorder | None = None
+        self.in_flight = tel.InFlight()
 
-    async def run(self, qs: QState, lease: Lease, attempt: int, data: bytes,
-                  times: tuple[int, int, int]) -> Finish:
-        """The attempt's outcome; a bug of ours becomes a retry (not forever), never a lost
-        slot. Raises CancelledError when the worker stops (the job is handed back)."""
-        try:
-            return await self.attempt(qs, lease, attempt, data, times)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("job %s: internal error", lease.job_id)
-            err = self.queue_config.serde.dumps(error_info(exc))
-            if attempt >= self.config.default_max_attempts:
-                return (lease.job_id, lease.entry, lease.token, "dead", err, "internal error",
-                        type(exc).__name__)
-            return (lease.job_id, lease.entry, lease.token, "retry", err, 1000,
+    def internal_error(self, lease: Lease, attempt: int, exc: Exception) -> Finish:
+        """The outcome of an attempt that met a bug of ours (call it in the ``except``): a
+        retry (not forever), never a lost slot."""
+        log.exception("job %s: internal error", lease.job_id)
+        err = self.queue_config.serde.dumps(error_info(exc))
+        if attempt >= self.config.default_max_attempts:
+            return (lease.job_id, lease.entry, lease.token, "dead", err, "internal error",
                     type(exc).__name__)
+        return (lease.job_id, lease.entry, lease.token, "retry", err, 1000,
+                type(exc).__name__)
 
     async def attempt(self, qs: QState, lease: Lease, attempt: int, data: bytes,
                       times: tuple[int, int, int]) -> Finish:
+        """One attempt's outcome. Raises CancelledError when the worker stops (the job is
+        handed back); an error of ours is the caller's (``internal_error``)."""
         deadline_ms, wait_ms, age_ms = times
         ident = (lease.job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
@@ -98,10 +95,14 @@ class Attempts:
                   trace=env.trace, deadline_ms=deadline_ms,
                   reporter=self.progress.reporter(lease) if self.progress else None,
                   cancel=lease.cancel)
-        span = tel.Attempt(qs.keys.queue, job.id, job.type, attempt, env.trace,
-                           self.config.trace_parent)
+        queue = qs.keys.queue
+        span = tel.Attempt(queue, job.id, job.type, attempt, env.trace,
+                           self.config.trace_parent) if tel.tracing() else None
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
-                             "attempt": attempt, "trace_id": span.trace_id})
+                             "attempt": attempt, "trace_id": span.trace_id if span is not None
+                             else tel.carrier_trace_id(env.trace)})
+        running = self.in_flight.by_queue
+        running[queue] = running.get(queue, 0) + 1
         started = time.perf_counter()
         exc_seen: BaseException | None = None
         item: Finish | None = None
@@ -112,13 +113,15 @@ class Attempts:
             exc_seen = exc
             raise
         finally:
+            running[queue] -= 1
             tel.JOB.reset(token)
             ran_s = time.perf_counter() - started
             if item is not None:
                 tel.QUEUE_WAIT.record(wait_ms / 1000, qs.labels)
                 tel.DURATION.record(ran_s, qs.labels)
                 tel.END_TO_END.record(age_ms / 1000 + ran_s, qs.labels)
-                span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "")
+                if span is not None:
+                    span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "")
                 if self.series is not None and item[3] in ("ok", "dead"):
                     self.series.observe(qs.keys.queue, completed=item[3] == "ok",
                                         wait_ms=wait_ms, run_ms=ran_s * 1000)
@@ -127,7 +130,7 @@ class Attempts:
                     self._log_outcome(job.queue, job.id, job.type, attempt, max_attempts,
                                       item[5] if item[3] == "dead" else int(item[5]),
                                       item[6], str(exc_now) if exc_now else "", exc_now)
-            else:
+            elif span is not None:
                 span.end("interrupted", exc_seen, "worker stopping")
         return item
 

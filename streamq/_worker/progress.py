@@ -164,6 +164,22 @@ class Progress:
                 await SCRIPTS["progress"].run_async(
                     self.client, [k.events, *(k.job(p.lease.job_id) for p in part)], args)
 
+    def has_reports(self, queue: str, job_id: str) -> bool:
+        """True when the job has reports not written yet (``settle_first`` must run before
+        its outcome is settled). A report being written is still pending until its write is
+        done, so False also means no write of this job's reports is under way. Cheap: asked
+        once per job, on the event loop."""
+        key = (queue, job_id)
+        if key in self._pending:
+            return True
+        if key in self._line_seq:  # its lines were all written: forget their numbering
+            with self._lock:
+                if key not in self._pending:
+                    self._line_seq.pop(key, None)
+                    return False
+            return True
+        return False
+
     async def settle_first(self, queue: str, job_id: str) -> None:
         """Write the job's pending reports now, before its outcome is settled (after that the
         record is no longer 'active' and would refuse them). Best effort: an error is logged."""

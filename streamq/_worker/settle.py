@@ -77,7 +77,7 @@ class Settler:
         cfg = self.config
         batch = qs.buf[:_BATCH]
         keys = [k.stream, k.delayed, k.dead, k.stats, k.events]
-        keys.extend(k.job(b[0]) for b in batch)
+        keys.extend([k.job(b[0]) for b in batch])
         args: list[Any] = [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
                            k.wake_channel, len(batch)]
         for b in batch:
@@ -92,8 +92,15 @@ class Settler:
             qs.settled.set()
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
+        completed = 0
         for b, state in zip(batch, reply, strict=True):
-            self.count(qs, b, state)
+            if state == b"completed":  # the common case, counted once per batch
+                completed += 1
+            else:
+                self.count(qs, b, state)
+        if completed:
+            self.stats.completed += completed
+            tel.COMPLETED.add(completed, qs.labels)
         self.on_settled(len(batch))
         if cfg.min_replicas:
             self.unreplicated.note(k.queue, len(batch), acked, cfg)

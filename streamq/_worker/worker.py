@@ -288,6 +288,7 @@ class Worker(Fetching):
         for task in leftover:
             task.cancel()
         await asyncio.gather(*leftover, return_exceptions=True)
+        self._sweep_tasks()
         self._settling = False  # flushers settle what is buffered, then end
         for qs in self._qs.values():
             qs.flush.set()
@@ -325,7 +326,10 @@ class Worker(Fetching):
         end = loop.time() + self.config.grace_period_s
         hurry = asyncio.ensure_future(self._hurry.wait())
         try:
-            while self._tasks and not self._hurry.is_set() and loop.time() < end:
+            while not self._hurry.is_set() and loop.time() < end:
+                self._sweep_tasks()
+                if not self._tasks:
+                    break
                 await asyncio.wait({*self._tasks, hurry}, timeout=end - loop.time(),
                                    return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -413,30 +417,41 @@ class Worker(Fetching):
         if self._cancels is not None:  # its cancel already heard: it stops at once
             self._cancels.launched(lease)
         task = asyncio.create_task(self._run_job(qs, lease, attempt, data, times))
-        self._tasks.add(task)
-        key = (qs.keys.tag, entry)
-        self._jobs[key] = task
-
-        def done(t: asyncio.Task[None]) -> None:
-            self._tasks.discard(t)
-            if self._jobs.get(key) is t:
-                del self._jobs[key]
-
-        task.add_done_callback(done)
+        self._tasks.add(task)  # (the task takes itself out of both when it ends: _run_job)
+        self._jobs[(qs.keys.tag, entry)] = task
 
     # ----------------------------------------------------------------- running
 
     async def _run_job(self, qs: QState, lease: Lease, attempt: int, data: bytes,
                        times: tuple[int, int, int]) -> None:
+        me: Any = asyncio.current_task()
         try:
-            item = await self._attempts.run(qs, lease, attempt, data, times)
-            if self._progress is not None:  # its last reports go in before its outcome
-                await self._progress.settle_first(qs.keys.tag, lease.job_id)
-        except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
-            return
-        qs.buf.append(item)
-        qs.flush.set()
-        self._handed_over()
+            try:
+                item = await self._attempts.attempt(qs, lease, attempt, data, times)
+            except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
+                return
+            except Exception as exc:  # noqa: BLE001 - a bug of ours: a retry, never a lost slot
+                item = self._attempts.internal_error(lease, attempt, exc)
+            progress = self._progress  # its last reports go in before its outcome
+            if progress is not None and progress.has_reports(qs.keys.tag, lease.job_id):
+                try:
+                    await progress.settle_first(qs.keys.tag, lease.job_id)
+                except asyncio.CancelledError:
+                    return
+            qs.buf.append(item)
+            qs.flush.set()
+            self._handed_over()
+        finally:  # (a task cancelled before it ever ran never gets here: stop() sweeps those)
+            self._tasks.discard(me)
+            key = (qs.keys.tag, lease.entry)
+            if self._jobs.get(key) is me:
+                del self._jobs[key]
+
+    def _sweep_tasks(self) -> None:
+        """Forget job tasks that ended without running their own clean-up (cancelled before
+        their first step)."""
+        self._tasks = {t for t in self._tasks if not t.done()}
+        self._jobs = {k: t for k, t in self._jobs.items() if not t.done()}
 
 
 async def _shard_check(client: aredis.Redis, keys: Keys, shards: int, _retried: bool
