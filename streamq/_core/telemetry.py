@@ -18,9 +18,13 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .._version import VERSION
 
@@ -82,16 +86,43 @@ def attrs_for(queue: str) -> dict[str, str]:
     return {"messaging.system": SYSTEM, "messaging.destination.name": queue}
 
 
+_PLAIN_PROPAGATORS = (TraceContextTextMapPropagator, W3CBaggagePropagator)
+_plain_textmap: list[object] = [None]
+"""The global propagator last found to be the default kind (see ``carrier``)."""
+
+
+def _plain(textmap: object) -> bool:
+    """The propagator only writes a span's context and baggage (OTel's default: W3C trace
+    context and baggage): with an empty context it writes nothing."""
+    if textmap is _plain_textmap[0]:
+        return True
+    inner = getattr(textmap, "_propagators", None)
+    if type(textmap) is not CompositePropagator or not isinstance(inner, list | tuple) or \
+            not all(type(p) in _PLAIN_PROPAGATORS for p in inner):
+        return False
+    _plain_textmap[0] = textmap
+    return True
+
+
+def carrier() -> dict[str, str]:
+    """The carrier of a job enqueued without a producer span (not tracing): the caller's
+    context (and baggage) still travel. Per enqueue call, so the common case is quick: an
+    empty context and the default propagator inject nothing."""
+    out: dict[str, str] = {}
+    if otel_context.get_current() or not _plain(propagate.get_global_textmap()):
+        propagate.inject(out)
+    return out
+
+
 @contextlib.contextmanager
 def publish(queue: str, n: int, job_id: str | None) -> Iterator[dict[str, str]]:
     """A producer span (one per enqueue call, whatever the batch size) and the carrier that
     every job of the call carries: W3C traceparent/tracestate and baggage, through the
     globally configured propagator."""
-    carrier: dict[str, str] = {}
     if not tracing():
-        propagate.inject(carrier)  # the caller's context (and baggage) still travels
-        yield carrier
+        yield carrier()
         return
+    carrier_: dict[str, str] = {}
     attributes: dict[str, Any] = {**attrs_for(queue), "messaging.operation.type": "send",
                                   "messaging.operation.name": "publish"}
     if n == 1 and job_id:
@@ -100,8 +131,8 @@ def publish(queue: str, n: int, job_id: str | None) -> Iterator[dict[str, str]]:
         attributes["messaging.batch.message_count"] = n
     with _tracer.start_as_current_span(f"publish {queue}", kind=SpanKind.PRODUCER,
                                        attributes=attributes):
-        propagate.inject(carrier)
-        yield carrier
+        propagate.inject(carrier_)
+        yield carrier_
 
 
 class InFlight:

@@ -379,8 +379,8 @@ def check_waitable(options: Mapping[str, Any]) -> None:
                               " deletes it on completion; use enqueue, or a positive result_ttl")
 
 
-def single(queue: str, results: list[EnqueueResult]) -> EnqueueResult:
-    r = count(queue, results)[0]
+def single(queue: str, r: EnqueueResult) -> EnqueueResult:
+    """A single enqueue's answer (counted with its batch: see Queue._enqueue_each)."""
     if r.status == "rejected":
         raise QueueFull(queue, r.job_id)
     return r

@@ -46,6 +46,13 @@ def _answered(answer: Answer) -> EnqueueResult:
     return answer
 
 
+def _counted(queue: str, answers: list[Answer]) -> list[Answer]:
+    """Feed the enqueue metrics once for a gathered batch of single enqueues (a caller whose
+    answer is a ReplicationTimeout is not counted: its call raises)."""
+    prod.count(queue, [a for a in answers if not isinstance(a, ReplicationTimeout)])
+    return answers
+
+
 def _parsed(config: QueueConfig, batches: Sequence[Sequence[prod.Prepared]],
             replies: Sequence[Any], acks: Sequence[int], retried: bool
             ) -> tuple[list[EnqueueResult], Parts]:
@@ -135,11 +142,12 @@ class Queue(_Base):
 
     def _enqueue_each(self, prepared: list[prod.Prepared]) -> list[Answer]:
         """The auto-batcher's call: a ReplicationTimeout goes only to the callers whose job
-        sat on a node whose replicas fell short."""
+        sat on a node whose replicas fell short. The enqueue metrics count the whole batch."""
         try:
-            return list(self._enqueue(prepared))
+            answers: list[Answer] = list(self._enqueue(prepared))
         except ReplicationTimeout as exc:
-            return durable.split(exc, exc.results)
+            answers = durable.split(exc, exc.results)
+        return _counted(self.name, answers)
 
     def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         self._check()
@@ -181,11 +189,15 @@ class Queue(_Base):
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
         """Enqueue one job now or later. Options: see ``docs/getting-started.md``."""
-        self._before((job_type,))
+        if self.config.require_handler:
+            self._before((job_type,))
+        if not tel.tracing():  # (no span: no context manager either)
+            return prod.single(self.name, _answered(self._batcher.submit(prod.prepare(
+                self.keys, self.config, job_type, payload, trace=tel.carrier(), **options))))
         with tel.publish(self.name, 1, options.get("job_id")) as carrier:
             # concurrent calls from several threads gather into one script call
-            return prod.single(self.name, [_answered(self._batcher.submit(prod.prepare(
-                self.keys, self.config, job_type, payload, trace=carrier, **options)))])
+            return prod.single(self.name, _answered(self._batcher.submit(prod.prepare(
+                self.keys, self.config, job_type, payload, trace=carrier, **options))))
 
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         """Enqueue many jobs in pipelined batches; each dict takes enqueue's argument names.
@@ -351,9 +363,10 @@ class AsyncQueue(_Base):
 
     async def _enqueue_each(self, prepared: list[prod.Prepared]) -> list[Answer]:
         try:
-            return list(await self._enqueue(prepared))
+            answers: list[Answer] = list(await self._enqueue(prepared))
         except ReplicationTimeout as exc:
-            return durable.split(exc, exc.results)
+            answers = durable.split(exc, exc.results)
+        return _counted(self.name, answers)
 
     async def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         await self._check()
@@ -393,11 +406,15 @@ class AsyncQueue(_Base):
             self._check_types(job_types, await _queues.aregistered_types(self.client, self.keys))
 
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
-        await self._before((job_type,))
+        if self.config.require_handler:
+            await self._before((job_type,))
+        if not tel.tracing():  # (no span: no context manager either)
+            return prod.single(self.name, _answered(await self._batcher.submit(prod.prepare(
+                self.keys, self.config, job_type, payload, trace=tel.carrier(), **options))))
         with tel.publish(self.name, 1, options.get("job_id")) as carrier:
             # concurrent calls from several coroutines gather into one script call
-            return prod.single(self.name, [_answered(await self._batcher.submit(prod.prepare(
-                self.keys, self.config, job_type, payload, trace=carrier, **options)))])
+            return prod.single(self.name, _answered(await self._batcher.submit(prod.prepare(
+                self.keys, self.config, job_type, payload, trace=carrier, **options))))
 
     async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         jobs = list(jobs)
