@@ -8,6 +8,7 @@ import contextvars
 import logging
 import math
 import time
+from typing import Any
 
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, RetryPolicy, WorkerConfig
@@ -22,7 +23,7 @@ from .._core.errors import (
 )
 from .._core.model import Envelope, Job, envelope_from_data
 from .._core.timeseries import SeriesRecorder
-from .cancel import interruptible
+from .cancel import cancelled
 from .invoke import Expired, SyncRunner, bounded, error_info
 from .lease import Lease
 from .progress import Progress
@@ -60,9 +61,12 @@ class Attempts:
                 type(exc).__name__)
 
     async def attempt(self, qs: QState, lease: Lease, attempt: int, data: bytes,
-                      times: tuple[int, int, int]) -> Finish:
-        """One attempt's outcome. Raises CancelledError when the worker stops (the job is
-        handed back); an error of ours is the caller's (``internal_error``)."""
+                      times: tuple[int, int, int], task: asyncio.Task[Any] | None) -> Finish:
+        """One attempt's outcome, run in ``task`` (the current one). Raises CancelledError
+        when the worker stops (the job is handed back); an error of ours is the caller's
+        (``internal_error``). A cancel of the job stops the handler (``interrupt``): an async
+        handler's task is cancelled, and an attempt that ends after the request is settled
+        with the ``cancel`` outcome."""
         deadline_ms, wait_ms, age_ms = times
         ident = (lease.job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
@@ -107,8 +111,27 @@ class Attempts:
         exc_seen: BaseException | None = None
         item: Finish | None = None
         try:
-            item = await interruptible(lease, spec.is_async, self._call(
-                spec, job, ident, env, attempt, max_attempts))
+            if lease.cancel.is_set():  # asked before the handler began: it never runs
+                item = cancelled(lease)
+            else:  # interrupt() cancels an async handler's task (cancel.py)
+                if spec.is_async:
+                    lease.task = task
+                try:
+                    item = await self._call(spec, job, ident, env, attempt, max_attempts)
+                except asyncio.CancelledError:
+                    if not lease.interrupted or task is None:
+                        raise  # the worker is stopping: hand the job back
+                    lease.interrupted = False
+                    if task.uncancel() > 0:
+                        raise  # the worker is stopping as well (start.lua ends it cancelled)
+                    item = cancelled(lease)
+                finally:
+                    lease.task = None
+                if lease.interrupted and task is not None:  # it swallowed its cancellation
+                    lease.interrupted = False
+                    task.uncancel()
+                if lease.cancel.is_set():  # asked while it ran: settled 'cancel'
+                    item = cancelled(lease)
         except BaseException as exc:
             exc_seen = exc
             raise

@@ -9,7 +9,7 @@ and cancels an async handler's task. Pub/sub can lose a message (a reconnect): o
 reply says so too (renew.lua), so a request lost on the channel is still seen.
 
 A handler that ends after the worker learned of the request (cancelled, returned, raised)
-is settled with the ``cancel`` outcome (:func:`interruptible`); finish.lua ends the job
+is settled with the ``cancel`` outcome (``Attempts.attempt``); finish.lua ends the job
 ``cancelled``. A handler that ended before that is settled as it ended (finish.lua turns
 anything but a success into ``cancelled`` once ``cx`` is set).
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core.supervise import Outage, Supervised
@@ -64,35 +64,6 @@ def abandon(lease: Lease) -> None:
     if lease.task is not None:
         lease.interrupted = True
         lease.task.cancel()
-
-
-async def interruptible(lease: Lease, is_async: bool, call: Awaitable[Finish]) -> Finish:
-    """Run one attempt (``call``) so that :func:`interrupt` can stop it: an async handler is
-    cancelled, and an attempt that ends after the request is settled ``cancel``. The worker's
-    own cancellation (stop) still propagates: the job is handed back, and start.lua ends it
-    cancelled when it sees the request."""
-    task = asyncio.current_task()
-    if lease.cancel.is_set():  # asked before the handler began: it never runs
-        if asyncio.iscoroutine(call):
-            call.close()
-        return cancelled(lease)
-    if is_async:
-        lease.task = task
-    try:
-        item = await call
-    except asyncio.CancelledError:
-        if not lease.interrupted or task is None:
-            raise
-        lease.interrupted = False
-        if task.uncancel() > 0:
-            raise  # the worker is stopping as well: hand it back (start.lua ends it)
-        return cancelled(lease)
-    finally:
-        lease.task = None
-    if lease.interrupted and task is not None:  # the handler swallowed its cancellation
-        lease.interrupted = False
-        task.uncancel()
-    return cancelled(lease) if lease.cancel.is_set() else item
 
 
 class CancelWatch:

@@ -427,7 +427,7 @@ class Worker(Fetching):
         me: Any = asyncio.current_task()
         try:
             try:
-                item = await self._attempts.attempt(qs, lease, attempt, data, times)
+                item = await self._attempts.attempt(qs, lease, attempt, data, times, me)
             except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
                 return
             except Exception as exc:  # noqa: BLE001 - a bug of ours: a retry, never a lost slot
