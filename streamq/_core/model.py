@@ -108,6 +108,19 @@ def envelope_from_parts(job_id: str, body: bytes, options: bytes, serde: Any,
     return envelope_from_plain(plain)
 
 
+def plain_body(data: bytes, serde: Any) -> tuple[str, Any] | None:
+    """(type, payload) of start.lua's job data when it is a bare body (a layout-2 record
+    without options: every other envelope field at its default), else None (then
+    ``envelope_from_data`` reads it). The worker's common case, without an Envelope.
+    Raises SerializationError."""
+    if data[:1] in (b"~", b"!"):
+        return None
+    jtype, sep, payload = data.partition(b" ")
+    if not sep or not jtype:
+        raise SerializationError("malformed job body: no '<type> ' prefix")
+    return jtype.decode(errors="replace"), serde.loads(payload)
+
+
 def envelope_from_data(job_id: str, data: bytes, serde: Any) -> Envelope:
     """The Envelope from start.lua's job data: ``~<envelope>`` (a layout-1 record),
     ``!<n>:<options><body>`` or ``<body>``. Raises SerializationError."""

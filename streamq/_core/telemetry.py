@@ -63,6 +63,13 @@ DURATION = _seconds("streamq.job.duration", "handler run time of one attempt")
 END_TO_END = _seconds("streamq.job.end_to_end", "time from enqueue to the end of the attempt")
 
 
+def metering() -> bool:
+    """False while the job histograms record nothing (no meter provider set yet: the API's
+    proxy instruments have no real instrument behind them), so a job skips three calls.
+    Asked once per job; true as soon as a provider is set."""
+    return getattr(QUEUE_WAIT, "_real_instrument", True) is not None
+
+
 _PROVIDER_ENV = "OTEL_PYTHON_TRACER_PROVIDER"
 
 

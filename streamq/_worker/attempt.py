@@ -21,7 +21,7 @@ from .._core.errors import (
     Retry,
     SerializationError,
 )
-from .._core.model import Envelope, Job, envelope_from_data
+from .._core.model import Job, envelope_from_data, plain_body
 from .._core.timeseries import SeriesRecorder
 from .cancel import cancelled
 from .invoke import Expired, SyncRunner, bounded, error_info
@@ -71,40 +71,48 @@ class Attempts:
         ident = (lease.job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
 
-        def dead(etype: str, message: str, reason: str, jtype: str = "?") -> Finish:
-            self._log_outcome(qs.keys.queue, lease.job_id, jtype, attempt, None, reason, etype,
-                              message, None)
-            err = {"type": etype, "message": message, "traceback": ""}
-            return (*ident, "dead", serde.dumps(err), reason, etype)
-
-        try:
-            env = envelope_from_data(lease.job_id, data, serde)
+        try:  # a bare body (every envelope option at its default) needs no Envelope
+            plain = plain_body(data, serde)
+            env = envelope_from_data(lease.job_id, data, serde) if plain is None else None
         except (SerializationError, RecursionError) as exc:
-            return dead("MalformedEnvelope", str(exc)[:500], "malformed envelope")
-        if env.id != lease.job_id:  # never hand a handler another job's id (idempotency key)
-            return dead("MalformedEnvelope", f"the envelope names job {env.id!r}",
-                        "malformed envelope", env.type)
-        spec = self.registry.get(env.type, env.version)
+            return self._dead(qs, ident, attempt, "MalformedEnvelope", str(exc)[:500],
+                              "malformed envelope")
+        if env is None:
+            assert plain is not None
+            jtype, payload = plain
+            version, env_attempts, idem = 1, 0, lease.job_id
+            headers: dict[str, str] = {}
+            carrier: dict[str, str] = {}
+        else:
+            jtype, payload, version, env_attempts = env.type, env.payload, env.version, \
+                env.max_attempts
+            idem, headers, carrier = env.idempotency_key or env.id, env.headers, env.trace
+            if env.id != lease.job_id:  # never hand a handler another job's id (idempotency)
+                return self._dead(qs, ident, attempt, "MalformedEnvelope",
+                                  f"the envelope names job {env.id!r}", "malformed envelope",
+                                  jtype)
+        spec = self.registry.get(jtype, version)
         if spec is None:
-            return dead("UnknownJobType", f"no handler for {env.type!r} version {env.version}"
-                        f" on this worker (registered: {', '.join(self.registry.names())})",
-                        "unknown job type", env.type)
-        max_attempts = env.max_attempts or spec.max_attempts or self.config.default_max_attempts
+            return self._dead(qs, ident, attempt, "UnknownJobType",
+                              f"no handler for {jtype!r} version {version} on this worker"
+                              f" (registered: {', '.join(self.registry.names())})",
+                              "unknown job type", jtype)
+        max_attempts = env_attempts or spec.max_attempts or self.config.default_max_attempts
         if attempt > max_attempts:
-            return dead("LeaseExpired", f"attempt {attempt} of {max_attempts}: the previous"
-                        " run's lease lapsed", "attempts exhausted (lease lapsed)", env.type)
-        job = Job(id=env.id, type=env.type, payload=env.payload, attempt=attempt,
-                  max_attempts=max_attempts, queue=qs.keys.queue, version=env.version,
-                  idempotency_key=env.idempotency_key or env.id, headers=env.headers,
-                  trace=env.trace, deadline_ms=deadline_ms,
+            return self._dead(qs, ident, attempt, "LeaseExpired", f"attempt {attempt} of"
+                              f" {max_attempts}: the previous run's lease lapsed",
+                              "attempts exhausted (lease lapsed)", jtype)
+        job = Job(id=lease.job_id, type=jtype, payload=payload, attempt=attempt,
+                  max_attempts=max_attempts, queue=qs.keys.queue, version=version,
+                  idempotency_key=idem, headers=headers, trace=carrier, deadline_ms=deadline_ms,
                   reporter=self.progress.reporter(lease) if self.progress else None,
                   cancel=lease.cancel)
         queue = qs.keys.queue
-        span = tel.Attempt(queue, job.id, job.type, attempt, env.trace,
+        span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
                            self.config.trace_parent) if tel.tracing() else None
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
                              "attempt": attempt, "trace_id": span.trace_id if span is not None
-                             else tel.carrier_trace_id(env.trace)})
+                             else tel.carrier_trace_id(carrier)})
         running = self.in_flight.by_queue
         running[queue] = running.get(queue, 0) + 1
         started = time.perf_counter()
@@ -117,7 +125,7 @@ class Attempts:
                 if spec.is_async:
                     lease.task = task
                 try:
-                    item = await self._call(spec, job, ident, env, attempt, max_attempts)
+                    item = await self._call(spec, job, ident, attempt, max_attempts)
                 except asyncio.CancelledError:
                     if not lease.interrupted or task is None:
                         raise  # the worker is stopping: hand the job back
@@ -140,9 +148,10 @@ class Attempts:
             tel.JOB.reset(token)
             ran_s = time.perf_counter() - started
             if item is not None:
-                tel.QUEUE_WAIT.record(wait_ms / 1000, qs.labels)
-                tel.DURATION.record(ran_s, qs.labels)
-                tel.END_TO_END.record(age_ms / 1000 + ran_s, qs.labels)
+                if tel.metering():
+                    tel.QUEUE_WAIT.record(wait_ms / 1000, qs.labels)
+                    tel.DURATION.record(ran_s, qs.labels)
+                    tel.END_TO_END.record(age_ms / 1000 + ran_s, qs.labels)
                 if span is not None:
                     span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "")
                 if self.series is not None and item[3] in ("ok", "dead"):
@@ -156,6 +165,14 @@ class Attempts:
             elif span is not None:
                 span.end("interrupted", exc_seen, "worker stopping")
         return item
+
+    def _dead(self, qs: QState, ident: tuple[str, str, str], attempt: int, etype: str,
+              message: str, reason: str, jtype: str = "?") -> Finish:
+        """An attempt that never reached its handler: dead-lettered, and logged."""
+        self._log_outcome(qs.keys.queue, ident[0], jtype, attempt, None, reason, etype,
+                          message, None)
+        err = {"type": etype, "message": message, "traceback": ""}
+        return (*ident, "dead", self.queue_config.serde.dumps(err), reason, etype)
 
     def _log_outcome(self, queue: str, job_id: str, jtype: str, attempt: int,
                      max_attempts: int | None, after: str | int, etype: str, message: str,
@@ -175,7 +192,7 @@ class Attempts:
                   attempt, of, what, why, exc_info=tb, extra=extra)
 
     async def _call(self, spec: HandlerSpec, job: Job, ident: tuple[str, str, str],
-                    env: Envelope, attempt: int, max_attempts: int) -> Finish:
+                    attempt: int, max_attempts: int) -> Finish:
         serde = self.queue_config.serde
         timeout = spec.timeout_s or self.config.default_timeout_s
         _last_exc.set(None)
@@ -195,27 +212,27 @@ class Attempts:
             if isinstance(exc, Fail):
                 return (*ident, "dead", serde.dumps(error_info(exc)), exc.reason[:500], "Fail")
             if isinstance(exc, Retry):
-                return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc,
+                return self._retry_or_bury(ident, spec, attempt, max_attempts, exc,
                                            exc.delay_s)
             if isinstance(exc, RateLimited):
-                return self._rate_limited(ident, env, spec, attempt, max_attempts, exc)
+                return self._rate_limited(ident, job.type, spec, attempt, max_attempts, exc)
             if timeout is not None and isinstance(exc, Expired):
                 if self.runner is not None:
                     self.stats.stuck_threads = len(self.runner.stuck())
                 ours = TimeoutError(f"handler timed out after {timeout:g} s")
                 ours.__cause__ = None
-                return self._retry_or_bury(ident, env, spec, attempt, max_attempts, ours, None)
+                return self._retry_or_bury(ident, spec, attempt, max_attempts, ours, None)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 log.warning("handler of job %s raised %s; treated as a job failure",
                             job.id, type(exc).__name__)
-            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, exc, None)
+            return self._retry_or_bury(ident, spec, attempt, max_attempts, exc, None)
         try:  # a None result is not stored (finish.lua): b'' reads back as None
             payload = b"" if result is None else serde.dumps(result)
         except Exception as exc:  # noqa: BLE001 - a custom serde may raise anything
             err = exc if isinstance(exc, SerializationError) else SerializationError(
                 f"result not serialisable: {exc!r}")
             _last_exc.set(err)  # the handler's retry policy decides, as for any failure
-            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, err, None,
+            return self._retry_or_bury(ident, spec, attempt, max_attempts, err, None,
                                        exhausted="result not serialisable")
         limit_bytes = self.queue_config.max_payload_bytes
         if len(payload) > limit_bytes:
@@ -226,7 +243,7 @@ class Attempts:
                     "PayloadTooLarge")
         return (*ident, "ok", payload, 0, "")
 
-    def _rate_limited(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
+    def _rate_limited(self, ident: tuple[str, str, str], jtype: str, spec: HandlerSpec,
                       attempt: int, max_attempts: int, exc: RateLimited) -> Finish:
         """Back after ``retry_after`` without counting the attempt (finish.lua's 'later');
         a bad ``retry_after`` makes it an ordinary failure."""
@@ -236,15 +253,15 @@ class Attempts:
             bad = InvalidArgument(f"RateLimited(retry_after={after!r}): retry_after must be a"
                                   f" number of seconds > 0 and <= {MAX_RETRY_AFTER_S:g}")
             _last_exc.set(bad)
-            return self._retry_or_bury(ident, env, spec, attempt, max_attempts, bad, None)
+            return self._retry_or_bury(ident, spec, attempt, max_attempts, bad, None)
         log.info("job %s (%s) rate limited (%s); back in %.1f s, attempt %d not counted",
-                 ident[0], env.type, exc.reason, after, attempt,
-                 extra={"job_id": ident[0], "job_type": env.type, "attempt": attempt})
+                 ident[0], jtype, exc.reason, after, attempt,
+                 extra={"job_id": ident[0], "job_type": jtype, "attempt": attempt})
         data = self.queue_config.serde.dumps(error_info(exc))
         outcome = "later_group" if exc.group else "later"  # later_group: the group waits too
         return (*ident, outcome, data, max(1, math.ceil(after * 1000)), "RateLimited")
 
-    def _retry_or_bury(self, ident: tuple[str, str, str], env: Envelope, spec: HandlerSpec,
+    def _retry_or_bury(self, ident: tuple[str, str, str], spec: HandlerSpec,
                        attempt: int, max_attempts: int, exc: BaseException,
                        delay_s: float | None, exhausted: str = "attempts exhausted") -> Finish:
         data = self.queue_config.serde.dumps(error_info(exc))
