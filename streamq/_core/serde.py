@@ -122,6 +122,9 @@ class JsonSerde:
             None, self._default, json.encoder.encode_basestring, None, ":", ",", False, False,
             False)
         self._dec = json.JSONDecoder()
+        # the decoder's own scanner (C), set by JSONDecoder.__init__; typeshed omits it
+        self._scan: Callable[[str, int], tuple[Any, int]] = \
+            self._dec.scan_once  # type: ignore[attr-defined]
 
     def __reduce__(self) -> tuple[Any, ...]:
         # rebuilt on unpickling (Spark ships it to executors)
@@ -227,9 +230,15 @@ class JsonSerde:
     def loads(self, data: bytes) -> Any:
         try:
             text = data.decode()
+            try:  # what this serde writes has no whitespace around it: scan it at once
+                obj, end = self._scan(text, 0)
+            except StopIteration:
+                end = -1
+            if end != len(text):  # whitespace around, extra data or nothing: decode() says
+                obj = self._dec.decode(text)
             if _TAG_TEXT in text:
-                return self._restore_all(self._dec.decode(text))
-            return self._dec.decode(text)
+                return self._restore_all(obj)
+            return obj
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             if isinstance(exc, SerializationError):
                 raise

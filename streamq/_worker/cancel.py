@@ -99,7 +99,8 @@ class CancelWatch:
     def launched(self, lease: Lease) -> None:
         """A job starts on this worker: if a cancel of its id was heard just before, ask its
         record (the message may have been for an earlier job of that id) and stop it."""
-        if self._recent.pop((lease.keys.shard_tag, lease.job_id), None) is not None:
+        if self._recent and self._recent.pop((lease.keys.shard_tag, lease.job_id),
+                                             None) is not None:
             task = asyncio.create_task(self._confirm(lease))
             self._checks.add(task)
             task.add_done_callback(self._checks.discard)
