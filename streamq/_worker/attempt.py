@@ -124,8 +124,25 @@ class Attempts:
             else:  # interrupt() cancels an async handler's task (cancel.py)
                 if spec.is_async:
                     lease.task = task
+                timeout = spec.timeout_s or self.config.default_timeout_s
+                _last_exc.set(None)
                 try:
-                    item = await self._call(spec, job, ident, attempt, max_attempts)
+                    try:
+                        if spec.is_async:  # without a limit: no Timeout context, no extra task
+                            coro = spec.fn(job)
+                            result = await (coro if timeout is None else bounded(coro, timeout))
+                        else:  # the timeout counts from when a thread starts the handler
+                            assert self.runner is not None
+                            result = await self.runner.run(spec.fn, job, timeout)
+                            self.stats.stuck_threads = len(self.runner.stuck())
+                    except BaseException as exc:  # any handler failure is the job's, not ours
+                        if isinstance(exc, asyncio.CancelledError) and (
+                                task is None or task.cancelling()):
+                            raise  # the worker stops, or interrupt(): a handler's own fails it
+                        item = self._failed(spec, job, ident, attempt, max_attempts, exc,
+                                            timeout)
+                    else:
+                        item = self._succeeded(spec, ident, attempt, max_attempts, result)
                 except asyncio.CancelledError:
                     if not lease.interrupted or task is None:
                         raise  # the worker is stopping: hand the job back
@@ -191,43 +208,36 @@ class Attempts:
         log.error("job %s (%s) attempt %d%s failed: %s; dead-lettered%s", job_id, jtype,
                   attempt, of, what, why, exc_info=tb, extra=extra)
 
-    async def _call(self, spec: HandlerSpec, job: Job, ident: tuple[str, str, str],
-                    attempt: int, max_attempts: int) -> Finish:
-        serde = self.queue_config.serde
-        timeout = spec.timeout_s or self.config.default_timeout_s
-        _last_exc.set(None)
-        try:
-            if spec.is_async:  # without a limit: no Timeout context, no extra task
-                coro = spec.fn(job)
-                result = await (coro if timeout is None else bounded(coro, timeout))
-            else:  # the timeout counts from when a thread starts the handler
-                assert self.runner is not None
-                result = await self.runner.run(spec.fn, job, timeout)
+    def _failed(self, spec: HandlerSpec, job: Job, ident: tuple[str, str, str], attempt: int,
+                max_attempts: int, exc: BaseException, timeout: float | None) -> Finish:
+        """The outcome of a handler that raised (not the worker's own cancellation)."""
+        _last_exc.set(exc)
+        if isinstance(exc, Fail):
+            return (*ident, "dead", self.queue_config.serde.dumps(error_info(exc)),
+                    exc.reason[:500], "Fail")
+        if isinstance(exc, Retry):
+            return self._retry_or_bury(ident, spec, attempt, max_attempts, exc, exc.delay_s)
+        if isinstance(exc, RateLimited):
+            return self._rate_limited(ident, job.type, spec, attempt, max_attempts, exc)
+        if timeout is not None and isinstance(exc, Expired):
+            if self.runner is not None:
                 self.stats.stuck_threads = len(self.runner.stuck())
-        except BaseException as exc:  # any handler failure is the job's, not ours
-            task = asyncio.current_task()
-            if isinstance(exc, asyncio.CancelledError) and (task is None or task.cancelling()):
-                raise  # the worker is stopping: hand the job back (a handler's own is a failure)
-            _last_exc.set(exc)
-            if isinstance(exc, Fail):
-                return (*ident, "dead", serde.dumps(error_info(exc)), exc.reason[:500], "Fail")
-            if isinstance(exc, Retry):
-                return self._retry_or_bury(ident, spec, attempt, max_attempts, exc,
-                                           exc.delay_s)
-            if isinstance(exc, RateLimited):
-                return self._rate_limited(ident, job.type, spec, attempt, max_attempts, exc)
-            if timeout is not None and isinstance(exc, Expired):
-                if self.runner is not None:
-                    self.stats.stuck_threads = len(self.runner.stuck())
-                ours = TimeoutError(f"handler timed out after {timeout:g} s")
-                ours.__cause__ = None
-                return self._retry_or_bury(ident, spec, attempt, max_attempts, ours, None)
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                log.warning("handler of job %s raised %s; treated as a job failure",
-                            job.id, type(exc).__name__)
-            return self._retry_or_bury(ident, spec, attempt, max_attempts, exc, None)
-        try:  # a None result is not stored (finish.lua): b'' reads back as None
-            payload = b"" if result is None else serde.dumps(result)
+            ours = TimeoutError(f"handler timed out after {timeout:g} s")
+            ours.__cause__ = None
+            return self._retry_or_bury(ident, spec, attempt, max_attempts, ours, None)
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            log.warning("handler of job %s raised %s; treated as a job failure",
+                        job.id, type(exc).__name__)
+        return self._retry_or_bury(ident, spec, attempt, max_attempts, exc, None)
+
+    def _succeeded(self, spec: HandlerSpec, ident: tuple[str, str, str], attempt: int,
+                   max_attempts: int, result: Any) -> Finish:
+        """The outcome of a handler that returned ``result``."""
+        if result is None:  # not stored (finish.lua): b'' reads back as None
+            return (*ident, "ok", b"", 0, "")
+        serde = self.queue_config.serde
+        try:
+            payload = serde.dumps(result)
         except Exception as exc:  # noqa: BLE001 - a custom serde may raise anything
             err = exc if isinstance(exc, SerializationError) else SerializationError(
                 f"result not serialisable: {exc!r}")
