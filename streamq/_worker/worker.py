@@ -402,8 +402,9 @@ class Worker(Fetching):
         unless too many outcomes already wait (Redis slow or away); then it is freed when
         the backlog is settled."""
         self._unsettled += 1
-        if not self._owed():
-            self._release(1)
+        if self._unsettled <= self.config.concurrency:  # nothing owed (_owed), inline:
+            self._free += 1  # once per job
+            self._capacity.set()
 
     def _settled_n(self, n: int) -> None:
         before = self._owed()
