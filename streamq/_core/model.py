@@ -165,7 +165,8 @@ class CancelFlag:
 
 @attrs.frozen
 class Job:
-    """One attempt of a job, as a handler sees it."""
+    """One attempt of a job, as a handler sees it. (The worker builds it with positional
+    arguments, in this order: keep the order of the fields, or update attempt.py.)"""
 
     id: str
     type: str

@@ -82,9 +82,10 @@ class SeriesRecorder:
     def __init__(self, queues: Sequence[str] = ()) -> None:
         self._acc: dict[str, _Acc] = {q: _Acc() for q in queues}
 
-    def observe(self, queue: str, *, completed: bool, wait_ms: float | None = None,
+    def observe(self, queue: str, completed: bool, wait_ms: float | None = None,
                 run_ms: float | None = None) -> None:
-        """One job settled: completed, or dead-lettered (``completed=False``)."""
+        """One job settled: completed, or dead-lettered (``completed=False``). (Positional
+        arguments too: a worker calls it once per job.)"""
         acc = self._acc.get(queue)
         if acc is None:  # (setdefault would build an _Acc per call)
             acc = self._acc[queue] = _Acc()

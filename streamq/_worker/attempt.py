@@ -10,6 +10,8 @@ import math
 import time
 from typing import Any
 
+import attrs
+
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, RetryPolicy, WorkerConfig
 from .._core.errors import (
@@ -31,6 +33,10 @@ from .registry import HandlerSpec, Registry
 from .state import Finish, QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
+_JOB_FIELDS = ("id", "type", "payload", "attempt", "max_attempts", "queue", "version",
+               "idempotency_key", "headers", "trace", "deadline_ms", "_reporter", "_cancel")
+if tuple(a.name for a in attrs.fields(Job)) != _JOB_FIELDS:  # Job(...) below is positional
+    raise ImportError("streamq: Job's fields changed order; update Attempts.attempt")
 _last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
     "streamq_last_exc", default=None)
 
@@ -102,12 +108,13 @@ class Attempts:
             return self._dead(qs, ident, attempt, "LeaseExpired", f"attempt {attempt} of"
                               f" {max_attempts}: the previous run's lease lapsed",
                               "attempts exhausted (lease lapsed)", jtype)
-        job = Job(id=lease.job_id, type=jtype, payload=payload, attempt=attempt,
-                  max_attempts=max_attempts, queue=qs.keys.queue, version=version,
-                  idempotency_key=idem, headers=headers, trace=carrier, deadline_ms=deadline_ms,
-                  reporter=self.progress.reporter(lease) if self.progress else None,
-                  cancel=lease.cancel)
         queue = qs.keys.queue
+        # positional (Job's field order: id, type, payload, attempt, max_attempts, queue,
+        # version, idempotency_key, headers, trace, deadline_ms, reporter, cancel): a
+        # third cheaper than by keyword, once per job
+        job = Job(lease.job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
+                  headers, carrier, deadline_ms,
+                  self.progress.reporter(lease) if self.progress else None, lease.cancel)
         span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
                            self.config.trace_parent) if tel.tracing() else None
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
@@ -172,8 +179,7 @@ class Attempts:
                 if span is not None:
                     span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "")
                 if self.series is not None and item[3] in ("ok", "dead"):
-                    self.series.observe(qs.keys.queue, completed=item[3] == "ok",
-                                        wait_ms=wait_ms, run_ms=ran_s * 1000)
+                    self.series.observe(queue, item[3] == "ok", wait_ms, ran_s * 1000)
                 if item[3] in ("retry", "dead"):
                     exc_now = _last_exc.get()
                     self._log_outcome(job.queue, job.id, job.type, attempt, max_attempts,
