@@ -417,7 +417,9 @@ class Worker(Fetching):
         self._leases.add(lease)
         if self._cancels is not None:  # its cancel already heard: it stops at once
             self._cancels.launched(lease)
-        task = asyncio.create_task(self._run_job(qs, lease, attempt, data, times))
+        # (the loop's create_task: asyncio.create_task's own frame is one more per job)
+        task = asyncio.get_running_loop().create_task(
+            self._run_job(qs, lease, attempt, data, times))
         self._tasks.add(task)  # (the task takes itself out of both when it ends: _run_job)
         self._jobs[(qs.keys.tag, entry)] = task
 
@@ -426,6 +428,7 @@ class Worker(Fetching):
     async def _run_job(self, qs: QState, lease: Lease, attempt: int, data: bytes,
                        times: tuple[int, int, int]) -> None:
         me: Any = asyncio.current_task()
+        tag = qs.keys.tag
         try:
             try:
                 item = await self._attempts.attempt(qs, lease, attempt, data, times, me)
@@ -434,9 +437,9 @@ class Worker(Fetching):
             except Exception as exc:  # noqa: BLE001 - a bug of ours: a retry, never a lost slot
                 item = self._attempts.internal_error(lease, attempt, exc)
             progress = self._progress  # its last reports go in before its outcome
-            if progress is not None and progress.has_reports(qs.keys.tag, lease.job_id):
+            if progress is not None and progress.has_reports(tag, lease.job_id):
                 try:
-                    await progress.settle_first(qs.keys.tag, lease.job_id)
+                    await progress.settle_first(tag, lease.job_id)
                 except asyncio.CancelledError:
                     return
             qs.buf.append(item)
@@ -444,7 +447,7 @@ class Worker(Fetching):
             self._handed_over()
         finally:  # (a task cancelled before it ever ran never gets here: stop() sweeps those)
             self._tasks.discard(me)
-            key = (qs.keys.tag, lease.entry)
+            key = (tag, lease.entry)
             if self._jobs.get(key) is me:
                 del self._jobs[key]
 
