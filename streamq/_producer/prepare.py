@@ -191,6 +191,23 @@ def prepare(
     return p
 
 
+def prepare_plain(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
+                  trace: Mapping[str, str]) -> Prepared:
+    """``prepare(keys, cfg, job_type, payload, trace=trace)``: enqueue's common case, every
+    other option at its default, without prepare's option checks (the same arguments, and
+    the same errors). Raises InvalidArgument."""
+    if type(job_type) is not str or job_type not in _TYPES_SEEN:
+        check_type(job_type)
+    jid = new_job_id()
+    try:
+        data = cfg.serde.dumps(payload)
+    except SerializationError as exc:
+        raise _in_payload(exc) from exc
+    opts = cfg.serde.dumps({"trace": dict(trace)}) if trace else b""  # (plain_options)
+    return _sealed(keys, cfg, jid, job_type, data, opts,
+                   (0, cfg.default_result_ttl_s, 0, 0, 0, ""))
+
+
 def _in_payload(exc: SerializationError) -> SerializationError:
     """Name the key path from the payload."""
     path = exc.path

@@ -192,8 +192,10 @@ class Queue(_Base):
         if self.config.require_handler:
             self._before((job_type,))
         if not tel.tracing():  # (no span: no context manager either)
-            return prod.single(self.name, _answered(self._batcher.submit(prod.prepare(
-                self.keys, self.config, job_type, payload, trace=tel.carrier(), **options))))
+            prepared = prod.prepare(self.keys, self.config, job_type, payload,
+                                    trace=tel.carrier(), **options) if options else \
+                prod.prepare_plain(self.keys, self.config, job_type, payload, tel.carrier())
+            return prod.single(self.name, _answered(self._batcher.submit(prepared)))
         with tel.publish(self.name, 1, options.get("job_id")) as carrier:
             # concurrent calls from several threads gather into one script call
             return prod.single(self.name, _answered(self._batcher.submit(prod.prepare(
@@ -409,8 +411,10 @@ class AsyncQueue(_Base):
         if self.config.require_handler:
             await self._before((job_type,))
         if not tel.tracing():  # (no span: no context manager either)
-            return prod.single(self.name, _answered(await self._batcher.submit(prod.prepare(
-                self.keys, self.config, job_type, payload, trace=tel.carrier(), **options))))
+            prepared = prod.prepare(self.keys, self.config, job_type, payload,
+                                    trace=tel.carrier(), **options) if options else \
+                prod.prepare_plain(self.keys, self.config, job_type, payload, tel.carrier())
+            return prod.single(self.name, _answered(await self._batcher.submit(prepared)))
         with tel.publish(self.name, 1, options.get("job_id")) as carrier:
             # concurrent calls from several coroutines gather into one script call
             return prod.single(self.name, _answered(await self._batcher.submit(prod.prepare(
