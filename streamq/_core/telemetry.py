@@ -13,6 +13,7 @@ import contextvars
 import json
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -150,10 +151,12 @@ class InFlight:
 
     def __init__(self) -> None:
         self.by_queue: dict[str, int] = {}
-        _in_flight_sources.add(self)
+        with _in_flight_lock:
+            _in_flight_sources.add(self)
 
 
 _in_flight_sources: weakref.WeakSet[InFlight] = weakref.WeakSet()
+_in_flight_lock = threading.Lock()  # a worker made while the gauge is read on another thread
 
 
 class Attempt:
@@ -238,7 +241,9 @@ for _field, _unit, _desc in [
 
 def _in_flight(_options: CallbackOptions) -> Iterable[Observation]:
     running: dict[str, int] = {}
-    for source in list(_in_flight_sources):
+    with _in_flight_lock:
+        sources = list(_in_flight_sources)
+    for source in sources:
         for queue, n in source.by_queue.copy().items():  # (a copy is one step under the GIL)
             running[queue] = running.get(queue, 0) + n
     for queue, n in running.items():
