@@ -172,6 +172,38 @@ local function ack_del(stream, group, entry)
   end
 end
 
+-- Delete acknowledged entries of the stream (ids as Redis writes them, '<ms>-<seq>'), the
+-- oldest ones by trimming. Every entry delivered to the group is in its pending list until
+-- it is acknowledged and deleted in the same script, and XREADGROUP delivers in id order, so
+-- no entry below the oldest pending one is live: XTRIM MINID to it deletes exactly the
+-- acknowledged ids below it (nothing else is left there), walking each stream node once per
+-- call where XDEL walks the node from its start for each id (Redis 7.0 t_stream.c's
+-- streamDeleteItem: the cost of a batch grows with the square of the node size). The ids
+-- above the oldest pending one (an older job still running) are deleted one by one.
+local function ack_trim_del(stream, group, ids)
+  local first = redis.call('XPENDING', stream, group, '-', '+', 1)[1]
+  if not first then
+    redis.call('XDEL', stream, unpack(ids))
+    return
+  end
+  local p = first[1]
+  local d = string.find(p, '-', 1, true)
+  local pms, pseq = tonumber(string.sub(p, 1, d - 1)), tonumber(string.sub(p, d + 1))
+  redis.call('XTRIM', stream, 'MINID', p)
+  local above, k = nil, 0
+  for i = 1, #ids do
+    local e = ids[i]
+    local j = string.find(e, '-', 1, true)
+    local ms = j and tonumber(string.sub(e, 1, j - 1))
+    if not ms or ms > pms or (ms == pms and tonumber(string.sub(e, j + 1)) > pseq) then
+      above = above or {}
+      k = k + 1
+      above[k] = e
+    end
+  end
+  if above then redis.call('XDEL', stream, unpack(above)) end
+end
+
 -- Tell a waiter (the job's 'notify' channel, if any): '<state> <job id>', so one channel can
 -- serve every waiter of a producer (job ids have no spaces). A completed job's result rides
 -- along as '<state> <job id> =<result>' ('=' alone: None) when it is at most INLINE_MAX bytes

@@ -133,7 +133,7 @@ for i = 1, n do
 end
 if #settled > 0 then
   redis.call('XACK', stream, group, unpack(settled))
-  redis.call('XDEL', stream, unpack(settled))
+  ack_trim_del(stream, group, settled)
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)
