@@ -180,6 +180,8 @@ end
 -- call where XDEL walks the node from its start for each id (Redis 7.0 t_stream.c's
 -- streamDeleteItem: the cost of a batch grows with the square of the node size). The ids
 -- above the oldest pending one (an older job still running) are deleted one by one.
+-- XTRIM's count is the number of ids below the oldest pending one (only they were left
+-- there): all of them, and no id is compared.
 local function ack_trim_del(stream, group, ids)
   local first = redis.call('XPENDING', stream, group, '-', '+', 1)[1]
   if not first then
@@ -187,9 +189,9 @@ local function ack_trim_del(stream, group, ids)
     return
   end
   local p = first[1]
+  if redis.call('XTRIM', stream, 'MINID', p) == #ids then return end
   local d = string.find(p, '-', 1, true)
   local pms, pseq = tonumber(string.sub(p, 1, d - 1)), tonumber(string.sub(p, d + 1))
-  redis.call('XTRIM', stream, 'MINID', p)
   local above, k = nil, 0
   for i = 1, #ids do
     local e = ids[i]
@@ -455,6 +457,7 @@ local now_us, rate_read, rate_allowed, rate_take, rate_wait_ms, rate_save
 local START_F = {'s', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o', 'op', 'env',
                  'cx', 'g', 'gw'}
 local PAD = {'00', '0', ''}
+local MS_NUM = {}  -- tonumber of each entry time met in this script call (a batch shares few)
 local function start_rec(jobkey, entry, canon)
   local h = redis.pcall('HGETALL', jobkey)
   if h.err then return h end
@@ -472,7 +475,8 @@ local function start_rec(jobkey, entry, canon)
     local p = string.find(entry, '-', 1, true)
     local ms, n = string.sub(entry, 1, p - 1), #entry - p
     if e == entry or (n <= 3 and e == ms .. PAD[n] .. string.sub(entry, p + 1)) then
-      ems = tonumber(ms)
+      ems = MS_NUM[ms]
+      if not ems then ems = tonumber(ms); MS_NUM[ms] = ems end
     end
   end
   r[1], r[2] = STATE_NAME[s] or ('?' .. s), ems and entry or dec_entry(e)
