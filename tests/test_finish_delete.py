@@ -1,0 +1,118 @@
+"""finish.lua deletes settled entries below the oldest pending one by trimming (XTRIM MINID)
+and the ones above it one by one: whatever the order jobs finish in, the stream holds exactly
+the entries still pending, across stream nodes (100 entries each by default)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from helpers import start_entries
+
+from streamq import Queue
+from streamq._core.keys import GROUP, Keys
+from streamq._core.scripts import SCRIPTS
+
+
+@pytest.fixture
+def q(url: str, qname: str) -> Iterator[Queue]:
+    with Queue.from_url(url, qname) as queue:
+        yield queue
+
+
+def _started(q: Queue, r: redis.Redis, n: int) -> dict[str, tuple[str, str]]:
+    """n jobs enqueued, read by consumer A and started: job id -> (entry, token)."""
+    k = q.keys
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    ids = [f"j{i}" for i in range(n)]
+    q.enqueue_many([{"type": "t", "payload": i, "job_id": j} for i, j in enumerate(ids)])
+    got: Any = r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=n)
+    pairs = [(e.decode(), f[b"id"].decode()) for e, f in got[0][1]]
+    out: dict[str, tuple[str, str]] = {}
+    for i in range(0, len(pairs), 50):
+        part = pairs[i:i + 50]
+        reply = start_entries(r, k, "A", part)
+        for j, (entry, job) in enumerate(part):
+            assert reply[7 * j] == b"run"
+            out[job] = (entry, reply[7 * j + 1].decode())
+    return out
+
+
+def _finish(r: redis.Redis, k: Keys, done: list[tuple[str, str, str]]) -> list[Any]:
+    keys = [k.stream, k.delayed, k.dead, k.stats, k.events] + [k.job(j) for j, _, _ in done]
+    args: list[Any] = [GROUP, 0, 3600, 1000, "", len(done)]
+    for job, entry, token in done:
+        args += [job, entry, token, "ok", b"", 0, ""]
+    return list(SCRIPTS["finish"](r, keys, args))
+
+
+def _entries(r: redis.Redis, k: Keys) -> set[str]:
+    return {e.decode() for e, _ in r.xrange(k.stream)}
+
+
+def _pending(r: redis.Redis, k: Keys) -> set[str]:
+    return {p["message_id"].decode() for p in r.xpending_range(k.stream, GROUP, "-", "+", 1000)}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_stream_holds_exactly_the_pending_entries_whatever_the_finish_order(
+        q: Queue, r: redis.Redis, seed: int) -> None:
+    k = q.keys
+    jobs = _started(q, r, 260)  # three stream nodes
+    order = list(jobs)
+    rnd = random.Random(seed)
+    # mostly oldest first (a drain), with stragglers that finish late
+    order.sort(key=lambda j: int(j[1:]) + (rnd.random() < 0.1) * rnd.randint(20, 200))
+    left = set(jobs)
+    while order:
+        size = rnd.randint(1, 60)
+        batch, order = order[:size], order[size:]
+        rnd.shuffle(batch)
+        out = _finish(r, k, [(j, *jobs[j]) for j in batch])
+        assert out == [b"completed"] * len(batch)
+        left -= set(batch)
+        live = {jobs[j][0] for j in left}
+        assert _pending(r, k) == live
+        assert _entries(r, k) == live
+        assert r.xlen(k.stream) == len(live)
+    assert r.xlen(k.stream) == 0
+    assert r.hget(k.stats, "completed") == b"260"
+
+
+def test_a_settled_entry_already_gone_and_one_above_the_oldest_pending(
+        q: Queue, r: redis.Redis) -> None:
+    k = q.keys
+    jobs = _started(q, r, 8)
+    e = {j: jobs[j][0] for j in jobs}
+    r.xdel(k.stream, e["j1"])  # gone from the stream, still pending (a ghost)
+    # j0 keeps running; j1 (gone), j2 and j5 settle: below nothing, all above j0
+    out = _finish(r, k, [(j, *jobs[j]) for j in ("j5", "j1", "j2")])
+    assert out == [b"completed"] * 3
+    live = {e[j] for j in ("j0", "j3", "j4", "j6", "j7")}
+    assert _entries(r, k) == live and _pending(r, k) == live
+    # j0 and j4 settle: j0 below the new oldest pending (j3), j4 above it
+    assert _finish(r, k, [(j, *jobs[j]) for j in ("j4", "j0")]) == [b"completed"] * 2
+    live = {e[j] for j in ("j3", "j6", "j7")}
+    assert _entries(r, k) == live and _pending(r, k) == live
+    # a repeated call (its reply was lost) deletes nothing more
+    assert _finish(r, k, [(j, *jobs[j]) for j in ("j4", "j0")]) == [b"completed"] * 2
+    assert _entries(r, k) == live
+    # the last ones: nothing pending after them
+    assert _finish(r, k, [(j, *jobs[j]) for j in ("j7", "j3", "j6")]) == [b"completed"] * 3
+    assert r.xlen(k.stream) == 0 and _pending(r, k) == set()
+
+
+def test_an_acknowledged_entry_left_below_the_oldest_pending_is_trimmed(
+        q: Queue, r: redis.Redis) -> None:
+    """An entry acknowledged without being deleted (by hand, or an older tool) is live work
+    for nobody: the next finish that trims past it deletes it too."""
+    k = q.keys
+    jobs = _started(q, r, 4)
+    e = {j: jobs[j][0] for j in jobs}
+    r.xack(k.stream, GROUP, e["j0"])
+    assert _finish(r, k, [("j1", *jobs["j1"])]) == [b"completed"]
+    live = {e["j2"], e["j3"]}
+    assert _entries(r, k) == live and _pending(r, k) == live
