@@ -95,12 +95,13 @@ local HEX = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd
 local hi_n, hi_s = -1, ''
 local function token_of(x)
   if x < 0 or x % 1 ~= 0 then return tokens .. string.format('%x', x) end
-  local hi = math.floor(x / 16)
+  local lo = x % 16
+  local hi = (x - lo) / 16  -- (exact: x is a whole number)
   if hi ~= hi_n then
     hi_n = hi
     hi_s = hi > 0 and string.format('%x', hi) or ''
   end
-  return tokens .. hi_s .. HEX[x % 16 + 1]
+  return tokens .. hi_s .. HEX[lo + 1]
 end
 local nogroup, drained = {}, {}
 local got = 0

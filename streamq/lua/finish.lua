@@ -52,7 +52,17 @@ for i = 1, n do
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
-  local r = rec_t(jobkey, false, NAMES)
+  -- rec_t(jobkey, false, NAMES) inlined for a layout-2 record (literal names, no unpack)
+  local r = redis.pcall('HMGET', jobkey, 's', 'k', 'x', 'notify', 'cx', 'g')
+  if not r.err then
+    local v = r[1]
+    if v then
+      r[1] = STATE_NAME[v] or ('?' .. v)
+      r[3] = r[3] or DEFAULT_TTL
+    else  -- layout 1, or no record
+      r = rec_t(jobkey, false, NAMES)
+    end
+  end
   local state, cur = r[1], r[2]
   if r.err or not state then  -- (a corrupted record is settled by a reclaim)
     lost = lost + 1
