@@ -21,17 +21,25 @@ end
 -- argument: '0' (no events), '<maxlen>' (every kind) or '<maxlen>:,<kind>,<kind>,' (only the
 -- kinds listed: QueueConfig.event_kinds).
 local ev_spec, ev_maxlen, ev_kinds = nil, '0', nil
-local function emit(events, spec, job_id, ev, now, detail)
-  if spec ~= ev_spec then  -- parsed once per script call (emit runs once per job)
-    ev_spec = spec
-    local c = string.find(spec, ':', 1, true)
-    if c then
-      ev_maxlen, ev_kinds = string.sub(spec, 1, c - 1), {}
-      for kind in string.gmatch(string.sub(spec, c + 1), '[^,]+') do ev_kinds[kind] = true end
-    else
-      ev_maxlen, ev_kinds = spec, nil
-    end
+local function ev_parse(spec)  -- parsed once per script call (emit runs once per job)
+  ev_spec = spec
+  local c = string.find(spec, ':', 1, true)
+  if c then
+    ev_maxlen, ev_kinds = string.sub(spec, 1, c - 1), {}
+    for kind in string.gmatch(string.sub(spec, c + 1), '[^,]+') do ev_kinds[kind] = true end
+  else
+    ev_maxlen, ev_kinds = spec, nil
   end
+end
+
+-- Whether emit writes events of kind ev under spec (a hot loop asks once, not per job).
+local function emit_on(spec, ev)
+  if spec ~= ev_spec then ev_parse(spec) end
+  return ev_maxlen ~= '0' and (not ev_kinds or ev_kinds[ev] == true)
+end
+
+local function emit(events, spec, job_id, ev, now, detail)
+  if spec ~= ev_spec then ev_parse(spec) end
   if ev_maxlen == '0' then return end
   if ev_kinds and not ev_kinds[ev] then return end
   redis.call('XADD', events, 'MAXLEN', '~', ev_maxlen, '*', 'job', job_id, 'ev', ev,
@@ -502,7 +510,7 @@ local START_KNOWN = {scheduled = true, queued = true, active = true, retrying = 
 -- refuses is handed back like a paused one (code 'limited', the reason: ms to wait).
 local function start_entry(c, jobkey, entry, id, token, owned)
   local stream, now = c.stream, c.now
-  local r, state, ems = {}, nil, nil  -- ems: the ms of entry, once r[2] is known to be entry
+  local r, state, ems  -- ems: the ms of entry, once r[2] is known to be entry
   local canon = owned  -- entry as Redis writes ids ('<ms>-<seq>', no leading zeros)
   if not owned then
     -- Only the consumer whose pending list holds the entry may start it: a stale delivery
@@ -617,7 +625,9 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   end
   c.started = c.started + 1
   if not owned then c.fresh[#c.fresh + 1] = entry end
-  emit(c.events, c.events_maxlen, id, 'started', now, attempts)
+  local spec = c.events_maxlen  -- (emit_on asked once per context and events argument)
+  if c.ev_spec ~= spec then c.ev_spec = spec; c.ev_started = emit_on(spec, 'started') end
+  if c.ev_started then emit(c.events, spec, id, 'started', now, attempts) end
   return 'run', token, attempts, job_data(r), deadline, now - (ems or entry_ms(r[2]) or now),
     now - (tonumber(r[7]) or now)
 end

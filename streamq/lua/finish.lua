@@ -47,6 +47,7 @@ local G = gctx(KEYS, 6 + n, ARGV[7 + 7 * n])
 -- what every attempt needs; the rest ('ft', attempts) only on the paths that use it
 local NAMES, TRIES = {'s', 'k', 'x', 'notify', 'cx', 'g'}, {'s', 'n', 'max_attempts'}
 local TTL = {}  -- tonumber of each 'x' value met
+local now_s, ev_completed = nstr(now), emit_on(events_maxlen, 'completed')
 for i = 1, n do
   local b = 7 + 7 * (i - 1)
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
@@ -99,9 +100,9 @@ for i = 1, n do
       out[i] = 'retrying'
     elseif outcome == 'ok' then
       if data ~= '' then
-        redis.call('HSET', jobkey, 's', 'c', 'r', data, 'f', nstr(now))
+        redis.call('HSET', jobkey, 's', 'c', 'r', data, 'f', now_s)
       else  -- a None result is not stored
-        redis.call('HSET', jobkey, 's', 'c', 'f', nstr(now))
+        redis.call('HSET', jobkey, 's', 'c', 'f', now_s)
       end
       local x = r[3]
       local ttl = TTL[x]
@@ -112,8 +113,8 @@ for i = 1, n do
         redis.call('EXPIRE', jobkey, nstr(ttl))
       end
       completed = completed + 1
-      emit(events, events_maxlen, id, 'completed', now, '')
-      notify(r[4], 'completed', id, data)
+      if ev_completed then emit(events, events_maxlen, id, 'completed', now, '') end
+      if r[4] then notify(r[4], 'completed', id, data) end
       out[i] = 'completed'
     else
       local a = rec_t(jobkey, false, TRIES)
