@@ -50,11 +50,13 @@ def _finish(r: redis.Redis, k: Keys, done: list[tuple[str, str, str]]) -> list[A
 
 
 def _entries(r: redis.Redis, k: Keys) -> set[str]:
-    return {e.decode() for e, _ in r.xrange(k.stream)}
+    got: Any = r.xrange(k.stream)
+    return {e.decode() for e, _ in got}
 
 
 def _pending(r: redis.Redis, k: Keys) -> set[str]:
-    return {p["message_id"].decode() for p in r.xpending_range(k.stream, GROUP, "-", "+", 1000)}
+    got: Any = r.xpending_range(k.stream, GROUP, "-", "+", 1000)
+    return {p["message_id"].decode() for p in got}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
