@@ -118,3 +118,58 @@ def test_an_acknowledged_entry_left_below_the_oldest_pending_is_trimmed(
     assert _finish(r, k, [("j1", *jobs["j1"])]) == [b"completed"]
     live = {e["j2"], e["j3"]}
     assert _entries(r, k) == live and _pending(r, k) == live
+
+
+def _started_some(q: Queue, r: redis.Redis, n: int, read: int
+                  ) -> tuple[dict[str, tuple[str, str]], set[str]]:
+    """n jobs enqueued, the first `read` read by consumer A and started; also the entries
+    never delivered."""
+    k = q.keys
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    q.enqueue_many([{"type": "t", "payload": i, "job_id": f"j{i}"} for i in range(n)])
+    got: Any = r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=read)
+    pairs = [(e.decode(), f[b"id"].decode()) for e, f in got[0][1]]
+    reply = start_entries(r, k, "A", pairs)
+    jobs = {job: (entry, reply[7 * j + 1].decode()) for j, (entry, job) in enumerate(pairs)}
+    return jobs, _entries(r, k) - {e for e, _ in jobs.values()}
+
+
+def test_with_nothing_pending_after_it_a_finish_keeps_the_undelivered_entries(
+        q: Queue, r: redis.Redis) -> None:
+    k = q.keys
+    jobs, undelivered = _started_some(q, r, 130, 110)  # past the first stream node
+    order = list(jobs)
+    random.Random(7).shuffle(order)
+    assert _finish(r, k, [(j, *jobs[j]) for j in order]) == [b"completed"] * 110
+    assert _pending(r, k) == set() and _entries(r, k) == undelivered
+    assert r.xlen(k.stream) == 20
+    # and they are read and settled as usual
+    got: Any = r.xreadgroup(GROUP, "A", {k.stream: ">"}, count=100)
+    pairs = [(e.decode(), f[b"id"].decode()) for e, f in got[0][1]]
+    assert {e for e, _ in pairs} == undelivered
+    reply = start_entries(r, k, "A", pairs)
+    done = [(job, entry, reply[7 * j + 1].decode()) for j, (entry, job) in enumerate(pairs)]
+    assert _finish(r, k, done) == [b"completed"] * 20
+    assert r.xlen(k.stream) == 0
+
+
+def test_with_nothing_pending_an_id_the_call_did_not_acknowledge_is_deleted_by_id(
+        q: Queue, r: redis.Redis) -> None:
+    k = q.keys
+    jobs, undelivered = _started_some(q, r, 6, 3)
+    r.xack(k.stream, GROUP, jobs["j2"][0])  # no longer pending (acknowledged by hand)
+    assert _finish(r, k, [(j, *jobs[j]) for j in ("j2", "j0", "j1")]) == [b"completed"] * 3
+    assert _pending(r, k) == set() and _entries(r, k) == undelivered
+
+
+def test_an_entry_that_was_never_delivered_never_widens_the_trim(q: Queue, r: redis.Redis
+                                                                 ) -> None:
+    """A caller naming an entry it was not delivered (a bug) gets that entry deleted, as by
+    XDEL, and nothing else: the trim only ever covers entries the call acknowledged."""
+    k = q.keys
+    jobs, undelivered = _started_some(q, r, 6, 2)
+    later = sorted(undelivered, key=lambda e: tuple(map(int, e.split("-"))))
+    r.xack(k.stream, GROUP, jobs["j1"][0])  # nothing pending after the call but j0
+    out = _finish(r, k, [("j0", *jobs["j0"]), ("j1", later[2], jobs["j1"][1])])
+    assert out == [b"completed"] * 2
+    assert _entries(r, k) == {jobs["j1"][0]} | set(later) - {later[2]}

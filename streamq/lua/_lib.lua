@@ -189,23 +189,42 @@ end
 -- streamDeleteItem: the cost of a batch grows with the square of the node size). The ids
 -- above the oldest pending one (an older job still running) are deleted one by one.
 -- XTRIM's count is the number of ids below the oldest pending one (only they were left
--- there): all of them, and no id is compared.
-local function ack_trim_del(stream, group, ids)
+-- there): all of them, and no id is compared. With nothing pending and every id of the call
+-- acknowledged by it (acked: XACK's count, so each was pending, hence delivered), every entry
+-- up to the newest id was delivered and is acknowledged: trimmed below the id after it
+-- (entries not yet delivered are newer).
+local function id_num(e)  -- '<ms>-<seq>' as two numbers (nil: another form)
+  local j = string.find(e, '-', 1, true)
+  local ms = j and tonumber(string.sub(e, 1, j - 1))
+  return ms, ms and tonumber(string.sub(e, j + 1))
+end
+
+local function ack_trim_del(stream, group, ids, acked)
   local first = redis.call('XPENDING', stream, group, '-', '+', 1)[1]
   if not first then
-    redis.call('XDEL', stream, unpack(ids))
+    local tms, tseq = nil, nil
+    if #ids > 1 and acked == #ids then
+      for i = 1, #ids do
+        local ms, seq = id_num(ids[i])
+        if not seq or ms >= 1e15 or seq >= 1e15 then tms = nil; break end
+        if not tms or ms > tms or (ms == tms and seq > tseq) then tms, tseq = ms, seq end
+      end
+    end
+    if tms then
+      redis.call('XTRIM', stream, 'MINID', string.format('%.0f-%.0f', tms, tseq + 1))
+    else
+      redis.call('XDEL', stream, unpack(ids))
+    end
     return
   end
   local p = first[1]
   if redis.call('XTRIM', stream, 'MINID', p) == #ids then return end
-  local d = string.find(p, '-', 1, true)
-  local pms, pseq = tonumber(string.sub(p, 1, d - 1)), tonumber(string.sub(p, d + 1))
+  local pms, pseq = id_num(p)
   local above, k = nil, 0
   for i = 1, #ids do
     local e = ids[i]
-    local j = string.find(e, '-', 1, true)
-    local ms = j and tonumber(string.sub(e, 1, j - 1))
-    if not ms or ms > pms or (ms == pms and tonumber(string.sub(e, j + 1)) > pseq) then
+    local ms, seq = id_num(e)
+    if not seq or ms > pms or (ms == pms and seq > pseq) then
       above = above or {}
       k = k + 1
       above[k] = e

@@ -143,8 +143,7 @@ for i = 1, n do
   end
 end
 if #settled > 0 then
-  redis.call('XACK', stream, group, unpack(settled))
-  ack_trim_del(stream, group, settled)
+  ack_trim_del(stream, group, settled, redis.call('XACK', stream, group, unpack(settled)))
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)
