@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from helpers import start_entries
+from sec_support import AclServer, rule_for, tenant_rule_from_docs
 
 from streamq import Queue
 from streamq._core.keys import GROUP, Keys
@@ -173,3 +175,23 @@ def test_an_entry_that_was_never_delivered_never_widens_the_trim(q: Queue, r: re
     out = _finish(r, k, [("j0", *jobs["j0"]), ("j1", later[2], jobs["j1"][1])])
     assert out == [b"completed"] * 2
     assert _entries(r, k) == {jobs["j1"][0]} | set(later) - {later[2]}
+
+
+def test_a_tenant_whose_acl_rule_predates_xtrim_still_settles(tmp_path: Path) -> None:
+    """The per-tenant rule of docs/security.md before XTRIM was in it: finish.lua falls back
+    to XDEL, and the stream still ends empty."""
+    rule = rule_for(tenant_rule_from_docs(), "old", "pw-old").replace(" +xtrim", "")
+    assert "xtrim" not in rule
+    with AclServer(tmp_path, [rule]) as server:
+        client = redis.Redis.from_url(server.url("old", "pw-old"), protocol=2)
+        with Queue.from_url(server.url("old", "pw-old"), "old") as q:
+            k = q.keys
+            jobs, undelivered = _started_some(q, client, 8, 5)
+            done = [(j, *jobs[j]) for j in ("j3", "j1")]  # j0 still pending: the MINID path
+            assert _finish(client, k, done) == [b"completed"] * 2
+            done = [(j, *jobs[j]) for j in ("j0", "j2", "j4")]  # none pending after it
+            assert _finish(client, k, done) == [b"completed"] * 3
+            assert _entries(client, k) == undelivered
+        client.close()
+        denied = [e for e in server.admin().acl_log() if e["object"] != "client|setinfo"]
+        assert {e["object"] for e in denied} == {"xtrim"}

@@ -192,7 +192,8 @@ end
 -- there): all of them, and no id is compared. With nothing pending and every id of the call
 -- acknowledged by it (acked: XACK's count, so each was pending, hence delivered), every entry
 -- up to the newest id was delivered and is acknowledged: trimmed below the id after it
--- (entries not yet delivered are newer).
+-- (entries not yet delivered are newer). A caller whose ACL rule does not allow XTRIM (the
+-- per-tenant rule of releases before it: docs/security.md) gets every id deleted by XDEL.
 local function id_num(e)  -- '<ms>-<seq>' as two numbers (nil: another form)
   local j = string.find(e, '-', 1, true)
   local ms = j and tonumber(string.sub(e, 1, j - 1))
@@ -210,15 +211,19 @@ local function ack_trim_del(stream, group, ids, acked)
         if not tms or ms > tms or (ms == tms and seq > tseq) then tms, tseq = ms, seq end
       end
     end
-    if tms then
-      redis.call('XTRIM', stream, 'MINID', string.format('%.0f-%.0f', tms, tseq + 1))
-    else
+    if not tms or type(redis.pcall('XTRIM', stream, 'MINID',
+        string.format('%.0f-%.0f', tms, tseq + 1))) == 'table' then
       redis.call('XDEL', stream, unpack(ids))
     end
     return
   end
   local p = first[1]
-  if redis.call('XTRIM', stream, 'MINID', p) == #ids then return end
+  local trimmed = redis.pcall('XTRIM', stream, 'MINID', p)
+  if type(trimmed) == 'table' then  -- (an error: not allowed)
+    redis.call('XDEL', stream, unpack(ids))
+    return
+  end
+  if trimmed == #ids then return end
   local pms, pseq = id_num(p)
   local above, k = nil, 0
   for i = 1, #ids do
