@@ -5,6 +5,9 @@
 -- more, even when the job has moved on since (a retry promoted or started again, a dead letter
 -- re-driven): a retry or dead outcome leaves 'ft' = '<state>:<token>' in the record for that.
 -- A lapsed-lease dead letter (error type LeaseExpired) is not added to the errors history.
+-- The stream entries of the applied outcomes are acknowledged and deleted after the loop, in
+-- one XACK and one trim (_lib.lua's ack_trim_del: XTRIM MINID below the oldest pending entry,
+-- XDEL for the ones above it).
 -- A job is settled only under a lease that a layout-2 start issued, so its record is in
 -- layout 2; a layout-1 record (an older worker's lease) only ever answers 'lost' here.
 -- KEYS[1]   ready stream
