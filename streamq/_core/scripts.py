@@ -7,6 +7,7 @@ prepended to every script, so shared logic such as dead-lettering lives in one p
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import deque
 from collections.abc import Sequence
 from importlib import resources
@@ -292,11 +293,67 @@ class Pipelined:
             self.client.connection_pool.release(conn)
 
 
+_TOP = re.compile(r"^(?:local\s+function\s+(\w+)|function\s+(\w+)|local\s)")
+_WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+def _chunks(lib: str) -> list[tuple[set[str], set[str], str]]:
+    """The library's top-level statements: (names each defines or assigns, names it uses,
+    its text). A statement starts at a line that begins (column 0) with ``local`` or
+    ``function`` and runs to the next one (the lines before the first define nothing)."""
+    starts = [i for i, line in enumerate(lib.splitlines()) if _TOP.match(line)]
+    lines = lib.splitlines()
+    out: list[tuple[set[str], set[str], str]] = []
+    for a, b in zip([0, *starts], [*starts, len(lines)], strict=True):
+        if a == b:
+            continue
+        text = "\n".join(lines[a:b])
+        code = _code(text)
+        m = _TOP.match(lines[a])
+        if m is None:
+            defined: set[str] = set()
+        elif m.group(1) or m.group(2):
+            defined = {m.group(1) or m.group(2)}
+        else:  # local a, b, c [= ...]: the names may run over several lines
+            defined = set(_WORD.findall(code[len("local"):].split("=", 1)[0]))
+        out.append((defined, set(_WORD.findall(code)), text))
+    return out
+
+
+def _code(text: str) -> str:
+    """``text`` without its whole-line comments (words in them are no use). A comment after
+    code stays: telling it from a ``--`` inside a string is not worth the risk, and a word
+    kept too many only keeps a helper too many."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+
+
+def shaken(lib: str, body: str) -> str:
+    """``lib`` cut to the statements ``body`` needs, in their order, then ``body``.
+
+    Redis runs a script's whole text on every call: each ``local function`` of the shared
+    helpers is a closure made, and garbage collected, per call (callgrind: ~72,000
+    redis-server instructions per call for the whole library against ~11,500 for a bare
+    ``return 1``). A statement is kept when it defines (or assigns) a name the body or a
+    kept statement uses; one that defines nothing is always kept. Words in strings count as
+    uses: keeping too much costs time, never correctness."""
+    chunks = _chunks(lib)
+    want = set(_WORD.findall(_code(body)))
+    keep = [not d for d, _u, _t in chunks]
+    changed = True
+    while changed:
+        changed = False
+        for i, (defines, uses, _text) in enumerate(chunks):
+            if not keep[i] and defines & want:
+                keep[i] = changed = True
+                want |= uses
+    return "\n".join(t for k, (_d, _u, t) in zip(keep, chunks, strict=True) if k) + "\n" + body
+
+
 def _load() -> dict[str, Script]:
     pkg = resources.files("streamq") / "lua"
     lib = "\n".join((pkg / name).read_text()
                     for name in ("_lib.lua", "_groups.lua", "_rate.lua"))
-    return {n: Script(n, lib + "\n" + (pkg / f"{n}.lua").read_text()) for n in _NAMES}
+    return {n: Script(n, shaken(lib, (pkg / f"{n}.lua").read_text())) for n in _NAMES}
 
 
 SCRIPTS = _load()
