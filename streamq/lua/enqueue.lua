@@ -63,7 +63,16 @@ if extra == 14 or extra == 19 then
   ho = #KEYS - 2
   extra = extra - 3
 end
-local G = (extra == 11 or extra == 16) and gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) or nil
+local has_g = extra == 11 or extra == 16
+local G = nil  -- the group context, built only when a job of the batch or the depth needs it
+if has_g then
+  local grouped = max_depth > 0
+  for i = 1, n do
+    if grouped then break end
+    grouped = ARGV[5 + 10 * n + i] ~= ''
+  end
+  if grouped then G = gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) end
+end
 local depth = -1
 if max_depth > 0 then
   depth = redis.call('XLEN', stream) + redis.call('ZCARD', delayed)
@@ -97,8 +106,11 @@ if not none_exist then
 end
 -- Hand up to m jobs just added to the ready stream to idle workers (the header's hand-off).
 local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
-  if redis.call('EXISTS', paused) == 1 then return end
   local live = redis.call('ZRANGEBYSCORE', tickets, now, '+inf', 'LIMIT', 0, m + 4)
+  if not live[1] or redis.call('EXISTS', paused) == 1 then return end  -- (the common case
+  -- under load: no idle worker, nothing more to do)
+  if not G and has_g then G = gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) end  -- a grouped entry at
+  -- the stream's head goes through its gate
   local c = {dead = dead, stats = stats, events = events, stream = stream, group = 'streamq',
     resume = '', now = now, paused = false, started = 0, reclaimed = 0, failed = 0,
     handed = 0, cancelled = 0, fresh = {}, G = G}
