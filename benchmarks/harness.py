@@ -127,6 +127,9 @@ def figures(sizes: Sizes) -> list[Figure]:
                " XREADGROUP, p50", "ms", decimals=3),
         Figure("raw_latency", "raw_latency_p99_ms", "  p99", "ms", decimals=3),
         Figure("raw_latency", "ping_us", "  PING round trip (median)", "µs", decimals=0),
+        Figure("raw_latency", "raw_rtt_p50_ms", "ceiling: raw round trip, script XADD → blocked"
+               " consumer → script PUBLISH → subscriber thread → caller, p50", "ms", decimals=3),
+        Figure("raw_latency", "raw_rtt_p99_ms", "  p99", "ms", decimals=3),
     ]
     m, mb = f"{sizes.memory_jobs:,}", f"{sizes.memory_big_jobs:,}"
     out += [

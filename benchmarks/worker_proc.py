@@ -108,6 +108,7 @@ def _raw(url: str, stream: str) -> dict[str, Any]:
         stop.set()
 
     threading.Thread(target=wait_stdin, daemon=True).start()
+    publish = client.register_script("return redis.call('PUBLISH', KEYS[1], ARGV[1])")
     print(json.dumps({"ready": True}), flush=True)
     latencies: list[float] = []
     while not stop.is_set():
@@ -116,7 +117,11 @@ def _raw(url: str, stream: str) -> dict[str, Any]:
         if not reply:
             continue
         entries = reply[0][1]
-        latencies += [(now - float(fields[b"t"])) * 1000 for _eid, fields in entries]
+        latencies += [(now - float(fields[b"t"])) * 1000 for _eid, fields in entries
+                      if b"t" in fields]
+        for eid, fields in entries:  # a round trip: answer on the entry's channel, by script
+            if b"r" in fields:
+                publish(keys=[fields[b"r"]], args=[eid])
         ids = [eid for eid, _fields in entries]
         client.xack(stream, "raw", *ids)
         client.xdel(stream, *ids)

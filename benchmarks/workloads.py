@@ -13,6 +13,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -341,6 +342,7 @@ def raw_latency(ctx: Ctx) -> Result:
             time.sleep(sz.latency_pause_s)
             r.xadd(stream, {"t": repr(time.time())})
         time.sleep(0.05)
+        round_trips = _raw_round_trips(ctx, stream)
         rtts = []
         for _ in range(200):
             t = time.perf_counter()
@@ -355,7 +357,48 @@ def raw_latency(ctx: Ctx) -> Result:
         "raw_latency_p50_ms": percentile(lat, 50),
         "raw_latency_p99_ms": percentile(lat, 99),
         "ping_us": statistics.median(rtts) * 1e6,
+        "raw_rtt_p50_ms": percentile(round_trips, 50),
+        "raw_rtt_p99_ms": percentile(round_trips, 99),
     }
+
+
+def _raw_round_trips(ctx: Ctx, stream: str) -> list[float]:
+    """Ceiling of enqueue_and_wait, with the same four wake-ups and thread hand-over: a script
+    adds an entry, the blocked plain consumer wakes and answers with a script that PUBLISHes,
+    a subscriber thread wakes the caller. Milliseconds from the call to the caller's wake."""
+    sz = ctx.sizes
+    client = redis.Redis.from_url(ctx.url, protocol=2)
+    add = client.register_script("return redis.call('XADD', KEYS[1], '*', 'r', ARGV[1])")
+    channel = f"{stream}:answers"
+    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub.subscribe(channel)
+    answered = threading.Event()
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            if pubsub.get_message(timeout=0.2):
+                answered.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    out: list[float] = []
+    try:
+        for i in range(sz.latency_warmup + sz.latency_jobs):
+            time.sleep(sz.latency_pause_s)
+            answered.clear()
+            t = time.perf_counter()
+            add(keys=[stream], args=[channel])
+            if not answered.wait(5.0):
+                raise BenchError("raw round trip: no answer within 5 s")
+            if i >= sz.latency_warmup:
+                out.append((time.perf_counter() - t) * 1000)
+    finally:
+        stop.set()
+        reader.join(timeout=2)
+        pubsub.close()
+        client.close()
+    return out
 
 
 def latency(ctx: Ctx) -> Result:
