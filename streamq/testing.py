@@ -79,7 +79,8 @@ test_config.__test__ = False  # type: ignore[attr-defined]  # not a test for pyt
 def make_job(payload: Any = None, *, type: str = "test", id: str = "job-1", attempt: int = 1,
              max_attempts: int = 3, queue: str = "test", version: int = 1,
              idempotency_key: str | None = None, headers: Mapping[str, str] | None = None,
-             deadline_ms: int = 0, cancel_requested: bool = False) -> Job:
+             deadline_ms: int = 0, priority: int = 2, cancel_requested: bool = False
+             ) -> Job:
     """A ``Job`` as a worker would hand it to a handler: call the handler with it directly,
     without Redis (``await send_email(make_job({"to": "a@b"}))``). ``cancel_requested=True``:
     ``job.cancel_requested`` is True, as for a job whose cancel was requested while it runs."""
@@ -88,7 +89,8 @@ def make_job(payload: Any = None, *, type: str = "test", id: str = "job-1", atte
         cancel.set()
     return Job(id=id, type=type, payload=payload, attempt=attempt, max_attempts=max_attempts,
                queue=queue, version=version, idempotency_key=idempotency_key or id,
-               headers=dict(headers or {}), deadline_ms=deadline_ms, cancel=cancel)
+               headers=dict(headers or {}), deadline_ms=deadline_ms, priority=priority,
+               cancel=cancel)
 
 
 def fast_forward(queue: Queue, seconds: float | None = None) -> int:

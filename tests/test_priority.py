@@ -73,13 +73,30 @@ async def test_delayed_job_is_promoted_to_its_level(q: Queue, r: redis.Redis, ur
     assert q.get("later").state == "queued"  # type: ignore[union-attr]
 
 
-async def test_a_retry_keeps_its_priority(q: Queue, url: str, r: redis.Redis) -> None:
-    seen: list[tuple[str, int]] = []
+async def test_a_handler_reads_the_job_priority(q: Queue, url: str) -> None:
+    seen: dict[str, int] = {}
     reg = Registry()
 
     @reg.handler("t")
     async def t(job: Job) -> None:
-        seen.append((job.id, job.attempt))
+        seen[job.id] = job.priority
+
+    q.enqueue("t", job_id="lowest", priority=0)
+    q.enqueue("t", job_id="plain")
+    q.enqueue_many([{"type": "t", "job_id": "highest", "priority": 4},
+                    {"type": "t", "job_id": "three", "priority": 3, "delay": 0.01}])
+    async with Worker(url, [q.name], reg, fast(promote_interval_s=0.02)):
+        await eventually(lambda: len(seen) == 4, what="the four jobs to run")
+    assert seen == {"lowest": 0, "plain": DEFAULT_PRIORITY, "highest": 4, "three": 3}
+
+
+async def test_a_retry_keeps_its_priority(q: Queue, url: str, r: redis.Redis) -> None:
+    seen: list[tuple[str, int, int]] = []
+    reg = Registry()
+
+    @reg.handler("t")
+    async def t(job: Job) -> None:
+        seen.append((job.id, job.attempt, job.priority))
         if job.attempt == 1:
             raise Retry(delay_s=0.05)
 
@@ -88,7 +105,7 @@ async def test_a_retry_keeps_its_priority(q: Queue, url: str, r: redis.Redis) ->
         await eventually(lambda: q.get("urgent").state == "completed",  # type: ignore
                          what="the retried job to complete")
         assert w.stats.retried == 1
-    assert seen == [("urgent", 1), ("urgent", 2)]
+    assert seen == [("urgent", 1, 4), ("urgent", 2, 4)]
     info = q.get("urgent")
     assert info is not None and info.priority == 4 and info.attempts == 2
     # the second attempt ran from the level's stream: its group delivered two entries there

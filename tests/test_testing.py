@@ -114,6 +114,7 @@ def test_make_job_builds_what_a_handler_gets() -> None:
     assert isinstance(job, Job)
     assert (job.payload, job.type, job.attempt, job.idempotency_key, job.headers) == (
         {"a": 1}, "t", 2, "job-1", {"h": "v"})
+    assert job.priority == 2 and make_job(priority=4).priority == 4
 
 
 async def test_arun_until_idle_in_async_tests(url: str, qname: str) -> None:

@@ -181,6 +181,9 @@ class Job:
     headers: dict[str, str] = attrs.field(factory=dict)
     trace: dict[str, str] = attrs.field(factory=dict)
     deadline_ms: int = 0
+    priority: int = 2
+    """0 (lowest) to 4 (highest), 2 by default: the level it was enqueued at
+    (docs/fairness.md#priorities)."""
     _reporter: Callable[[str, Any], Awaitable[None]] | None = attrs.field(
         default=None, repr=False, eq=False)
     _cancel: CancelFlag | threading.Event | None = attrs.field(default=None, repr=False,

@@ -34,7 +34,8 @@ from .state import Finish, QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
 _JOB_FIELDS = ("id", "type", "payload", "attempt", "max_attempts", "queue", "version",
-               "idempotency_key", "headers", "trace", "deadline_ms", "_reporter", "_cancel")
+               "idempotency_key", "headers", "trace", "deadline_ms", "priority", "_reporter",
+               "_cancel")
 if tuple(a.name for a in attrs.fields(Job)) != _JOB_FIELDS:  # Job(...) below is positional
     raise ImportError("streamq: Job's fields changed order; update Attempts.attempt")
 _last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
@@ -110,10 +111,11 @@ class Attempts:
                               "attempts exhausted (lease lapsed)", jtype)
         queue = qs.keys.queue
         # positional (Job's field order: id, type, payload, attempt, max_attempts, queue,
-        # version, idempotency_key, headers, trace, deadline_ms, reporter, cancel): a
-        # third cheaper than by keyword, once per job
+        # version, idempotency_key, headers, trace, deadline_ms, priority, reporter,
+        # cancel): a third cheaper than by keyword, once per job. A job's priority is the
+        # level of the ready stream it was read from (each level has its own).
         job = Job(lease.job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
-                  headers, carrier, deadline_ms,
+                  headers, carrier, deadline_ms, qs.keys.level,
                   self.progress.reporter(lease) if self.progress else None, lease.cancel)
         span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
                            self.config.trace_parent) if tel.tracing() else None
