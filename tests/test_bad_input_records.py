@@ -8,14 +8,13 @@ worker keeps running, and ``get()`` on a damaged record stays typed.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast
+from helpers import eventually, fast, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sec_support import (
@@ -75,7 +74,7 @@ def test_garbage_stream_entries_are_dead_lettered_and_the_worker_keeps_going(
     other.enqueue("ok", job_id="other-job")
     q.enqueue("ok", job_id="finished-job")
     with ThreadWorker(url, [q.name], reg, fast(block_ms=50)) as w:
-        eventually_sync(lambda: state(r, q, "finished-job") == "completed")
+        wait_until(lambda: state(r, q, "finished-job") == "completed")
         n = 0
 
         @settings(deadline=None, max_examples=30, database=None)
@@ -102,7 +101,7 @@ def test_garbage_stream_entries_are_dead_lettered_and_the_worker_keeps_going(
                     want["malformed stream entry"] += 1
                 elif jid not in ("finished-job", live):
                     want["job record missing"] += 1
-            eventually_sync(lambda: state(r, q, live) == "completed"
+            wait_until(lambda: state(r, q, live) == "completed"
                             and r.xlen(q.keys.stream) == 0
                             and xpending_count(r, q.keys.stream) == 0
                             and dead_reasons(r, q) - dead_before == want,
@@ -114,18 +113,6 @@ def test_garbage_stream_entries_are_dead_lettered_and_the_worker_keeps_going(
         assert state(r, other, "other-job") == "queued"  # the other queue is untouched
     drop_queue(r, q.name)
     drop_queue(r, other.name)
-
-
-def eventually_sync(pred: Callable[[], Any], timeout_s: float = 10.0,
-                    what: str = "condition") -> Any:
-    end = time.monotonic() + timeout_s
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.01)
 
 
 # ------------------------------------------------------------------ corrupted job records
