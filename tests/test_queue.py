@@ -534,3 +534,21 @@ async def test_a_fire_and_forget_job_leaves_nothing_behind(url: str, qname: str,
         await eventually(lambda: not r.exists(q.keys.job("ff")), what="the record deleted")
     assert r.xlen(q.keys.stream) == 0 and q.get("ff") is None
     q.close()
+
+
+def test_enqueue_calls_of_two_configs_on_one_queue_keep_their_own_settings() -> None:
+    """enqueue_call builds its fixed keys and arguments once per config object and shard:
+    a second config on the same queue (other events, depth, group defaults) gets its own."""
+    keys = Keys("cfgs")
+    a = QueueConfig()
+    b = QueueConfig(events_maxlen=0, max_depth=7, group_concurrency=3)
+    p = prod.prepare_plain(keys, a, "t", None, {})
+    for cfg in (a, b, a):
+        k, args = prod.enqueue_call(keys, cfg, [p], handoff=True)
+        assert args[:3] == [cfg.events_arg, cfg.max_depth, keys.wake_channel]
+        assert cfg.group_arg in args
+        assert k[-3:] == [keys.tickets, keys.paused, keys.dead]
+    assert prod.enqueue_call(keys, b, [p])[1][0] == "0"
+    other = keys.of_shard(1)
+    k, _ = prod.enqueue_call(keys, a, [p._replace(shard=1)])
+    assert k[0] == other.stream

@@ -192,20 +192,21 @@ def prepare(
 
 
 def prepare_plain(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
-                  trace: Mapping[str, str]) -> Prepared:
+                  trace: Mapping[str, str], job_id: str = "", notify: str = "") -> Prepared:
     """``prepare(keys, cfg, job_type, payload, trace=trace)``: enqueue's common case, every
     other option at its default, without prepare's option checks (the same arguments, and
-    the same errors). Raises InvalidArgument."""
+    the same errors). Raises InvalidArgument. ``job_id`` (checked already; '' = a new one)
+    and ``notify`` (a waiter channel of this queue): enqueue_and_wait's own options."""
     if type(job_type) is not str or job_type not in _TYPES_SEEN:
         check_type(job_type)
-    jid = new_job_id()
+    jid = job_id or new_job_id()
     try:
         data = cfg.serde.dumps(payload)
     except SerializationError as exc:
         raise _in_payload(exc) from exc
     opts = cfg.serde.dumps({"trace": dict(trace)}) if trace else b""  # (plain_options)
     return _sealed(keys, cfg, jid, job_type, data, opts,
-                   (0, cfg.default_result_ttl_s, 0, 0, 0, ""))
+                   (0, cfg.default_result_ttl_s, 0, 0, 0, notify))
 
 
 def _in_payload(exc: SerializationError) -> SerializationError:
@@ -331,9 +332,10 @@ def enqueue_call(
     jobs may go straight to idle workers' inboxes, started (docs/performance.md#hand-off)."""
     if batch and batch[0].shard != keys.shard:
         keys = keys.of_shard(batch[0].shard)
-    k = [keys.stream, keys.delayed, keys.stats, keys.events]
+    h = _head(keys, cfg)
+    k = list(h.keys)
     k.extend(p.key for p in batch)
-    args: list[Arg] = [cfg.events_arg, cfg.max_depth, keys.wake_channel, len(batch)]
+    args: list[Arg] = [*h.args, len(batch)]
     if tags is None:
         for p in batch:
             args.extend(p.args)
@@ -343,15 +345,49 @@ def enqueue_call(
             args.extend(p.args)
             args.append(tag)
     if handoff or any(p.group for p in batch):  # else an ungrouped batch is sent as before
-        k.extend(keys.group_keys)
-        args.append(cfg.group_arg)
+        k.extend(h.group_keys)
+        args.append(h.group_arg)
         args.extend(p.group for p in batch)
     if any(p.level != DEFAULT_PRIORITY for p in batch):  # then the last 5 keys and N args:
-        k += (keys.levels, *keys.level_streams)  # enqueue.lua routes each job by priority
+        k.extend(h.level_keys)  # enqueue.lua routes each job by priority
         args.extend("" if p.level == DEFAULT_PRIORITY else p.level for p in batch)
     if handoff:  # the last 3 keys (with the group keys above: enqueue.lua tells them apart)
-        k += (keys.tickets, keys.paused, keys.dead)
+        k.extend(h.handoff_keys)
     return k, args
+
+
+class _Head(NamedTuple):
+    """The parts of enqueue.lua's keys and arguments that depend on the queue shard and its
+    config only."""
+
+    cfg: QueueConfig
+    keys: tuple[str, ...]
+    args: tuple[Arg, ...]
+    group_keys: tuple[str, ...]
+    group_arg: str
+    level_keys: tuple[str, ...]
+    handoff_keys: tuple[str, ...]
+
+
+_HEADS: dict[tuple[Any, ...], _Head] = {}
+_HEADS_MAX = 256
+
+
+def _head(keys: Keys, cfg: QueueConfig) -> _Head:
+    """enqueue_call's fixed parts, built once per (config object, shard): formatting the
+    ~20 key names of a call was a quarter of a lone enqueue's Python time. The entry keeps
+    its config, so an id seen again is the same object."""
+    memo = (id(cfg), keys.queue, keys.prefix, keys.shard, keys.level)
+    h = _HEADS.get(memo)
+    if h is None or h.cfg is not cfg:
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        h = _Head(cfg, (keys.stream, keys.delayed, keys.stats, keys.events),
+                  (cfg.events_arg, cfg.max_depth, keys.wake_channel), tuple(keys.group_keys),
+                  cfg.group_arg, (keys.levels, *keys.level_streams),
+                  (keys.tickets, keys.paused, keys.dead))
+        _HEADS[memo] = h
+    return h
 
 
 def parse_enqueue(

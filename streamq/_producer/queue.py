@@ -32,7 +32,7 @@ from .._ops import shards as _shards
 from ..admin import adrive, drive
 from . import prepare as prod
 from .autobatch import AsyncBatcher, SyncBatcher
-from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters
+from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake
 
 Answer = EnqueueResult | ReplicationTimeout
 """An auto-batched enqueue's answer to one caller."""
@@ -288,8 +288,13 @@ class Queue(_Base):
         waiters = self._started_waiters()
         event = waiters.register(job_id)
         try:
-            r = self.enqueue(job_type, payload, job_id=job_id, notify=waiters.channel,
-                             **options)
+            if options or tel.tracing() or self.config.require_handler:
+                r = self.enqueue(job_type, payload, job_id=job_id, notify=waiters.channel,
+                                 **options)
+            else:  # enqueue's common case, without its option checks (a lone call's latency)
+                r = prod.single(self.name, _answered(self._batcher.submit(prod.prepare_plain(
+                    self.keys, self.config, job_type, payload, tel.carrier(),
+                    check_job_id(job_id), waiters.channel))))
             if r.status == "duplicate" and r.state in TERMINAL:
                 return prod.outcome(self._info(job_id))
             return self._wait(job_id, timeout, event, on_progress,
@@ -304,7 +309,7 @@ class Queue(_Base):
         self._waiters.start()
         return self._waiters
 
-    def _wait(self, job_id: str, timeout: float, event: threading.Event | None,
+    def _wait(self, job_id: str, timeout: float, event: Wake | None,
               on_progress: Callable[[Any], None] | None = None,
               inline: Callable[[], bytes | None] | None = None) -> Any:
         end = time.monotonic() + timeout
@@ -316,7 +321,6 @@ class Queue(_Base):
                 raise WaitTimeout(job_id, timeout)
             if event is not None:  # woken by the shared subscriber, or a poll at the latest
                 event.wait(min(remaining, POLL_MAX_S))
-                event.clear()
                 raw = inline() if inline is not None else None
                 if raw is not None:  # completed, its result in the message
                     return prod.inline_result(raw, self.config.serde)
@@ -500,8 +504,13 @@ class AsyncQueue(_Base):
         await waiters.start()
         event = waiters.register(job_id)
         try:
-            r = await self.enqueue(job_type, payload, job_id=job_id, notify=waiters.channel,
-                                   **options)
+            if options or tel.tracing() or self.config.require_handler:
+                r = await self.enqueue(job_type, payload, job_id=job_id,
+                                       notify=waiters.channel, **options)
+            else:  # enqueue's common case, without its option checks (a lone call's latency)
+                r = prod.single(self.name, _answered(await self._batcher.submit(
+                    prod.prepare_plain(self.keys, self.config, job_type, payload,
+                                       tel.carrier(), check_job_id(job_id), waiters.channel))))
             if r.status == "duplicate" and r.state in TERMINAL:
                 return prod.outcome(await self._info(job_id))
             return await self._wait(job_id, timeout, event, on_progress, waiters.inline)
