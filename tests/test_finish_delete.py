@@ -5,7 +5,6 @@ the entries still pending, across stream nodes (100 entries each by default)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,6 @@ from sec_support import AclServer, rule_for, tenant_rule_from_docs
 from streamq import Queue
 from streamq._core.keys import GROUP, Keys
 from streamq._core.scripts import SCRIPTS
-
-
-@pytest.fixture
-def q(url: str, qname: str) -> Iterator[Queue]:
-    with Queue.from_url(url, qname) as queue:
-        yield queue
 
 
 def _started(q: Queue, r: redis.Redis, n: int) -> dict[str, tuple[str, str]]:

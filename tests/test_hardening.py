@@ -32,12 +32,6 @@ from streamq.admin import Admin
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture
-def q(url: str, qname: str) -> Iterator[Queue]:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
-
 
 @pytest.fixture
 def own_server() -> Iterator[RedisServer]:

@@ -14,13 +14,6 @@ from streamq._core.config import ALL_EVENTS, DEFAULT_EVENTS
 from streamq._core.errors import InvalidArgument
 
 
-@pytest.fixture
-def q(url: str, qname: str) -> Any:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
-
-
 def _registry() -> Registry:
     reg = Registry()
 

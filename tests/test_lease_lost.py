@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from helpers import eventually, fast
 
 from streamq import Job, Queue, Registry, Worker
 from streamq._core.keys import GROUP
-
-
-@pytest.fixture
-def q(url: str, qname: str) -> Iterator[Queue]:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
 
 
 def _take_over(q: Queue, job_id: str) -> None:

@@ -20,12 +20,6 @@ def ids(r: redis.Redis, stream: str) -> list[bytes]:
     return [e[1][b"id"] for e in entries]
 
 
-@pytest.fixture
-def q(url: str, qname: str) -> Any:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
-
 
 def test_priority_is_validated(q: Queue) -> None:
     for bad in (5, -1, True, "4", 2.0):

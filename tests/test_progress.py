@@ -9,7 +9,6 @@ import io
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,13 +19,6 @@ from streamq import InvalidArgument, Job, Queue, Registry, Worker
 from streamq._core.scripts import SCRIPTS, Script
 from streamq._ops.cli import main as cli
 from streamq.admin import Admin
-
-
-@pytest.fixture
-def q(url: str, qname: str) -> Iterator[Queue]:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
 
 
 async def test_progress_and_log_lines_are_visible_while_the_job_runs(url: str, q: Queue,

@@ -34,13 +34,6 @@ from streamq._core.scripts import SCRIPTS
 from streamq._producer import prepare as prod
 
 
-@pytest.fixture
-def q(url: str, qname: str) -> Any:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
-
-
 def test_enqueue_now_writes_record_and_stream_entry(q: Queue, r: redis.Redis) -> None:
     res = q.enqueue("email.send", {"to": "a@example.com"}, job_id="welcome-42")
     assert (res.job_id, res.status, res.state) == ("welcome-42", "queued", "queued")

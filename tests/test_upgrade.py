@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 from helpers import eventually, record, running
 
@@ -59,12 +58,6 @@ def v1_finish(r: redis.Redis, k: Keys, jid: str, entry: str, token: str, result:
     args = [GROUP, 100_000, 3600, 1000, "", 1, jid, entry, token, "ok", result, 0, ""]
     return v1_script(r, "finish")(keys=keys, args=args)
 
-
-@pytest.fixture
-def q(url: str, qname: str) -> Any:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
 
 
 async def test_new_code_drains_what_the_old_release_wrote(

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,6 @@ from streamq._core.server import RedisServer
 
 PROCS = Path(__file__).parent / "procs"
 
-
-@pytest.fixture
-def q(url: str, qname: str) -> Iterator[Queue]:
-    queue = Queue.from_url(url, qname)
-    yield queue
-    queue.close()
 
 
 def messages(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
