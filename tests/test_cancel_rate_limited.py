@@ -79,6 +79,10 @@ async def test_invalid_retry_after_is_an_ordinary_failure(url: str, q: Queue, ba
     assert info.error["type"] == "InvalidArgument" and "retry_after" in info.error["message"]
 
 
+HOLD_S = 3.0
+"""RateLimited's retry_after in the whole-group test."""
+
+
 @pytest.mark.parametrize("whole_group", [True, False])
 async def test_rate_limited_group_holds_the_whole_group_back(url: str, q: Queue,
                                                              whole_group: bool) -> None:
@@ -93,7 +97,7 @@ async def test_rate_limited_group_holds_the_whole_group_back(url: str, q: Queue,
         starts.setdefault(job.id, []).append(time.monotonic())
         if job.id == "a" and not limited_at:
             limited_at.append(time.monotonic())
-            raise RateLimited(retry_after=0.6, group=whole_group)
+            raise RateLimited(retry_after=HOLD_S, group=whole_group)
         return job.id
 
     q.enqueue("api", job_id="a", group="g1")
@@ -105,10 +109,11 @@ async def test_rate_limited_group_holds_the_whole_group_back(url: str, q: Queue,
                          what="all completed")
         await eventually(lambda: w.stats.rate_limited == 1, what="the worker's count")
     t0 = limited_at[0]
-    assert starts["other"][0] - t0 < 0.5  # another group is not held
+    # held: not before HOLD_S; not held: well before it (a wide margin: a loaded machine)
+    assert starts["other"][0] - t0 < HOLD_S - 1.0  # another group is not held
     if whole_group:
-        assert starts["b"][0] - t0 >= 0.55 and starts["a"][1] - t0 >= 0.55
+        assert starts["b"][0] - t0 >= HOLD_S - 0.05 and starts["a"][1] - t0 >= HOLD_S - 0.05
     else:
-        assert starts["b"][0] - t0 < 0.5
+        assert starts["b"][0] - t0 < HOLD_S - 1.0
     info = q.get("a")
     assert info is not None and info.attempts == 1

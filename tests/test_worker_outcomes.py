@@ -281,8 +281,15 @@ async def test_pause_stops_fetching_and_resume_continues(url: str, q: Queue,
     q.enqueue("t", job_id="p")
     async with running(url, q.name, reg) as w:
         await eventually(lambda: all(s.paused for s in w._qs.values()), what="pause seen")
-        await asyncio.sleep(0.3)  # a paused worker must not take the job in this window
-        assert state(q, "p") == "queued"
+        fetch = w._sup[f"fetch from {q.keys.tag}"]
+        for _ in range(2):  # two whole fetch steps run while paused: neither took the job
+            seen = fetch.last_progress
+
+            def stepped(seen: float = seen) -> bool:
+                return fetch.last_progress > seen
+
+            await eventually(stepped, what="a fetch step")
+        assert state(q, "p") == "queued" and w.stats.started == 0
         r.delete(q.keys.paused)
         await eventually(lambda: state(q, "p") == "completed", what="resume")
 
