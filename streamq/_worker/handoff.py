@@ -139,6 +139,7 @@ class HandOff:
         measured, a ticket sent first delayed it by ~0.2 ms). A job that runs longer than
         _HANDED_WAIT_S is not waited for."""
         tasks, qs.handed = qs.handed, []
+        await asyncio.sleep(0)  # the job's first step runs before this one goes on
         pending = [t for t in tasks if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=_HANDED_WAIT_S)

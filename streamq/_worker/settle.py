@@ -52,8 +52,12 @@ class Settler:
         permanent = [0]
 
         async def step() -> float:
-            if not qs.buf:
-                await qs.flush.wait()
+            if not qs.buf or qs.sending:  # (a lone job's own call in flight: settle_now)
+                qs.settle_idle = True
+                try:
+                    await qs.flush.wait()
+                finally:
+                    qs.settle_idle = False
                 qs.flush.clear()
                 return 0.0
             try:
@@ -72,7 +76,22 @@ class Settler:
 
         await sup.run(step, lambda: settling() or bool(qs.buf))
 
+    async def settle_now(self, qs: QState) -> None:
+        """Settle the buffered outcome(s) at once, from the caller's task: a lone job whose
+        settling loop is idle sends its own outcome, two event-loop turns sooner than the
+        loop would (woken, then its supervisor's yield). Whatever fails is left buffered for
+        the settling loop, which logs it, backs off and sends it again."""
+        try:
+            await self.settle_batch(qs)
+        except Exception as exc:  # noqa: BLE001 - the settling loop retries (and logs it)
+            log.debug("settling on %s from a job's task failed (%s); the settling loop"
+                      " retries", qs.keys.tag, exc)
+        finally:
+            if qs.buf:
+                qs.flush.set()
+
     async def settle_batch(self, qs: QState) -> None:
+        """One finish.lua call for the head of the buffer (one call at a time per lane)."""
         k = qs.keys
         cfg = self.config
         batch = qs.buf[:_BATCH]
@@ -85,10 +104,12 @@ class Settler:
         keys += k.group_keys  # a settled grouped job frees its group's slot
         args.append(cfg.group_arg)
         qs.settle_calls += 1
+        qs.sending = True
         try:
             (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
                                                     [(keys, args)], cfg)  # min_replicas: WAIT
         finally:
+            qs.sending = False
             qs.settled.set()
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])

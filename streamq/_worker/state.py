@@ -61,6 +61,11 @@ class QState:
     """finish.lua calls the settling loop has sent (settle.py counts them)."""
     settled: asyncio.Event = attrs.field(factory=asyncio.Event)
     """Set when a finish.lua call of the settling loop has ended (its reply read or failed)."""
+    sending: bool = False
+    """A finish.lua call of this lane is in flight (one at a time: settle.py)."""
+    settle_idle: bool = False
+    """The settling loop waits for outcomes (not sending, not backing off): a lone job may
+    send its own outcome at once (``Settler.settle_now``)."""
     labels: dict[str, str] = attrs.field(factory=dict)
     """Metric attributes of this queue."""
     gauges: dict[str, float] = attrs.field(factory=dict)

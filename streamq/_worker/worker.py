@@ -443,8 +443,18 @@ class Worker(Fetching):
                 except asyncio.CancelledError:
                     return
             qs.buf.append(item)
-            qs.flush.set()
             self._handed_over()
+            settler = self._settler
+            if (len(self._tasks) == 1 and len(qs.buf) == 1 and qs.settle_idle
+                    and not qs.sending and settler is not None):
+                # the only job running, its lane's settling loop idle: send the outcome
+                # from here (under load the loop batches them: never one call per job)
+                try:
+                    await settler.settle_now(qs)
+                except asyncio.CancelledError:  # stopping: the settling loop sends it
+                    return
+            else:
+                qs.flush.set()
         finally:  # (a task cancelled before it ever ran never gets here: stop() sweeps those)
             self._tasks.discard(me)
             key = (tag, lease.entry)
