@@ -30,6 +30,7 @@ from .._core.config import QueueConfig, WorkerConfig
 from .._core.conn import async_client, averify, sync_client
 from .._core.keys import DEFAULT_PRIORITY, Keys, queues_key, shard_keys
 from .._core.retry import acall
+from .._core.sends import inline_sends
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .._ops.queues import publish_types
 from .._ops.shards import check as _check_shards
@@ -176,6 +177,7 @@ class Worker(Fetching):
             return
         timeout = self.config.block_ms / 1000 + 10
         client = async_client(self.url, socket_timeout_s=timeout, **self._client_kwargs)
+        inline_sends(client)  # every command's write goes out at once (no task per write)
         queues = self._shards()
         hk = Housekeeper(client, self.config, self.consumer, queues, self._outage)
         try:
