@@ -60,12 +60,11 @@ class HandOff:
         _token_prefix: str
         _free: int
         _no_handoff: bool
-        _jobs: dict[tuple[str, str], asyncio.Task[None]]
 
         def _release(self, n: int) -> None: ...
         def _busy(self, qs: QState, entry: str) -> bool: ...
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                    data: bytes, times: tuple[int, int, int]) -> None: ...
+                    data: bytes, times: tuple[int, int, int]) -> asyncio.Task[None]: ...
 
     def _ticket_member(self, qs: QState) -> str:
         """This worker's ticket for a lane (ticket.lua's header): fixed per worker run."""
@@ -114,7 +113,10 @@ class HandOff:
             if code == b"own":  # a malformed entry: start.lua settles it with our own ones
                 qs.own_cursor = "0"
                 continue
-            if code != b"run" or self._busy(qs, _text(eid)):
+            if code != b"run":
+                continue
+            entry = _text(eid)
+            if self._busy(qs, entry):
                 continue
             try:
                 job_id = _text(jid)
@@ -122,11 +124,8 @@ class HandOff:
                 qs.own_cursor = "0"
                 continue
             launched += 1
-            self._launch(qs, _text(eid), job_id, _text(token), int(attempt), data,
-                         (int(deadline), int(wait_ms), int(age_ms)))
-            task = self._jobs.get((qs.keys.tag, _text(eid)))
-            if task is not None:
-                qs.handed.append(task)
+            qs.handed.append(self._launch(qs, entry, job_id, _text(token), int(attempt), data,
+                                          (int(deadline), int(wait_ms), int(age_ms))))
         if launched:
             self.stats.started += launched
             self.stats.handed_over += launched

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import redis.asyncio as aredis
 
 from .._core import durable
@@ -26,6 +27,18 @@ _PERMANENT_TRIES = 3
 from this worker: its entries stay pending and are taken over after the visibility timeout."""
 
 
+@attrs.frozen
+class _FinishCall:
+    """The fixed part of one lane's finish.lua calls (its keys and config arguments)."""
+
+    keys: list[str]
+    group_keys: list[str]
+    args: list[Any]
+    group_arg: str
+    job: str
+    """The job record key without the id (``Keys.job('')``)."""
+
+
 class Settler:
     """Settles one worker's outcomes. finish.lua is safe to repeat, so a batch that meets a
     transient error (a dropped connection, OOM, READONLY, BUSY, LOADING) is sent again, the
@@ -43,6 +56,8 @@ class Settler:
         self.loops: dict[str, Supervised] = {}
         self.outage = outage
         self.unreplicated = durable.Unreplicated(log)
+        self._calls: dict[str, _FinishCall] = {}
+        """Each lane's fixed part of a finish.lua call, by lane tag."""
 
     async def flush_loop(self, qs: QState, settling: Callable[[], bool]) -> None:
         """Settle the outcomes buffered for ``qs``, a batch per call, until the worker stops
@@ -95,14 +110,19 @@ class Settler:
         k = qs.keys
         cfg = self.config
         batch = qs.buf[:_BATCH]
-        keys = [k.stream, k.delayed, k.dead, k.stats, k.events]
-        keys.extend([k.job(b[0]) for b in batch])
-        args: list[Any] = [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
-                           k.wake_channel, len(batch)]
+        call = self._calls.get(k.tag)
+        if call is None:  # the lane's fixed keys and arguments, built once
+            call = self._calls[k.tag] = _FinishCall(
+                [k.stream, k.delayed, k.dead, k.stats, k.events], k.group_keys,
+                [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, k.wake_channel],
+                cfg.group_arg, k.job(""))
+        job = call.job
+        keys = [*call.keys, *[job + b[0] for b in batch], *call.group_keys]
+        # (a settled grouped job frees its group's slot: the group keys)
+        args: list[Any] = [*call.args, len(batch)]
         for b in batch:
             args.extend(b)
-        keys += k.group_keys  # a settled grouped job frees its group's slot
-        args.append(cfg.group_arg)
+        args.append(call.group_arg)
         qs.settle_calls += 1
         qs.sending = True
         try:

@@ -414,7 +414,7 @@ class Worker(Fetching):
         self._release(before - self._owed())
 
     def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                data: bytes, times: tuple[int, int, int]) -> None:
+                data: bytes, times: tuple[int, int, int]) -> asyncio.Task[None]:
         lease = Lease(qs.keys, job_id, entry, token)
         self._leases.add(lease)
         if self._cancels is not None:  # its cancel already heard: it stops at once
@@ -424,6 +424,7 @@ class Worker(Fetching):
             self._run_job(qs, lease, attempt, data, times))
         self._tasks.add(task)  # (the task takes itself out of both when it ends: _run_job)
         self._jobs[(qs.keys.tag, entry)] = task
+        return task
 
     # ----------------------------------------------------------------- running
 
