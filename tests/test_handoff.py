@@ -15,13 +15,16 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from helpers import eventually, fast, wait_until
 
 from streamq import Job, Keys, Queue, QueueConfig, Registry, Worker
+from streamq._core import sends
 from streamq._core.keys import GROUP
 from streamq._core.scripts import SCRIPTS
 from streamq._producer import prepare as prod
+from streamq._worker import fetch as fetch_mod
 from streamq.admin import Admin
 
 PROCS = Path(__file__).parent / "procs"
@@ -223,7 +226,8 @@ def test_a_handed_over_grouped_entry_goes_through_its_gate(url: str, qname: str)
         assert _tickets(r, qname) == 0  # the ticket was taken
 
 
-async def test_a_lost_reply_of_the_blocking_read_runs_the_job_once(url: str, qname: str) -> None:
+async def test_a_lost_reply_of_the_blocking_read_runs_the_job_once(
+        url: str, qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection drops just as the idle worker's read returns a handed-over job: the job
     is in the worker's pending list under its lease, and the worker's read of its own pending
     entries runs it once, at once (no wait for its lease to lapse)."""
@@ -238,7 +242,7 @@ async def test_a_lost_reply_of_the_blocking_read_runs_the_job_once(url: str, qna
 
     async with Worker(url, [qname], reg, fast(visibility_timeout_s=60.0)) as w:
         assert w._client is not None
-        orig = w._client.xreadgroup
+        orig = sends.xreadgroup  # the worker's blocking read (no redis-py command layer)
         lost = [0]
         inbox = Keys(qname).inbox(w._token_prefix)
 
@@ -249,7 +253,7 @@ async def test_a_lost_reply_of_the_blocking_read_runs_the_job_once(url: str, qna
                 raise redis.ConnectionError("reply of the blocking read lost (test)")
             return reply
 
-        w._client.xreadgroup = lossy  # type: ignore[method-assign]
+        monkeypatch.setattr(fetch_mod, "xreadgroup", lossy)
         await eventually(lambda: _tickets(r, qname) == 1, what="a posted ticket")
         with Queue.from_url(url, qname) as q:
             jid = q.enqueue("t", max_attempts=1).job_id

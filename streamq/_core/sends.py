@@ -1,4 +1,5 @@
-"""Writes of an asyncio client without a task per command (a worker's client).
+"""Writes of an asyncio client without a task per command (a worker's client), and the
+worker's idle blocking read without redis-py's command layer.
 
 redis-py's asyncio connection writes every command under ``asyncio.wait_for`` when a socket
 timeout is set (streamq always sets one). On Python 3.11 ``wait_for`` wraps the write in a
@@ -16,7 +17,14 @@ from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+_pack: Any
+try:
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis])
+    _pack = None
 
 _CLASSES: dict[type[Any], type[Any]] = {}
 
@@ -68,3 +76,42 @@ def _subclass(cls: type[AbstractConnection]) -> type[Any]:
     return type(f"Inline{cls.__name__}", (cls,), {
         "send_packed_command": send_packed_command, "_streamq_inline": True,
         "__module__": __name__})
+
+
+async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, str],
+                     count: int, block: int) -> list[tuple[bytes, list[tuple[bytes, Any]]]]:
+    """``XREADGROUP GROUP group consumer COUNT count BLOCK block STREAMS ...`` in the shape
+    of redis-py's ``xreadgroup`` (RESP2: [(stream, [(entry id, {field: value}), ...]), ...];
+    [] when the block timed out; an entry deleted while pending, which only a read of
+    history meets, has None for fields), without its command layer: one packed write and
+    one read on a pooled connection (the worker's idle wait: what follows the reply is on
+    the path of the job it brings). A cluster client, or no hiredis, goes through redis-py."""
+    if _pack is None or getattr(client, "connection_pool", None) is None:
+        reply: Any = await client.xreadgroup(group, consumer, streams, count=count,
+                                             block=block)
+        return reply or []
+    pool: Any = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        await conn.send_packed_command(_pack(("XREADGROUP", "GROUP", group, consumer,
+                                              "COUNT", count, "BLOCK", block, "STREAMS",
+                                              *streams, *streams.values())))
+        raw = await conn.read_response()
+    except BaseException as exc:  # a broken or cancelled exchange: never reuse it
+        if not isinstance(exc, ResponseError):
+            await conn.disconnect()
+        raise
+    finally:
+        await pool.release(conn)
+    if not raw:
+        return []
+    return [(stream, [(eid, _pairs(fields)) for eid, fields in entries])
+            for stream, entries in raw]
+
+
+def _pairs(fields: list[bytes] | None) -> dict[bytes, bytes] | None:
+    """An entry's flat field list as a dict (None: an entry deleted while pending)."""
+    if fields is None:
+        return None
+    it = iter(fields)
+    return dict(zip(it, it, strict=False))

@@ -29,6 +29,7 @@ from .._core.config import QueueConfig, WorkerConfig
 from .._core.keys import DEFAULT_PRIORITY, GROUP, Keys, levels_in_use
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
+from .._core.sends import xreadgroup
 from .._core.supervise import Outage, Supervised
 from .handoff import TICKET_SLACK_MS, HandOff, inbox_row
 from .lease import LeaseKeeper
@@ -243,8 +244,7 @@ class Fetching(HandOff):
             streams[qs.keys.inbox(self._token_prefix)] = ">"
         elif qs.ticket:  # no longer a lane for hand-offs (levels in use, a rate limit)
             return [], await self._ticket(qs, 0)
-        reply: Any = await client.xreadgroup(GROUP, self.consumer, streams, count=count,
-                                             block=block)
+        reply = await xreadgroup(client, GROUP, self.consumer, streams, count, block)
         if not reply:
             return [], 0
         by_stream = {lane.keys.stream: lane for lane in lanes}

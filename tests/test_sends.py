@@ -1,0 +1,93 @@
+"""The worker client's writes without a task per command, and its raw blocking read
+(streamq/_core/sends.py), against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import ResponseError
+
+from streamq import Keys
+from streamq._core.conn import async_client
+from streamq._core.keys import GROUP
+from streamq._core.sends import inline_sends, xreadgroup
+
+
+def _count_tasks(loop: asyncio.AbstractEventLoop) -> list[int]:
+    made = [0]
+
+    def factory(lp: asyncio.AbstractEventLoop,
+                coro: Coroutine[Any, Any, Any] | Generator[Any, None, Any],
+                **kw: Any) -> asyncio.Task[Any]:
+        made[0] += 1
+        return asyncio.Task(coro, loop=lp, **kw)
+
+    loop.set_task_factory(factory)
+    return made
+
+
+async def test_an_inline_client_writes_without_a_task_per_command(url: str) -> None:
+    plain = async_client(url, socket_timeout_s=5.0)
+    fast = async_client(url, socket_timeout_s=5.0)
+    assert inline_sends(fast)
+    assert inline_sends(fast)  # twice: the same class, not a subclass of a subclass
+    loop = asyncio.get_running_loop()
+    try:
+        await plain.ping()
+        await fast.ping()  # (connected: the first command of a pool connects)
+        made = _count_tasks(loop)
+        assert await plain.set("sends:k", b"v") is True
+        assert made[0] >= 1  # redis-py's wait_for wraps the write in a task of its own
+        made[0] = 0
+        assert await fast.set("sends:k", b"w") is True
+        assert await fast.get("sends:k") == b"w"
+        assert made[0] == 0
+    finally:
+        loop.set_task_factory(None)
+        await plain.aclose()
+        await fast.aclose()
+
+
+async def test_an_inline_write_to_a_closed_socket_drops_the_connection(url: str) -> None:
+    fast = async_client(url, socket_timeout_s=5.0)
+    inline_sends(fast)
+    try:
+        await fast.ping()
+        conn = await fast.connection_pool.get_connection()
+        conn._writer.transport.abort()  # the socket is gone under the client
+        await asyncio.sleep(0)
+        with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+            await conn.send_packed_command(b"*1\r\n$4\r\nPING\r\n")
+            await conn.read_response()
+        await fast.connection_pool.release(conn)
+        assert await fast.ping() is True  # a new connection
+    finally:
+        await fast.aclose()
+
+
+async def test_the_raw_blocking_read_answers_as_redis_py_does(url: str, qname: str,
+                                                              r: redis.Redis) -> None:
+    k = Keys(qname)
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    client = async_client(url, socket_timeout_s=5.0)
+    inline_sends(client)
+    try:
+        assert await xreadgroup(client, GROUP, "c", {k.stream: ">"}, 10, 5) == []  # timed out
+        ids = [r.xadd(k.stream, {"id": f"j{i}", "x": "1"}) for i in range(3)]
+        got = await xreadgroup(client, GROUP, "c", {k.stream: ">"}, 2, 5)
+        assert got == [(k.stream.encode(), [(ids[0], {b"id": b"j0", b"x": b"1"}),
+                                             (ids[1], {b"id": b"j1", b"x": b"1"})])]
+        r.xdel(k.stream, ids[0])  # deleted while pending: no fields (None)
+        mine = await xreadgroup(client, GROUP, "c", {k.stream: "0"}, 10, 5)
+        theirs: Any = await client.xreadgroup(GROUP, "c", {k.stream: "0"}, count=10, block=5)
+        assert mine[0][1][0] == (ids[0], None)
+        assert mine[0][1][1:] == list(theirs[0][1][1:]) == [(ids[1], {b"id": b"j1", b"x": b"1"})]
+        with pytest.raises(ResponseError, match="NOGROUP"):
+            await xreadgroup(client, GROUP, "c", {k.stream + ":none": ">"}, 1, 5)
+        assert await client.ping() is True  # an error reply leaves the connection usable
+    finally:
+        await client.aclose()
