@@ -14,7 +14,7 @@ from redis.exceptions import ResponseError
 from streamq import Keys
 from streamq._core.conn import async_client
 from streamq._core.keys import GROUP
-from streamq._core.sends import inline_sends, xreadgroup
+from streamq._core.sends import Kept, inline_sends, xreadgroup
 
 
 def _count_tasks(loop: asyncio.AbstractEventLoop) -> list[int]:
@@ -89,5 +89,37 @@ async def test_the_raw_blocking_read_answers_as_redis_py_does(url: str, qname: s
         with pytest.raises(ResponseError, match="NOGROUP"):
             await xreadgroup(client, GROUP, "c", {k.stream + ":none": ">"}, 1, 5)
         assert await client.ping() is True  # an error reply leaves the connection usable
+    finally:
+        await client.aclose()
+
+
+async def test_a_kept_connection_serves_every_read_and_is_replaced_when_it_breaks(
+        url: str, qname: str, r: redis.Redis) -> None:
+    k = Keys(qname)
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    client = async_client(url, socket_timeout_s=5.0)
+    inline_sends(client)
+    kept = Kept()
+    pool: Any = client.connection_pool
+    try:
+        assert await xreadgroup(client, GROUP, "c", {k.stream: ">"}, 1, 5, kept) == []
+        first = kept.conn
+        assert first is not None and first in pool._in_use_connections  # kept out of the pool
+        r.xadd(k.stream, {"id": "j"})
+        got = await xreadgroup(client, GROUP, "c", {k.stream: ">"}, 1, 5, kept)
+        assert got[0][1][0][1] == {b"id": b"j"} and kept.conn is first
+        with pytest.raises(ResponseError, match="NOGROUP"):  # an error reply: kept on
+            await xreadgroup(client, GROUP, "c", {k.stream + ":none": ">"}, 1, 5, kept)
+        assert kept.conn is first
+        await first.send_command("CLIENT", "ID")
+        r.client_kill_filter(_id=await first.read_response())  # the connection dies
+        with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+            await xreadgroup(client, GROUP, "c", {k.stream: ">"}, 1, 5, kept)
+        assert kept.conn is None and first not in pool._in_use_connections
+        r.xadd(k.stream, {"id": "k"})
+        got = await xreadgroup(client, GROUP, "c", {k.stream: ">"}, 1, 5, kept)
+        assert got[0][1][0][1] == {b"id": b"k"} and kept.conn is not None
+        await kept.release(client)
+        assert kept.conn is None and not pool._in_use_connections
     finally:
         await client.aclose()

@@ -78,20 +78,44 @@ def _subclass(cls: type[AbstractConnection]) -> type[Any]:
         "__module__": __name__})
 
 
+class Kept:
+    """A connection kept out of the pool for one loop's blocking reads (a blocking read holds
+    a connection for its whole wait anyway): redis-py 8's pool takes ~80 Python calls to
+    hand one out and take it back, on the path of the job the read brings."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+
+    async def release(self, client: Any) -> None:
+        """Give the connection back to ``client``'s pool (a worker stopping)."""
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await client.connection_pool.release(conn)
+
+
 async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, str],
-                     count: int, block: int) -> list[tuple[bytes, list[tuple[bytes, Any]]]]:
+                     count: int, block: int, kept: Kept | None = None
+                     ) -> list[tuple[bytes, list[tuple[bytes, Any]]]]:
     """``XREADGROUP GROUP group consumer COUNT count BLOCK block STREAMS ...`` in the shape
     of redis-py's ``xreadgroup`` (RESP2: [(stream, [(entry id, {field: value}), ...]), ...];
     [] when the block timed out; an entry deleted while pending, which only a read of
     history meets, has None for fields), without its command layer: one packed write and
-    one read on a pooled connection (the worker's idle wait: what follows the reply is on
-    the path of the job it brings). A cluster client, or no hiredis, goes through redis-py."""
+    one read on a pooled connection, or on the one ``kept`` holds (taken from the pool at
+    the first read; one caller at a time). The worker's idle wait: what follows the reply
+    is on the path of the job it brings. A cluster client, or no hiredis, goes through
+    redis-py."""
     if _pack is None or getattr(client, "connection_pool", None) is None:
         reply: Any = await client.xreadgroup(group, consumer, streams, count=count,
                                              block=block)
         return reply or []
     pool: Any = client.connection_pool
-    conn = await pool.get_connection()
+    conn = kept.conn if kept is not None else None
+    if conn is None:
+        conn = await pool.get_connection()
+        if kept is not None:
+            kept.conn = conn
     try:
         await conn.send_packed_command(_pack(("XREADGROUP", "GROUP", group, consumer,
                                               "COUNT", count, "BLOCK", block, "STREAMS",
@@ -100,9 +124,13 @@ async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, 
     except BaseException as exc:  # a broken or cancelled exchange: never reuse it
         if not isinstance(exc, ResponseError):
             await conn.disconnect()
+            if kept is not None:
+                kept.conn = None
+                await pool.release(conn)
         raise
     finally:
-        await pool.release(conn)
+        if kept is None:
+            await pool.release(conn)
     if not raw:
         return []
     return [(stream, [(eid, _pairs(fields)) for eid, fields in entries])

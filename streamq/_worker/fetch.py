@@ -244,7 +244,7 @@ class Fetching(HandOff):
             streams[qs.keys.inbox(self._token_prefix)] = ">"
         elif qs.ticket:  # no longer a lane for hand-offs (levels in use, a rate limit)
             return [], await self._ticket(qs, 0)
-        reply = await xreadgroup(client, GROUP, self.consumer, streams, count, block)
+        reply = await xreadgroup(client, GROUP, self.consumer, streams, count, block, qs.reads)
         if not reply:
             return [], 0
         by_stream = {lane.keys.stream: lane for lane in lanes}

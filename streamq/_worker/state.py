@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 
 from .._core.keys import Keys
+from .._core.sends import Kept
 from .groups import GroupKeeper
 from .promote import Promoter
 
@@ -61,6 +62,8 @@ class QState:
     """finish.lua calls the settling loop has sent (settle.py counts them)."""
     settled: asyncio.Event = attrs.field(factory=asyncio.Event)
     """Set when a finish.lua call of the settling loop has ended (its reply read or failed)."""
+    reads: Kept = attrs.field(factory=Kept)
+    """The connection the fetch loop keeps for its blocking reads (fetch.py)."""
     sending: bool = False
     """A finish.lua call of this lane is in flight (one at a time: settle.py)."""
     settle_idle: bool = False

@@ -30,7 +30,7 @@ from .._core.config import QueueConfig, WorkerConfig
 from .._core.conn import async_client, averify, sync_client
 from .._core.keys import DEFAULT_PRIORITY, Keys, queues_key, shard_keys
 from .._core.retry import acall
-from .._core.sends import inline_sends
+from .._core.sends import Kept, inline_sends
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .._ops.queues import publish_types
 from .._ops.shards import check as _check_shards
@@ -214,6 +214,7 @@ class Worker(Fetching):
             qs.groups = GroupKeeper(qs.keys, self.queue_config,
                                     self.config.group_reconcile_interval_s)
             qs.own_cursor = "0"
+            qs.reads = Kept()  # (a connection of this run's client)
         self._running = True
         self._settling = True
         self._stopped.clear()
@@ -265,6 +266,9 @@ class Worker(Fetching):
         for t in self._loops:  # client timeout can surface as TimeoutError on Python 3.11)
             t.cancel()
         await asyncio.wait(self._loops, timeout=5)
+        if self._client is not None and all(t.done() for t in self._loops):
+            for qs in self._qs.values():  # the fetch loops' reading connections
+                await qs.reads.release(self._client)
         self._loops.clear()
         for qs in self._qs.values():  # no hand-off to a stopping worker
             if qs.ticket:
