@@ -53,8 +53,8 @@ def drop_reply_once(monkeypatch: pytest.MonkeyPatch, name: str, times: int = 1) 
     orig = Script.run_async
     calls = [0]
 
-    async def lossy(self: Script, client: Any, keys: Any, args: Any) -> Any:
-        reply = await orig(self, client, keys, args)
+    async def lossy(self: Script, client: Any, keys: Any, args: Any, **kw: Any) -> Any:
+        reply = await orig(self, client, keys, args, **kw)
         if self is script and calls[0] < times:
             calls[0] += 1
             raise redis.ConnectionError(f"reply of {name}.lua lost (test)")
@@ -71,11 +71,11 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, name: str, exc: Exception, times:
     orig = Script.run_async
     calls = [0]
 
-    async def failing(self: Script, client: Any, keys: Any, args: Any) -> Any:
+    async def failing(self: Script, client: Any, keys: Any, args: Any, **kw: Any) -> Any:
         if self is script and calls[0] < times:
             calls[0] += 1
             raise exc
-        return await orig(self, client, keys, args)
+        return await orig(self, client, keys, args, **kw)
 
     monkeypatch.setattr(Script, "run_async", failing)
     return calls

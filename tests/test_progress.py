@@ -83,8 +83,8 @@ async def test_reports_made_while_a_write_is_under_way_are_written_too(
     orig = Script.run_async
     calls = [0]
 
-    async def held(self: Script, client: Any, keys: Any, args: Any) -> Any:
-        reply = await orig(self, client, keys, args)
+    async def held(self: Script, client: Any, keys: Any, args: Any, **kw: Any) -> Any:
+        reply = await orig(self, client, keys, args, **kw)
         if self is SCRIPTS["progress"] and calls[0] == 0:  # the first write: (1, ["a"])
             calls[0] += 1
             sent.set()

@@ -20,6 +20,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError,
 from . import nodes
 from .conn import is_cluster, standalone_on_cluster
 from .errors import ScriptError
+from .sends import Kept
 
 Arg = str | bytes | int | float
 
@@ -66,11 +67,15 @@ class Script:
             pool.release(conn)
 
     async def _aevalsha(self, client: aredis.Redis, keys: Sequence[str],
-                        args: Sequence[Arg]) -> Any:
+                        args: Sequence[Arg], kept: Kept | None = None) -> Any:
         if not self._plain(client):
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         pool: Any = client.connection_pool
-        conn = await pool.get_connection()
+        conn = kept.conn if kept is not None else None
+        if conn is None:
+            conn = await pool.get_connection()
+            if kept is not None:
+                kept.conn = conn
         try:
             await conn.send_packed_command(_pack(("EVALSHA", self.sha, len(keys), *keys,
                                                   *args)))
@@ -78,9 +83,13 @@ class Script:
         except BaseException as exc:  # a broken or cancelled exchange: never reuse it
             if not isinstance(exc, ResponseError):
                 await conn.disconnect()
+                if kept is not None:
+                    kept.conn = None
+                    await pool.release(conn)
             raise
         finally:
-            await pool.release(conn)
+            if kept is None:
+                await pool.release(conn)
 
     def _packed(self, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[bytes]:
         return [_pack(("EVALSHA", self.sha, len(k), *k, *a)) for k, a in calls]
@@ -207,14 +216,18 @@ class Script:
             raise self._error(exc) from exc
 
     async def run_async(
-        self, client: aredis.Redis, keys: Sequence[str], args: Sequence[Arg]
+        self, client: aredis.Redis, keys: Sequence[str], args: Sequence[Arg], *,
+        kept: Kept | None = None
     ) -> Any:
+        """Run the script; ``kept``: on the connection it holds (taken from the pool at
+        the first call, replaced when it breaks; one caller at a time), without a pool
+        round trip per call."""
         try:
             try:
-                return await self._aevalsha(client, keys, args)
+                return await self._aevalsha(client, keys, args, kept)
             except NoScriptError:
                 await client.script_load(self.source)
-                return await self._aevalsha(client, keys, args)
+                return await self._aevalsha(client, keys, args, kept)
         except ResponseError as exc:
             raise self._error(exc) from exc
 

@@ -79,9 +79,9 @@ def _subclass(cls: type[AbstractConnection]) -> type[Any]:
 
 
 class Kept:
-    """A connection kept out of the pool for one loop's blocking reads (a blocking read holds
-    a connection for its whole wait anyway): redis-py 8's pool takes ~80 Python calls to
-    hand one out and take it back, on the path of the job the read brings."""
+    """A connection kept out of the pool by one user that sends one command at a time (a
+    fetch loop's blocking reads, a lane's finish.lua calls): redis-py 8's pool takes ~80
+    Python calls to hand a connection out and take it back, on the path of a job."""
 
     __slots__ = ("conn",)
 

@@ -126,8 +126,13 @@ class Settler:
         qs.settle_calls += 1
         qs.sending = True
         try:
-            (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
-                                                    [(keys, args)], cfg)  # min_replicas: WAIT
+            if cfg.min_replicas:  # each call followed by a WAIT
+                (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
+                                                        [(keys, args)], cfg)
+            else:  # on the lane's own connection (one call at a time: qs.sending)
+                reply = await SCRIPTS["finish"].run_async(self.client, keys, args,
+                                                          kept=qs.settles)
+                acked = 0
         finally:
             qs.sending = False
             qs.settled.set()

@@ -64,6 +64,8 @@ class QState:
     """Set when a finish.lua call of the settling loop has ended (its reply read or failed)."""
     reads: Kept = attrs.field(factory=Kept)
     """The connection the fetch loop keeps for its blocking reads (fetch.py)."""
+    settles: Kept = attrs.field(factory=Kept)
+    """The connection this lane's finish.lua calls go out on (settle.py)."""
     sending: bool = False
     """A finish.lua call of this lane is in flight (one at a time: settle.py)."""
     settle_idle: bool = False

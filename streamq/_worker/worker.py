@@ -214,7 +214,9 @@ class Worker(Fetching):
             qs.groups = GroupKeeper(qs.keys, self.queue_config,
                                     self.config.group_reconcile_interval_s)
             qs.own_cursor = "0"
-            qs.reads = Kept()  # (a connection of this run's client)
+            qs.reads = Kept()  # (connections of this run's client)
+        for qs in self._qs.values():
+            qs.settles = Kept()
         self._running = True
         self._settling = True
         self._stopped.clear()
@@ -303,6 +305,8 @@ class Worker(Fetching):
             t.cancel()
         await asyncio.gather(*self._flushers, return_exceptions=True)
         self._flushers.clear()
+        for qs in self._qs.values():  # the settling connections
+            await qs.settles.release(self._client)
         tel.unregister_gauges(self)
         assert self._settler is not None and self._runner is not None
         if self._hk is not None:
