@@ -450,6 +450,28 @@ def test_a_wrong_type_key_refuses_the_whole_batch(q: Queue, r: redis.Redis) -> N
     assert r.xlen(q.keys.stream) == 0 and r.hget(q.keys.stats, "enqueued") is None
 
 
+@pytest.mark.parametrize("which", ["stats", "stream", "events", "delayed"])
+def test_a_wrong_type_queue_key_the_call_writes_refuses_it_all(url: str, qname: str,
+                                                               r: redis.Redis, which: str
+                                                               ) -> None:
+    """The stats HASH is checked by the call's first write (its count), the others by reads
+    before it (the events STREAM when a kind the call writes is on, the delayed ZSET when a
+    job of the batch has a delay): either way nothing is written."""
+    cfg = QueueConfig(event_kinds=frozenset({"enqueued"}))
+    with Queue.from_url(url, qname, config=cfg) as q:
+        key = getattr(q.keys, which)
+        r.set(key, "not mine")
+        jobs: list[dict[str, Any]] = [{"type": "t", "job_id": i} for i in ("a", "b")]
+        jobs.append({"type": "t", "job_id": "c", "delay": 60})
+        with pytest.raises(StreamqError, match=f"WRONGTYPE {key} is not a"):
+            q.enqueue_many(jobs)
+        for j in ("a", "b", "c"):
+            assert not r.exists(q.keys.job(j))
+        assert r.get(key) == b"not mine"
+        for k in (q.keys.stream, q.keys.delayed, q.keys.stats, q.keys.events):
+            assert k == key or not r.exists(k)
+
+
 # ------------------------------------------------------------------ 11. docs are true
 
 

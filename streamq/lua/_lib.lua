@@ -8,9 +8,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A number as redis.call sends it ('%.17g'), formatted once per value and script call
+-- A number as redis.call sends it ('%.17g'), formatted once per value and script call: up to
+-- Redis 7.2 redis.call formats each number argument with snprintf (or, in 7.2.0-7.2.4, in
+-- the shortest form, 1e9 for 1000000000); Valkey 8 and Redis 7.4 write an integer with an
+-- integer conversion, cheaper than any formatting here: the number goes as it is.
+local VK_NUM = redis.VALKEY_VERSION_NUM
+local NUM_RAW = (VK_NUM and VK_NUM >= 0x080000)
+  or (not VK_NUM and (redis.REDIS_VERSION_NUM or 0) >= 0x070400)
 local NUM_STR = {}
 local function nstr(x)
+  if NUM_RAW and x % 1 == 0 then return x end
   local s = NUM_STR[x]
   if not s then s = string.format('%.17g', x); NUM_STR[x] = s end
   return s
@@ -19,29 +26,30 @@ end
 -- Lifecycle event. The entry id carries the server time (ms); every entry has the same
 -- three fields, so the stream stores field names once per node. spec is the caller's events
 -- argument: '0' (no events), '<maxlen>' (every kind) or '<maxlen>:,<kind>,<kind>,' (only the
--- kinds listed: QueueConfig.event_kinds).
-local ev_spec, ev_maxlen, ev_kinds = nil, '0', nil
-local function ev_parse(spec)  -- parsed once per script call (emit runs once per job)
-  ev_spec = spec
+-- kinds listed: QueueConfig.event_kinds). Whether a kind is on is one plain search for
+-- ',<kind>,' in spec (the max length has no comma), asked once per kind and script call: no
+-- table of every listed kind is built (a pattern loop over ~13 kinds per script call).
+local ev_spec, ev_maxlen, ev_on = nil, '0', nil
+local function ev_parse(spec)  -- once per script call
+  ev_spec, ev_on = spec, {}
   local c = string.find(spec, ':', 1, true)
-  if c then
-    ev_maxlen, ev_kinds = string.sub(spec, 1, c - 1), {}
-    for kind in string.gmatch(string.sub(spec, c + 1), '[^,]+') do ev_kinds[kind] = true end
-  else
-    ev_maxlen, ev_kinds = spec, nil
-  end
+  if c then ev_maxlen = string.sub(spec, 1, c - 1) else ev_maxlen = spec end
 end
 
 -- Whether emit writes events of kind ev under spec (a hot loop asks once, not per job).
 local function emit_on(spec, ev)
   if spec ~= ev_spec then ev_parse(spec) end
-  return ev_maxlen ~= '0' and (not ev_kinds or ev_kinds[ev] == true)
+  local on = ev_on[ev]
+  if on == nil then
+    on = ev_maxlen ~= '0' and (ev_maxlen == spec
+      or string.find(spec, ',' .. ev .. ',', 1, true) ~= nil)
+    ev_on[ev] = on
+  end
+  return on
 end
 
 local function emit(events, spec, job_id, ev, now, detail)
-  if spec ~= ev_spec then ev_parse(spec) end
-  if ev_maxlen == '0' then return end
-  if ev_kinds and not ev_kinds[ev] then return end
+  if not emit_on(spec, ev) then return end
   redis.call('XADD', events, 'MAXLEN', '~', ev_maxlen, '*', 'job', job_id, 'ev', ev,
     'd', detail or '')
 end
@@ -374,30 +382,15 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
     return 'duplicate', existing[1] or '', existing[2] or '', existing[3] or '', mine
   end
   if full then return 'full', '', '', '', 0 end
-  local delay_ms, run_at = tonumber(args[b + 6]), tonumber(args[b + 7])
+  local sd, sr, sl = args[b + 6], args[b + 7], args[b + 5]  -- ('0': no tonumber call)
+  local delay_ms = sd == '0' and 0 or tonumber(sd)
+  local run_at = sr == '0' and 0 or tonumber(sr)
+  local deadline = sl == '0' and 0 or tonumber(sl)
   local due = 0
-  local deadline = tonumber(args[b + 5])
   if deadline < 0 then deadline = now - deadline end
   if run_at > 0 then due = run_at elseif delay_ms > 0 then due = now + delay_ms end
-  local status
-  -- the fields every job has go in one HSET with literal arguments (no table, no unpack:
-  -- the bulk path's cost), the optional ones in a second HSET only when there are any
-  if due > now then
-    wake_if_sooner(delayed, wake, due)
-    redis.call('ZADD', delayed, due, id)
-    status = 'scheduled'
-    redis.call('HSET', jobkey, 's', 's', 'b', body, 'c', now, 'due', due)
-  elseif g and g ~= '' then
-    status = 'queued'
-    redis.call('HSET', jobkey, 's', 'q', 'b', body, 'c', now)
-    if prio and prio ~= '' then redis.call('HSET', jobkey, 'p', prio) end  -- (g_push reads it)
-    local entry = g_enter(G, g, id, jobkey, stream, now)
-    if entry then redis.call('HSET', jobkey, 'e', enc_entry(entry)) end
-  else
-    local entry = redis.call('XADD', stream, '*', 'id', id)
-    status = 'queued'
-    redis.call('HSET', jobkey, 's', 'q', 'b', body, 'e', enc_entry(entry))
-  end
+  -- the optional fields (only when there are any) go in the same HSET as the ones every job
+  -- has (one call, not two), behind literal arguments
   local extra = nil
   if g and g ~= '' then extra = {'g', g} end
   if tag then
@@ -428,7 +421,32 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
     extra = extra or {}
     extra[#extra + 1] = 'p'; extra[#extra + 1] = prio
   end
-  if extra then redis.call('HSET', jobkey, unpack(extra)) end
+  local status
+  if due > now then
+    wake_if_sooner(delayed, wake, due)
+    redis.call('ZADD', delayed, due, id)
+    status = 'scheduled'
+    if extra then
+      redis.call('HSET', jobkey, 's', 's', 'b', body, 'c', now, 'due', due, unpack(extra))
+    else
+      redis.call('HSET', jobkey, 's', 's', 'b', body, 'c', now, 'due', due)
+    end
+  elseif g and g ~= '' then
+    status = 'queued'
+    redis.call('HSET', jobkey, 's', 'q', 'b', body, 'c', now)
+    if prio and prio ~= '' then redis.call('HSET', jobkey, 'p', prio) end  -- (g_push reads it)
+    local entry = g_enter(G, g, id, jobkey, stream, now)
+    if entry then redis.call('HSET', jobkey, 'e', enc_entry(entry)) end
+    redis.call('HSET', jobkey, unpack(extra))  -- (holds 'g')
+  else
+    local entry = redis.call('XADD', stream, '*', 'id', id)
+    status = 'queued'
+    if extra then
+      redis.call('HSET', jobkey, 's', 'q', 'b', body, 'e', enc_entry(entry), unpack(extra))
+    else
+      redis.call('HSET', jobkey, 's', 'q', 'b', body, 'e', enc_entry(entry))
+    end
+  end
   emit(events, events_maxlen, id, 'enqueued', now, status)
   return status, status, '', '', 0
 end
@@ -524,7 +542,9 @@ local START_KNOWN = {scheduled = true, queued = true, active = true, retrying = 
 -- dead_maxlen, now, paused (boolean), resume (the caller's token prefix, or '': a record
 -- 'active', owned by the caller, under another token of that prefix is a start of this
 -- worker whose reply was lost (claim.lua's): the same start seen again, no attempt
--- counted), G (the group context, gctx; nil: no group gate), the counters started,
+-- counted), G (the group context, gctx; nil: no group gate, unless gat is set: then it is
+-- made from KEYS[gat ..] and the group defaults gspec once an entry of a group needs it),
+-- the counters started,
 -- reclaimed, failed, handed, cancelled, gheld, and fresh (entries whose idle
 -- time the caller resets with one XCLAIM JUSTID). owned: the caller read the entry into its
 -- pending list within this script (claim.lua), so it needs no ownership check and no idle
@@ -548,6 +568,10 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   r, ems = start_rec(jobkey, entry, canon)
   state = r[1]
   local G = c.G
+  if not G and c.gat and (r[13] or r[14]) then  -- (enqueue.lua's hand-off: made when needed)
+    G = gctx(KEYS, c.gat, c.gspec)
+    c.G = G
+  end
   if G and not r[2] and r[14] then  -- admitted from its group's wait list: its entry?
     r[2] = g_adopt(jobkey, stream, entry, r[14]) and entry or '0-0'
   end

@@ -80,10 +80,16 @@ if max_depth > 0 then
 end
 local enqueued, duplicates, rejected = 0, 0, 0
 -- Every key is checked before anything is written: a key of the wrong type (overwritten by
--- hand) refuses the whole call, never half of it.
-local function expect(key, cmd, want, arg)
+-- hand) refuses the whole call, never half of it. A key is checked only when this call may
+-- write it: the delayed ZSET when a job has a delay or a run time, the events STREAM when a
+-- kind this call may write is on (its jobs' 'enqueued'; a hand-off's start). The stats HASH,
+-- when every record of the batch is new, is checked by the call's first write: its count of
+-- the jobs enqueued, made before any other write (and corrected at the end for an id that
+-- came twice in the batch); otherwise by a read, as the records are.
+local function expect(key, cmd, want, arg, arg2)
   local r
-  if arg then r = redis.pcall(cmd, key, arg) else r = redis.pcall(cmd, key) end
+  if arg2 then r = redis.pcall(cmd, key, arg, arg2)
+  elseif arg then r = redis.pcall(cmd, key, arg) else r = redis.pcall(cmd, key) end
   if type(r) == 'table' and r.err then
     if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
       return redis.error_reply('WRONGTYPE ' .. key .. ' is not a ' .. want
@@ -92,32 +98,71 @@ local function expect(key, cmd, want, arg)
     return r  -- any other refusal (NOPERM, ...) as the server said it
   end
 end
-local bad = expect(stream, 'XLEN', 'stream') or expect(delayed, 'ZCARD', 'zset')
-  or expect(stats, 'HGET', 'hash', 'enqueued') or expect(events, 'XLEN', 'stream')
+local later = false  -- a job of the batch may go to the delayed ZSET
+for i = 1, n do
+  local b = 5 + 10 * (i - 1)
+  local d, t = ARGV[b + 6], ARGV[b + 7]
+  if (d ~= '0' and (tonumber(d) or 1) > 0) or (t ~= '0' and (tonumber(t) or 1) > 0) then
+    later = true
+    break
+  end
+end
+local ev_check = emit_on(events_maxlen, 'enqueued') or (ho ~= nil
+  and (emit_on(events_maxlen, 'started') or emit_on(events_maxlen, 'reclaimed')
+    or emit_on(events_maxlen, 'failed') or emit_on(events_maxlen, 'cancelled')))
+local bad = expect(stream, 'XLEN', 'stream')
+  or (later and expect(delayed, 'ZCARD', 'zset'))
+  or (ev_check and expect(events, 'XLEN', 'stream'))
 if bad then return bad end
 -- One EXISTS over the batch: when no record exists yet (a fresh bulk load, the common case)
 -- no job needs its own check, except an id that comes again within this call.
 local none_exist = redis.call('EXISTS', unpack(KEYS, 5, 4 + n)) == 0
-if not none_exist then
-  for i = 1, n do
-    bad = expect(KEYS[4 + i], 'HGET', 'hash', 's')
-    if bad then return bad end
+local counted = 0  -- jobs already counted in 'enqueued'
+if none_exist and max_depth <= 0 then  -- every job is accepted, but an id repeated in it
+  bad = expect(stats, 'HINCRBY', 'hash', 'enqueued', n)
+  if bad then return bad end
+  counted = n
+else
+  bad = expect(stats, 'HGET', 'hash', 'enqueued')
+  if bad then return bad end
+  if not none_exist then
+    for i = 1, n do
+      bad = expect(KEYS[4 + i], 'HGET', 'hash', 's')
+      if bad then return bad end
+    end
   end
+end
+-- A ticket member's fields: '<records>|<inbox>|<tokens>|<events>|<dead ttl>|<dead max>|<consumer>'
+-- (ticket.lua; the first two not empty, the consumer the rest, not empty); nil: malformed.
+-- Plain searches for '|' (a pattern with seven captures over ~150 bytes costs ~4x more).
+local function ticket_fields(m)
+  local find, sub = string.find, string.sub
+  local a = find(m, '|', 1, true)
+  if not a or a == 1 then return nil end
+  local b = find(m, '|', a + 1, true)
+  if not b or b == a + 1 then return nil end
+  local c = find(m, '|', b + 1, true)
+  local d = c and find(m, '|', c + 1, true)
+  local e = d and find(m, '|', d + 1, true)
+  local f = e and find(m, '|', e + 1, true)
+  if not f or f == #m then return nil end
+  return sub(m, 1, a - 1), sub(m, a + 1, b - 1), sub(m, b + 1, c - 1), sub(m, c + 1, d - 1),
+    sub(m, d + 1, e - 1), sub(m, e + 1, f - 1), sub(m, f + 1)
 end
 -- Hand up to m jobs just added to the ready stream to idle workers (the header's hand-off).
 local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
   local live = redis.call('ZRANGEBYSCORE', tickets, now, '+inf', 'LIMIT', 0, m + 4)
   if not live[1] or redis.call('EXISTS', paused) == 1 then return end  -- (the common case
   -- under load: no idle worker, nothing more to do)
-  if not G and has_g then G = gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) end  -- a grouped entry at
-  -- the stream's head goes through its gate
+  -- a grouped entry at the stream's head goes through its gate (start_entry makes the group
+  -- context from gat and gspec when it meets one)
   local c = {dead = dead, stats = stats, events = events, stream = stream, group = 'streamq',
     resume = '', now = now, paused = false, started = 0, reclaimed = 0, failed = 0,
-    handed = 0, cancelled = 0, fresh = {}, G = G}
+    handed = 0, cancelled = 0, fresh = {}, G = G, gat = (has_g and not G) and 5 + n or nil,
+    gspec = ARGV[5 + 10 * n]}
   for _, member in ipairs(live) do
     if m <= 0 then break end
-    local records, inbox, tokens, ev, dttl, dmax, consumer = string.match(member,
-      '^([^|]+)|([^|]+)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.+)$')
+    local records, inbox, tokens, ev, dttl, dmax, consumer = ticket_fields(member)
     -- the worker subscribes to its inbox's name as a channel: no subscriber, no worker
     -- (killed: its connection closed) or none yet; an inbox gone, a worker gone
     local alive = inbox and redis.call('PUBSUB', 'NUMSUB', inbox)[2] > 0
@@ -187,7 +232,7 @@ if handable > 0 then
     now, handable, G)
   if not ok then count(stats, 'handoff_errors', 1) end
 end
-count(stats, 'enqueued', enqueued)
+count(stats, 'enqueued', enqueued - counted)
 count(stats, 'duplicates', duplicates)
 count(stats, 'rejected_full', rejected)
 return out

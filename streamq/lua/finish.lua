@@ -46,7 +46,7 @@ local now = now_ms()
 local out = {}
 local completed, retried, failed, lost, cancelled, limited = 0, 0, 0, 0, 0, 0
 local settled = {}  -- acknowledged and deleted with one XACK and one XDEL after the loop
-local G = gctx(KEYS, 6 + n, ARGV[7 + 7 * n])
+local G, G_made = nil, false  -- the group context, made when a grouped job needs it
 -- what every attempt needs; the rest ('ft', attempts) only on the paths that use it
 local NAMES, TRIES = {'s', 'k', 'x', 'notify', 'cx', 'g'}, {'s', 'n', 'max_attempts'}
 local TTL = {}  -- tonumber of each 'x' value met
@@ -97,7 +97,10 @@ for i = 1, n do
       out[i] = 'cancelled'
     elseif outcome == 'later' or outcome == 'later_group' then
       put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
-      if outcome == 'later_group' and G and r[6] then g_hold(G, r[6], now + tonumber(extra)) end
+      if outcome == 'later_group' and r[6] then
+        if not G_made then G, G_made = gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
+        if G then g_hold(G, r[6], now + tonumber(extra)) end
+      end
       limited = limited + 1
       emit(events, events_maxlen, id, 'rate_limited', now, extra)
       out[i] = 'retrying'
@@ -142,7 +145,10 @@ for i = 1, n do
         out[i] = 'failed'
       end
     end
-    if G and r[6] then g_release(G, r[6], id, stream, now) end
+    if r[6] then
+      if not G_made then G, G_made = gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
+      if G then g_release(G, r[6], id, stream, now) end
+    end
   end
 end
 if #settled > 0 then

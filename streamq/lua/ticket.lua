@@ -32,8 +32,7 @@ if #ARGV > 4 then
   redis.call('XDEL', inbox, unpack(ARGV, 5))
 end
 redis.call('ZREMRANGEBYSCORE', tickets, '-inf', '(' .. now)  -- lapsed (their worker is gone)
-local had = redis.call('ZSCORE', tickets, member) and 1 or 0
-local out = {had}
+local out = {0}  -- out[1]: whether the ticket was there, told by the ZADD or ZREM below
 local reply = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 100,
   'STREAMS', inbox, '>')
 if type(reply) == 'table' and reply.err then
@@ -63,9 +62,11 @@ end
 if hold > 0 then
   -- a worker that is gone leaves an inbox that lapses on its own
   redis.call('EXPIRE', inbox, math.ceil(hold / 1000) + 60)
-  redis.call('ZADD', tickets, now + hold, member)  -- last: a call that failed posted nothing
+  -- last: a call that failed posted nothing (its reply: 0 when the member was there, unless
+  -- it lapsed: removed above)
+  if redis.call('ZADD', tickets, now + hold, member) == 0 then out[1] = 1 end
   redis.call('EXPIRE', tickets, math.ceil(hold / 1000) + 60)  -- gone once no worker posts
 else
-  redis.call('ZREM', tickets, member)
+  out[1] = redis.call('ZREM', tickets, member)
 end
 return out
