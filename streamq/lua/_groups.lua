@@ -17,11 +17,153 @@ local SEQ0 = 5000000000000000  -- wait seqs: SEQ0 + n at the tail; at the head (
 -- back) <ms now><3 digits of a counter>, below SEQ0 for ages and rising with time, so jobs
 -- handed back go ahead of the never-admitted ones, in the order they were handed back
 
+-- The group functions but gctx and g_adopt are made by g_load, which gctx runs when a script
+-- call first makes a group context: a call that meets no group makes none of them (every
+-- function a script defines is a closure made on each call, ~600 redis-server instructions;
+-- every g_x below takes a context that gctx made).
+local function g_load()
+  -- A group's limit, paused flag and rate (n, period ms; n = 0: none): overrides, else defaults.
+  function g_conf(G, g)
+    local c = redis.call('HMGET', G.cfg, 'l:' .. g, 'p:' .. g, 'r:' .. g)
+    local rn, rp = G.rn, G.rp
+    if c[3] then
+      local a, b = string.match(c[3], '^(%d+) (%d+)$')
+      rn, rp = tonumber(a) or 0, tonumber(b) or 0
+    end
+    return tonumber(c[1]) or G.limit, c[2] and true or false, rn, rp
+  end
+
+  function g_count(set, g)
+    return redis.call('ZLEXCOUNT', set, '[' .. g .. ' ', '(' .. g .. '!')
+  end
+
+  -- Whether the group's rate holds admissions back now: parked until a time still ahead, or
+  -- its limiter's next conformance time (TAT) is ahead (then it is parked until then).
+  function g_held(G, g, now, rn)
+    local pk = redis.call('ZSCORE', G.parked, g)
+    if pk and tonumber(pk) > now then return true end
+    if rn > 0 then
+      local tat = tonumber(redis.call('ZSCORE', G.tat, g))
+      if tat and tat > now then
+        redis.call('ZADD', G.parked, tat, g)
+        return true
+      end
+    end
+    return false
+  end
+
+  -- Forget a group that has nothing waiting and nothing in flight (its limiter state goes
+  -- when it is no longer ahead of the clock: unpark.lua sweeps it).
+  function g_tidy(G, g)
+    if g_count(G.fl, g) == 0 and g_count(G.wait, g) == 0 then
+      redis.call('ZREM', G.idx, g)
+    end
+  end
+
+  -- Admit waiting jobs of group g, head first, while it has free slots and is neither paused
+  -- nor held by its rate: at most 1,000 per call, and 1 for a rate-limited group (its starts
+  -- are spaced anyway; more would only be handed back). Returns how many were admitted.
+  function g_fill(G, g, stream, now)
+    local limit, paused, rn = g_conf(G, g)
+    if paused or g_held(G, g, now, rn) then return 0 end
+    local room = limit - g_count(G.fl, g)
+    if rn > 0 and room > 1 then room = 1 end
+    if room > 1000 then room = 1000 end
+    if room <= 0 then return 0 end
+    local heads = redis.call('ZRANGE', G.wait, '[' .. g .. ' ', '(' .. g .. '!', 'BYLEX',
+      'LIMIT', 0, room)
+    for _, m in ipairs(heads) do
+      redis.call('ZREM', G.wait, m)
+      -- '<g> <seq, 16 digits><priority, 1 digit><id>': the job goes to its level's stream
+      local w, id = string.sub(m, #g + 2, #g + 18), string.sub(m, #g + 19)
+      local to = stream
+      if G.levels then to = G.levels[(tonumber(string.sub(w, 17)) or 2) + 1] or stream end
+      redis.call('XADD', to, '*', 'id', id, 'w', w)
+      redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
+    end
+    return #heads
+  end
+
+  -- Put a ready job on its group's wait list (tail, or head for a job handed back): the record
+  -- becomes 'queued' without a stream entry, 'gw' = its wait token (the 16-digit seq and its
+  -- priority digit, record 'p', 2 when absent), its creation time kept.
+  function g_push(G, g, id, jobkey, head)
+    local n = redis.call('HINCRBY', G.cfg, head and ' h' or ' t', 1)
+    local old = redis.call('HMGET', jobkey, 'e', 'c', 'p')
+    local seq = string.format('%016d', head and (now_ms() * 1000 + n % 1000) or (SEQ0 + n))
+      .. (old[3] or '2')
+    redis.call('ZADD', G.wait, 0, g .. ' ' .. seq .. id)
+    redis.call('ZADD', G.idx, 0, g)
+    if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
+    redis.call('HSET', jobkey, 's', 'q', 'gw', seq)
+    if old[1] then redis.call('HDEL', jobkey, 'e') end
+  end
+
+  -- A ready grouped job enters its group (enqueue, promotion, re-drive): admitted to the
+  -- stream when the group has a free slot, is open and has nobody waiting ahead (FIFO);
+  -- else it waits. Returns the stream entry id when admitted (the caller points the record
+  -- at it), else nil.
+  function g_enter(G, g, id, jobkey, stream, now)
+    local limit, paused, rn = g_conf(G, g)
+    local open = not paused and not g_held(G, g, now, rn) and g_count(G.fl, g) < limit
+    if open and g_count(G.wait, g) == 0 then
+      redis.call('ZADD', G.idx, 0, g)
+      redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
+      redis.call('HDEL', jobkey, 'gw')
+      return redis.call('XADD', stream, '*', 'id', id)
+    end
+    g_push(G, g, id, jobkey, false)  -- (it lists the group)
+    if open then g_fill(G, g, stream, now) end  -- others wait ahead of it: the head goes first
+    return nil
+  end
+
+  -- A grouped job leaves its slot (settled, cancelled, dead-lettered): free it, admit the next
+  -- waiting job(s). Safe to repeat: a slot already free is not freed again.
+  function g_release(G, g, id, stream, now)
+    if redis.call('ZREM', G.fl, g .. ' ' .. id) == 1 and g_fill(G, g, stream, now) > 0 then
+      return  -- (it admitted a job: not empty)
+    end
+    g_tidy(G, g)
+  end
+
+  -- A waiting job leaves its group's wait list (cancel, purge). Returns whether it was there.
+  function g_unwait(G, g, id, seq)
+    local gone = redis.call('ZREM', G.wait, g .. ' ' .. seq .. id) == 1
+    g_tidy(G, g)
+    return gone
+  end
+
+  -- Whether a grouped job may start now (start.lua): nil, or why not. Its slot is asserted
+  -- (ZADD: a member lost by corruption is restored, and then counts against the limit). A
+  -- start is refused while the group is paused, while its in-flight count is over its limit
+  -- (the limit was lowered: unstarted jobs are handed back until it holds), or while its rate
+  -- limiter (GCRA, no burst: one start per period/n) is not yet conformant (the group is then
+  -- parked until it is). A start that goes ahead moves the limiter on.
+  function g_gate(G, g, id, now)
+    local limit, paused, rn, rp = g_conf(G, g)
+    redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
+    if paused then return 'group paused' end
+    local pk = redis.call('ZSCORE', G.parked, g)  -- held back (RateLimited(group=True), rate)
+    if pk and tonumber(pk) > now then return 'group rate' end
+    if g_count(G.fl, g) > limit then return 'group over its limit' end
+    if rn > 0 and rp > 0 then
+      local tat = tonumber(redis.call('ZSCORE', G.tat, g)) or 0
+      if tat > now then
+        redis.call('ZADD', G.parked, tat, g)
+        return 'group rate'
+      end
+      redis.call('ZADD', G.tat, math.max(tat, now) + rp / rn, g)
+    end
+    return nil
+  end
+end
+
 -- The group context: the keys of Keys.group_keys from keys[at] (the six group keys, then the
 -- ready streams of priorities 0..4), and QueueConfig.group_arg '<default limit> <default rate
 -- n> <rate period ms>'. nil when the caller passed no keys.
 function gctx(keys, at, spec)
   if not keys[at] or not keys[at + 5] then return nil end
+  if not g_conf then g_load() end
   local l, rn, rp = string.match(spec or '', '^(%d+) (%d+) (%d+)$')
   local levels = nil
   if keys[at + 10] then levels = {keys[at + 6], keys[at + 7], keys[at + 8], keys[at + 9],
@@ -29,141 +171,6 @@ function gctx(keys, at, spec)
   return {wait = keys[at], fl = keys[at + 1], idx = keys[at + 2], cfg = keys[at + 3],
           tat = keys[at + 4], parked = keys[at + 5], levels = levels, limit = tonumber(l) or 1,
           rn = tonumber(rn) or 0, rp = tonumber(rp) or 0}
-end
-
--- A group's limit, paused flag and rate (n, period ms; n = 0: none): overrides, else defaults.
-function g_conf(G, g)
-  local c = redis.call('HMGET', G.cfg, 'l:' .. g, 'p:' .. g, 'r:' .. g)
-  local rn, rp = G.rn, G.rp
-  if c[3] then
-    local a, b = string.match(c[3], '^(%d+) (%d+)$')
-    rn, rp = tonumber(a) or 0, tonumber(b) or 0
-  end
-  return tonumber(c[1]) or G.limit, c[2] and true or false, rn, rp
-end
-
-function g_count(set, g)
-  return redis.call('ZLEXCOUNT', set, '[' .. g .. ' ', '(' .. g .. '!')
-end
-
--- Whether the group's rate holds admissions back now: parked until a time still ahead, or
--- its limiter's next conformance time (TAT) is ahead (then it is parked until then).
-function g_held(G, g, now, rn)
-  local pk = redis.call('ZSCORE', G.parked, g)
-  if pk and tonumber(pk) > now then return true end
-  if rn > 0 then
-    local tat = tonumber(redis.call('ZSCORE', G.tat, g))
-    if tat and tat > now then
-      redis.call('ZADD', G.parked, tat, g)
-      return true
-    end
-  end
-  return false
-end
-
--- Forget a group that has nothing waiting and nothing in flight (its limiter state goes
--- when it is no longer ahead of the clock: unpark.lua sweeps it).
-function g_tidy(G, g)
-  if g_count(G.fl, g) == 0 and g_count(G.wait, g) == 0 then
-    redis.call('ZREM', G.idx, g)
-  end
-end
-
--- Admit waiting jobs of group g, head first, while it has free slots and is neither paused
--- nor held by its rate: at most 1,000 per call, and 1 for a rate-limited group (its starts
--- are spaced anyway; more would only be handed back). Returns how many were admitted.
-function g_fill(G, g, stream, now)
-  local limit, paused, rn = g_conf(G, g)
-  if paused or g_held(G, g, now, rn) then return 0 end
-  local room = limit - g_count(G.fl, g)
-  if rn > 0 and room > 1 then room = 1 end
-  if room > 1000 then room = 1000 end
-  if room <= 0 then return 0 end
-  local heads = redis.call('ZRANGE', G.wait, '[' .. g .. ' ', '(' .. g .. '!', 'BYLEX',
-    'LIMIT', 0, room)
-  for _, m in ipairs(heads) do
-    redis.call('ZREM', G.wait, m)
-    -- '<g> <seq, 16 digits><priority, 1 digit><id>': the job goes to its level's stream
-    local w, id = string.sub(m, #g + 2, #g + 18), string.sub(m, #g + 19)
-    local to = stream
-    if G.levels then to = G.levels[(tonumber(string.sub(w, 17)) or 2) + 1] or stream end
-    redis.call('XADD', to, '*', 'id', id, 'w', w)
-    redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
-  end
-  return #heads
-end
-
--- Put a ready job on its group's wait list (tail, or head for a job handed back): the record
--- becomes 'queued' without a stream entry, 'gw' = its wait token (the 16-digit seq and its
--- priority digit, record 'p', 2 when absent), its creation time kept.
-function g_push(G, g, id, jobkey, head)
-  local n = redis.call('HINCRBY', G.cfg, head and ' h' or ' t', 1)
-  local old = redis.call('HMGET', jobkey, 'e', 'c', 'p')
-  local seq = string.format('%016d', head and (now_ms() * 1000 + n % 1000) or (SEQ0 + n))
-    .. (old[3] or '2')
-  redis.call('ZADD', G.wait, 0, g .. ' ' .. seq .. id)
-  redis.call('ZADD', G.idx, 0, g)
-  if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
-  redis.call('HSET', jobkey, 's', 'q', 'gw', seq)
-  if old[1] then redis.call('HDEL', jobkey, 'e') end
-end
-
--- A ready grouped job enters its group (enqueue, promotion, re-drive): admitted to the
--- stream when the group has a free slot, is open and has nobody waiting ahead (FIFO);
--- else it waits. Returns the stream entry id when admitted (the caller points the record
--- at it), else nil.
-function g_enter(G, g, id, jobkey, stream, now)
-  local limit, paused, rn = g_conf(G, g)
-  local open = not paused and not g_held(G, g, now, rn) and g_count(G.fl, g) < limit
-  if open and g_count(G.wait, g) == 0 then
-    redis.call('ZADD', G.idx, 0, g)
-    redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
-    redis.call('HDEL', jobkey, 'gw')
-    return redis.call('XADD', stream, '*', 'id', id)
-  end
-  g_push(G, g, id, jobkey, false)  -- (it lists the group)
-  if open then g_fill(G, g, stream, now) end  -- others wait ahead of it: the head goes first
-  return nil
-end
-
--- A grouped job leaves its slot (settled, cancelled, dead-lettered): free it, admit the next
--- waiting job(s). Safe to repeat: a slot already free is not freed again.
-function g_release(G, g, id, stream, now)
-  if redis.call('ZREM', G.fl, g .. ' ' .. id) == 1 and g_fill(G, g, stream, now) > 0 then
-    return  -- (it admitted a job: not empty)
-  end
-  g_tidy(G, g)
-end
-
--- A waiting job leaves its group's wait list (cancel, purge). Returns whether it was there.
-function g_unwait(G, g, id, seq)
-  local gone = redis.call('ZREM', G.wait, g .. ' ' .. seq .. id) == 1
-  g_tidy(G, g)
-  return gone
-end
-
--- Whether a grouped job may start now (start.lua): nil, or why not. Its slot is asserted
--- (ZADD: a member lost by corruption is restored, and then counts against the limit). A
--- start is refused while the group is paused, while its in-flight count is over its limit
--- (the limit was lowered: unstarted jobs are handed back until it holds), or while its rate
--- limiter (GCRA, no burst: one start per period/n) is not yet conformant (the group is then
--- parked until it is). A start that goes ahead moves the limiter on.
-function g_gate(G, g, id, now)
-  local limit, paused, rn, rp = g_conf(G, g)
-  redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
-  if paused then return 'group paused' end
-  local pk = redis.call('ZSCORE', G.parked, g)  -- held back (RateLimited(group=True), rate)
-  if pk and tonumber(pk) > now then return 'group rate' end
-  if g_count(G.fl, g) > limit then return 'group over its limit' end
-  if rn > 0 and rp > 0 then
-    local tat = tonumber(redis.call('ZSCORE', G.tat, g)) or 0
-    if tat > now then
-      redis.call('ZADD', G.parked, tat, g)
-      return 'group rate'
-    end
-    redis.call('ZADD', G.tat, math.max(tat, now) + rp / rn, g)
-  end
-  return nil
 end
 
 -- A record admitted from its wait list meets its stream entry: when the entry carries the

@@ -63,13 +63,31 @@ end
 --   None), x result TTL s (absent: 86400); rare fields keep their layout-1 names.
 -- A layout-1 record (state, type, env, entry, ...; written by releases before it) is upgraded
 -- in place the first time a script writes to it (upgrade_v1), read as it is until then.
-local STATE_CODE = {scheduled = 's', queued = 'q', active = 'a', retrying = 'r',
-                    completed = 'c', failed = 'f', cancelled = 'x'}
-local STATE_NAME = {s = 'scheduled', q = 'queued', a = 'active', r = 'retrying',
-                    c = 'completed', f = 'failed', x = 'cancelled'}
+-- The state letters are told by comparisons, not tables: a table constructor with string
+-- keys runs on every script call (~3k redis-server instructions each), a lookup a few times.
+local function state_code(name)  -- state name -> letter (nil: not a state name)
+  if name == 'active' then return 'a' elseif name == 'queued' then return 'q'
+  elseif name == 'completed' then return 'c' elseif name == 'scheduled' then return 's'
+  elseif name == 'retrying' then return 'r' elseif name == 'failed' then return 'f'
+  elseif name == 'cancelled' then return 'x' end
+  return nil
+end
+local function state_of(v)  -- state letter -> name ('?<v>': not a state letter)
+  if v == 'a' then return 'active' elseif v == 'q' then return 'queued'
+  elseif v == 'c' then return 'completed' elseif v == 's' then return 'scheduled'
+  elseif v == 'r' then return 'retrying' elseif v == 'f' then return 'failed'
+  elseif v == 'x' then return 'cancelled' end
+  return '?' .. v
+end
 local DEFAULT_TTL = '86400'
-local V1_NAME = {s = 'state', e = 'entry', c = 'created', n = 'attempts', k = 'token',
-                 o = 'owner', a = 'started', f = 'finished', r = 'result', x = 'result_ttl'}
+local V1_NAME = nil  -- layout-2 name -> layout-1 name, made when a layout-1 record is met
+local function v1_names()
+  if not V1_NAME then
+    V1_NAME = {s = 'state', e = 'entry', c = 'created', n = 'attempts', k = 'token',
+               o = 'owner', a = 'started', f = 'finished', r = 'result', x = 'result_ttl'}
+  end
+  return V1_NAME
+end
 
 -- Stream entry id '<ms>-<seq>' as it is stored in 'e': '<ms><seq, 3 digits>' (an integer,
 -- which a listpack keeps in 9 bytes) when seq < 1000, else the id as it is.
@@ -100,9 +118,9 @@ local function upgrade_v1(jobkey)
   local t = {}
   for i = 1, #h, 2 do t[h[i]] = h[i + 1] end
   if t.s or not t.state then return false end
-  local set = {'s', STATE_CODE[t.state] or t.state}
+  local set = {'s', state_code(t.state) or t.state}
   if t.entry and t.entry ~= '' then set[#set + 1] = 'e'; set[#set + 1] = enc_entry(t.entry) end
-  for short, long in pairs(V1_NAME) do
+  for short, long in pairs(v1_names()) do
     if short ~= 's' and short ~= 'e' and t[long] and t[long] ~= ''
         and not (short == 'x' and t[long] == DEFAULT_TTL) then
       set[#set + 1] = short; set[#set + 1] = t[long]
@@ -139,10 +157,11 @@ local function rec_t(jobkey, write, names)
         r = redis.call('HMGET', jobkey, unpack(names))
       else
         local old = {}
-        for i, f in ipairs(names) do old[i] = V1_NAME[f] or f end
+        local v1n = v1_names()
+        for i, f in ipairs(names) do old[i] = v1n[f] or f end
         r = redis.call('HMGET', jobkey, unpack(old))
         for i, f in ipairs(names) do
-          if f == 's' then r[i] = STATE_CODE[r[i]] or r[i]
+          if f == 's' then r[i] = state_code(r[i]) or r[i]
           elseif f == 'e' and r[i] then r[i] = enc_entry(r[i])
           elseif f == 'x' and r[i] == DEFAULT_TTL then r[i] = false end
         end
@@ -152,7 +171,7 @@ local function rec_t(jobkey, write, names)
   local at = names_at(names)
   local is, ie, ix, ic = at.s, at.e, at.x, at.c
   local v = is and r[is]
-  if v then r[is] = STATE_NAME[v] or ('?' .. v) end
+  if v then r[is] = state_of(v) end
   if ix then r[ix] = r[ix] or DEFAULT_TTL end
   local e = ie and r[ie]
   if ic and not r[ic] then r[ic] = entry_ms(e) end
@@ -167,7 +186,7 @@ local function rec(jobkey, write, ...) return rec_t(jobkey, write, {...}) end
 local function set_entry(jobkey, state, new_entry, ...)
   local old = redis.call('HMGET', jobkey, 'e', 'c')
   if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
-  redis.call('HSET', jobkey, 's', STATE_CODE[state], 'e', enc_entry(new_entry), ...)
+  redis.call('HSET', jobkey, 's', state_code(state), 'e', enc_entry(new_entry), ...)
 end
 
 -- The job type of a record, either layout.
@@ -506,12 +525,14 @@ local now_us, rate_read, rate_allowed, rate_take, rate_wait_ms, rate_save
 -- per name). canon: entry is as Redis writes ids; 'e' equal to it (either form): r[2] = entry.
 local START_F = {'s', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o', 'op', 'env',
                  'cx', 'g', 'gw'}
+local START_AT = {s = 1, e = 2, n = 3, max_attempts = 4, deadline = 5, b = 6, c = 7, k = 8,
+                  o = 9, op = 10, env = 11, cx = 12, g = 13, gw = 14}  -- (names_at(START_F))
 local PAD = {'00', '0', ''}
 local MS_NUM = {}  -- tonumber of each entry time met in this script call (a batch shares few)
 local function start_rec(jobkey, entry, canon)
   local h = redis.pcall('HGETALL', jobkey)
   if h.err then return h end
-  local at = names_at(START_F)
+  local at = START_AT
   local r = {false, false, false, false, false, false, false, false, false, false, false, false,
              false, false}
   for i = 1, #h, 2 do
@@ -529,13 +550,10 @@ local function start_rec(jobkey, entry, canon)
       if not ems then ems = tonumber(ms); MS_NUM[ms] = ems end
     end
   end
-  r[1], r[2] = STATE_NAME[s] or ('?' .. s), ems and entry or dec_entry(e)
+  r[1], r[2] = state_of(s), ems and entry or dec_entry(e)
   if not r[7] then r[7] = ems or entry_ms(e) end
   return r, ems
 end
-
-local START_KNOWN = {scheduled = true, queued = true, active = true, retrying = true,
-                     completed = true, failed = true, cancelled = true}
 
 -- Start one delivered stream entry (start.lua, claim.lua). c is the call's context: stream
 -- (the entry's stream), dead, events, stats, group, consumer, events_maxlen, dead_ttl,
@@ -588,7 +606,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
       'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
     c.failed = c.failed + 1
     return 'dead', 0, 0, 'job record missing', 0, 0, 0
-  elseif not state or not START_KNOWN[state]
+  elseif not state or string.byte(state, 1) == 63  -- ('?<letter>': state_of)
       or ((state == 'queued' or state == 'active')
         and not (ems or string.match(r[2] or '', '^%d+%-%d+$'))) then
     -- a record without a usable state or stream entry is damaged, not a ghost: bury it

@@ -61,7 +61,7 @@ for i = 1, n do
   if not r.err then
     local v = r[1]
     if v then
-      r[1] = STATE_NAME[v] or ('?' .. v)
+      r[1] = state_of(v)
       r[3] = r[3] or DEFAULT_TTL
     else  -- layout 1, or no record
       r = rec_t(jobkey, false, NAMES)
