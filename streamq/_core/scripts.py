@@ -362,11 +362,31 @@ def shaken(lib: str, body: str) -> str:
     return "\n".join(t for k, (_d, _u, t) in zip(keep, chunks, strict=True) if k) + "\n" + body
 
 
+def cold_first(lib: str, body: str) -> str:
+    """``body``, preceded by locals of the helpers of rarer paths it names: those that
+    ``_lib.lua``'s ``lib_cold()`` makes when first asked and returns in a table (its
+    ``COLD = {name = name, ...}``). A body that calls ``lib_cold`` itself (enqueue.lua,
+    finish.lua) is left as it is: it asks for them on the paths that need one, so that its
+    common calls make none of them."""
+    cold: list[str] = []
+    for defines, _uses, text in _chunks(lib):
+        if "lib_cold" in defines and "COLD = {" in text:
+            table = text[text.index("COLD = {"):]
+            cold = re.findall(r"\b(\w+)\s*=\s*\1\b", table[:table.index("}")])
+    uses = set(_WORD.findall(_code(body)))
+    named = [n for n in cold if n in uses]
+    if "lib_cold" in uses or not named:
+        return body
+    return ("local _cold = lib_cold()\n"
+            f"local {', '.join(named)} = {', '.join('_cold.' + n for n in named)}\n" + body)
+
+
 def _load() -> dict[str, Script]:
     pkg = resources.files("streamq") / "lua"
     lib = "\n".join((pkg / name).read_text()
                     for name in ("_lib.lua", "_groups.lua", "_rate.lua"))
-    return {n: Script(n, shaken(lib, (pkg / f"{n}.lua").read_text())) for n in _NAMES}
+    return {n: Script(n, shaken(lib, cold_first(lib, (pkg / f"{n}.lua").read_text())))
+            for n in _NAMES}
 
 
 SCRIPTS = _load()

@@ -65,13 +65,6 @@ end
 -- in place the first time a script writes to it (upgrade_v1), read as it is until then.
 -- The state letters are told by comparisons, not tables: a table constructor with string
 -- keys runs on every script call (~3k redis-server instructions each), a lookup a few times.
-local function state_code(name)  -- state name -> letter (nil: not a state name)
-  if name == 'active' then return 'a' elseif name == 'queued' then return 'q'
-  elseif name == 'completed' then return 'c' elseif name == 'scheduled' then return 's'
-  elseif name == 'retrying' then return 'r' elseif name == 'failed' then return 'f'
-  elseif name == 'cancelled' then return 'x' end
-  return nil
-end
 local function state_of(v)  -- state letter -> name ('?<v>': not a state letter)
   if v == 'a' then return 'active' elseif v == 'q' then return 'queued'
   elseif v == 'c' then return 'completed' elseif v == 's' then return 'scheduled'
@@ -80,14 +73,6 @@ local function state_of(v)  -- state letter -> name ('?<v>': not a state letter)
   return '?' .. v
 end
 local DEFAULT_TTL = '86400'
-local V1_NAME = nil  -- layout-2 name -> layout-1 name, made when a layout-1 record is met
-local function v1_names()
-  if not V1_NAME then
-    V1_NAME = {s = 'state', e = 'entry', c = 'created', n = 'attempts', k = 'token',
-               o = 'owner', a = 'started', f = 'finished', r = 'result', x = 'result_ttl'}
-  end
-  return V1_NAME
-end
 
 -- Stream entry id '<ms>-<seq>' as it is stored in 'e': '<ms><seq, 3 digits>' (an integer,
 -- which a listpack keeps in 9 bytes) when seq < 1000, else the id as it is.
@@ -108,92 +93,6 @@ local function entry_ms(v)
   local ms = string.match(v, '^(%d+)%-')
   if ms then return tonumber(ms) end
   return tonumber(string.sub(v, 1, -4))
-end
-
--- Rewrite a layout-1 record in layout 2 (same key, same TTL). Safe to repeat: a record that
--- has 's' (or no 'state') is left alone. 'type' and 'env' stay as they are (the envelope is
--- the producer's serde's bytes, which Lua cannot split): readers take them when 'b' is absent.
-local function upgrade_v1(jobkey)
-  local h = redis.call('HGETALL', jobkey)
-  local t = {}
-  for i = 1, #h, 2 do t[h[i]] = h[i + 1] end
-  if t.s or not t.state then return false end
-  local set = {'s', state_code(t.state) or t.state}
-  if t.entry and t.entry ~= '' then set[#set + 1] = 'e'; set[#set + 1] = enc_entry(t.entry) end
-  for short, long in pairs(v1_names()) do
-    if short ~= 's' and short ~= 'e' and t[long] and t[long] ~= ''
-        and not (short == 'x' and t[long] == DEFAULT_TTL) then
-      set[#set + 1] = short; set[#set + 1] = t[long]
-    end
-  end
-  redis.call('HDEL', jobkey, 'state', 'entry', 'created', 'enqueued', 'attempts', 'token',
-    'owner', 'started', 'finished', 'result', 'result_ttl')
-  redis.call('HSET', jobkey, unpack(set))
-  return true
-end
-
-local function names_at(names)  -- name -> its index in names, found once per names table
-  if names.at then return names.at end
-  local at = {}
-  for i = #names, 1, -1 do at[names[i]] = i end
-  names.at = at
-  return at
-end
-
--- HMGET of a job record by layout-2 names, decoded: 's' as the state name, 'e' as the stream
--- entry id, 'x' with its default, 'c' from 'e' when absent. A layout-1 record is upgraded
--- first when write is true or it is not active (an old worker may still be running an active
--- one: it is read as it is, and left for its owner, until a script takes it over); otherwise
--- it is read through its layout-1 names. Returns the reply table, or the error of a key that
--- is not a hash (its .err set). rec_t takes the names as a list (a script's constant one).
-local function rec_t(jobkey, write, names)
-  local r = redis.pcall('HMGET', jobkey, unpack(names))
-  if r.err then return r end
-  if names[1] == 's' and not r[1] then
-    local v1 = redis.call('HGET', jobkey, 'state')
-    if v1 then
-      if write or v1 ~= 'active' then
-        upgrade_v1(jobkey)
-        r = redis.call('HMGET', jobkey, unpack(names))
-      else
-        local old = {}
-        local v1n = v1_names()
-        for i, f in ipairs(names) do old[i] = v1n[f] or f end
-        r = redis.call('HMGET', jobkey, unpack(old))
-        for i, f in ipairs(names) do
-          if f == 's' then r[i] = state_code(r[i]) or r[i]
-          elseif f == 'e' and r[i] then r[i] = enc_entry(r[i])
-          elseif f == 'x' and r[i] == DEFAULT_TTL then r[i] = false end
-        end
-      end
-    end
-  end
-  local at = names_at(names)
-  local is, ie, ix, ic = at.s, at.e, at.x, at.c
-  local v = is and r[is]
-  if v then r[is] = state_of(v) end
-  if ix then r[ix] = r[ix] or DEFAULT_TTL end
-  local e = ie and r[ie]
-  if ic and not r[ic] then r[ic] = entry_ms(e) end
-  if ie then r[ie] = dec_entry(e) end
-  return r
-end
-
-local function rec(jobkey, write, ...) return rec_t(jobkey, write, {...}) end
-
--- Point a record at a new stream entry (promotion, hand-back, requeue, re-drive), keeping
--- its creation time: 'c' is written once, from the old entry's time, when it was implied.
-local function set_entry(jobkey, state, new_entry, ...)
-  local old = redis.call('HMGET', jobkey, 'e', 'c')
-  if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
-  redis.call('HSET', jobkey, 's', state_code(state), 'e', enc_entry(new_entry), ...)
-end
-
--- The job type of a record, either layout.
-local function job_type(jobkey)
-  local r = redis.call('HMGET', jobkey, 'b', 'type')
-  if r[1] then return string.match(r[1], '^(%S*)') or '' end
-  return r[2] or ''
 end
 
 local function count(stats, field, n)
@@ -282,96 +181,259 @@ local function notify(channel, state, job_id, result)
   end
 end
 
--- Wake sleepers (scheduler, promoters) when a job becomes due sooner than anything else.
-local function wake_if_sooner(delayed, channel, due)
-  if channel == '' then return end
-  local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
-  if first[2] == nil or tonumber(first[2]) >= due then
-    redis.call('PUBLISH', channel, due)
-  end
-end
-
--- Keep a short history of failed attempts in the record ('errors': JSON list, newest last,
--- at most 10), so an operator sees every attempt's error type without reading the events.
-local function remember_error(jobkey, attempt, etype, now)
-  local raw = redis.call('HGET', jobkey, 'errors')
-  local list = {}
-  if raw then
-    local ok, decoded = pcall(cjson.decode, raw)
-    if ok and type(decoded) == 'table' then list = decoded end
-  end
-  list[#list + 1] = {attempt = tonumber(attempt) or 0, type = etype, t = now}
-  while #list > 10 do table.remove(list, 1) end
-  redis.call('HSET', jobkey, 'errors', cjson.encode(list))
-end
-
--- Dead-letter a job: terminal 'failed' state, dead index entry, retention TTL, waiters told.
--- The caller counts it in the stats HASH ('failed'). clear_token: anyone but the lease holder
--- settling its own attempt buries the job, so the old lease ends here (a worker still running
--- it gets 'lost' from finish.lua, never another's outcome). The record is in layout 2.
-local function bury(jobkey, dead, events, job_id, reason, err, etype, now,
-                    dead_ttl, dead_maxlen, events_maxlen, clear_token)
-  if err and err ~= '' then
-    redis.call('HSET', jobkey, 's', 'f', 'f', now, 'reason', reason, 'error', err)
-  else
-    redis.call('HSET', jobkey, 's', 'f', 'f', now, 'reason', reason)
-  end
-  if clear_token then redis.call('HDEL', jobkey, 'k') end
-  local jtype = job_type(jobkey)
-  if tonumber(dead_maxlen) > 0 then
-    redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', job_id,
-      'reason', reason, 'etype', etype or '', 'type', jtype, 't', now)
-  end
-  if tonumber(dead_ttl) > 0 and redis.call('EXISTS', jobkey) == 1 then
-    redis.call('EXPIRE', jobkey, dead_ttl)
-  end
-  emit(events, events_maxlen, job_id, 'failed', now, reason)
-  notify(redis.call('HGET', jobkey, 'notify'), 'failed', job_id)
-end
-
--- Whether an existing record was written by the caller's row, told by writer tags
--- '<run>:<partition>:<attempt>:<offset>' (Spark: the enqueue_dataframe call, the partition,
--- the task attempt id, increasing within a run, and the row's offset in the partition).
--- Another run or partition wrote it: no. The same attempt: only the same offset (a repeated
--- call), a later row is a repeat of the id. An earlier attempt: yes, once: the record takes
--- the caller's tag, so the attempt's later rows of that id are repeats (offsets may differ
--- between attempts when Spark reads shuffled rows in another order). A later attempt (a
--- speculative copy running alongside): only the same offset.
-local function writer_mine(jobkey, stored, tag)
-  if not stored then return 0 end
-  local sg, sa, so = string.match(stored, '^(.*):(%d+):(%d+)$')
-  local cg, ca, co = string.match(tag, '^(.*):(%d+):(%d+)$')
-  if sg == nil or sg ~= cg then return 0 end
-  if tonumber(sa) < tonumber(ca) then
-    redis.call('HSET', jobkey, 'w', tag)
-    return 1
-  end
-  if so == co then return 1 end
-  return 0
-end
-
 -- Group functions (gctx, g_*: docs/fairness.md#groups) live in _groups.lua, which the script
 -- registry appends right after this file; declared here so that accept and start_entry below
 -- (and every script) can call them.
 local gctx, g_conf, g_count, g_held, g_tidy, g_fill, g_push,
   g_enter, g_release, g_unwait, g_gate, g_adopt
 
--- Priorities (docs/fairness.md#priorities): a record's 'p' is its priority 0..4, absent for
--- the default (2), whose entries go in the queue's ready stream as before priorities. A
--- script that routes jobs by priority gets the levels SET at KEYS[at] and the other levels'
--- streams (priorities 0, 1, 3, 4) at KEYS[at + 1 ..]. The stream of priority prio ('' or
--- absent: the default's, which the caller passes as default):
-local function level_stream(keys, at, prio, default)
-  local p = tonumber(prio)
-  if not p or p == 2 or not keys[at] then return default end
-  if p < 2 then return keys[at + 1 + p] end
-  return keys[at + p]
-end
+-- Helpers of rarer paths (layout-1 records, duplicates, delays, priorities, retries, dead
+-- letters, cancels, hand-backs), made by lib_cold() when a script call first needs one and
+-- returned in a table (the same one for the rest of the call). Every function a script
+-- defines is a closure made on each call, and each local it names an upvalue to find and
+-- later collect (~600+ redis-server instructions per function): most calls of enqueue.lua
+-- and finish.lua need none of these. A hot function here calls lib_cold().<name>(...) on the
+-- paths that need one; the script registry gives every other script that names one a local
+-- of that name first (scripts.py cold_first).
+local COLD = nil
+local function lib_cold()
+  if COLD then return COLD end
+  local function state_code(name)  -- state name -> letter (nil: not a state name)
+    if name == 'active' then return 'a' elseif name == 'queued' then return 'q'
+    elseif name == 'completed' then return 'c' elseif name == 'scheduled' then return 's'
+    elseif name == 'retrying' then return 'r' elseif name == 'failed' then return 'f'
+    elseif name == 'cancelled' then return 'x' end
+    return nil
+  end
 
--- Note a level as used (workers read the levels SET to know which streams to fetch from).
-local function level_used(keys, at, prio)
-  local p = tonumber(prio)
-  if p and p ~= 2 and keys[at] then redis.call('SADD', keys[at], p) end
+  local V1_NAME = nil  -- layout-2 name -> layout-1 name, made when a layout-1 record is met
+  local function v1_names()
+    if not V1_NAME then
+      V1_NAME = {s = 'state', e = 'entry', c = 'created', n = 'attempts', k = 'token',
+                 o = 'owner', a = 'started', f = 'finished', r = 'result', x = 'result_ttl'}
+    end
+    return V1_NAME
+  end
+
+  -- Rewrite a layout-1 record in layout 2 (same key, same TTL). Safe to repeat: a record that
+  -- has 's' (or no 'state') is left alone. 'type' and 'env' stay as they are (the envelope is
+  -- the producer's serde's bytes, which Lua cannot split): readers take them when 'b' is absent.
+  local function upgrade_v1(jobkey)
+    local h = redis.call('HGETALL', jobkey)
+    local t = {}
+    for i = 1, #h, 2 do t[h[i]] = h[i + 1] end
+    if t.s or not t.state then return false end
+    local set = {'s', state_code(t.state) or t.state}
+    if t.entry and t.entry ~= '' then set[#set + 1] = 'e'; set[#set + 1] = enc_entry(t.entry) end
+    for short, long in pairs(v1_names()) do
+      if short ~= 's' and short ~= 'e' and t[long] and t[long] ~= ''
+          and not (short == 'x' and t[long] == DEFAULT_TTL) then
+        set[#set + 1] = short; set[#set + 1] = t[long]
+      end
+    end
+    redis.call('HDEL', jobkey, 'state', 'entry', 'created', 'enqueued', 'attempts', 'token',
+      'owner', 'started', 'finished', 'result', 'result_ttl')
+    redis.call('HSET', jobkey, unpack(set))
+    return true
+  end
+
+  local function names_at(names)  -- name -> its index in names, found once per names table
+    if names.at then return names.at end
+    local at = {}
+    for i = #names, 1, -1 do at[names[i]] = i end
+    names.at = at
+    return at
+  end
+
+  -- HMGET of a job record by layout-2 names, decoded: 's' as the state name, 'e' as the stream
+  -- entry id, 'x' with its default, 'c' from 'e' when absent. A layout-1 record is upgraded
+  -- first when write is true or it is not active (an old worker may still be running an active
+  -- one: it is read as it is, and left for its owner, until a script takes it over); otherwise
+  -- it is read through its layout-1 names. Returns the reply table, or the error of a key that
+  -- is not a hash (its .err set). rec_t takes the names as a list (a script's constant one).
+  local function rec_t(jobkey, write, names)
+    local r = redis.pcall('HMGET', jobkey, unpack(names))
+    if r.err then return r end
+    if names[1] == 's' and not r[1] then
+      local v1 = redis.call('HGET', jobkey, 'state')
+      if v1 then
+        if write or v1 ~= 'active' then
+          upgrade_v1(jobkey)
+          r = redis.call('HMGET', jobkey, unpack(names))
+        else
+          local old = {}
+          local v1n = v1_names()
+          for i, f in ipairs(names) do old[i] = v1n[f] or f end
+          r = redis.call('HMGET', jobkey, unpack(old))
+          for i, f in ipairs(names) do
+            if f == 's' then r[i] = state_code(r[i]) or r[i]
+            elseif f == 'e' and r[i] then r[i] = enc_entry(r[i])
+            elseif f == 'x' and r[i] == DEFAULT_TTL then r[i] = false end
+          end
+        end
+      end
+    end
+    local at = names_at(names)
+    local is, ie, ix, ic = at.s, at.e, at.x, at.c
+    local v = is and r[is]
+    if v then r[is] = state_of(v) end
+    if ix then r[ix] = r[ix] or DEFAULT_TTL end
+    local e = ie and r[ie]
+    if ic and not r[ic] then r[ic] = entry_ms(e) end
+    if ie then r[ie] = dec_entry(e) end
+    return r
+  end
+
+  local function rec(jobkey, write, ...) return rec_t(jobkey, write, {...}) end
+
+  -- Point a record at a new stream entry (promotion, hand-back, requeue, re-drive), keeping
+  -- its creation time: 'c' is written once, from the old entry's time, when it was implied.
+  local function set_entry(jobkey, state, new_entry, ...)
+    local old = redis.call('HMGET', jobkey, 'e', 'c')
+    if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
+    redis.call('HSET', jobkey, 's', state_code(state), 'e', enc_entry(new_entry), ...)
+  end
+
+  -- The job type of a record, either layout.
+  local function job_type(jobkey)
+    local r = redis.call('HMGET', jobkey, 'b', 'type')
+    if r[1] then return string.match(r[1], '^(%S*)') or '' end
+    return r[2] or ''
+  end
+
+  -- Wake sleepers (scheduler, promoters) when a job becomes due sooner than anything else.
+  local function wake_if_sooner(delayed, channel, due)
+    if channel == '' then return end
+    local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+    if first[2] == nil or tonumber(first[2]) >= due then
+      redis.call('PUBLISH', channel, due)
+    end
+  end
+
+  -- Keep a short history of failed attempts in the record ('errors': JSON list, newest last,
+  -- at most 10), so an operator sees every attempt's error type without reading the events.
+  local function remember_error(jobkey, attempt, etype, now)
+    local raw = redis.call('HGET', jobkey, 'errors')
+    local list = {}
+    if raw then
+      local ok, decoded = pcall(cjson.decode, raw)
+      if ok and type(decoded) == 'table' then list = decoded end
+    end
+    list[#list + 1] = {attempt = tonumber(attempt) or 0, type = etype, t = now}
+    while #list > 10 do table.remove(list, 1) end
+    redis.call('HSET', jobkey, 'errors', cjson.encode(list))
+  end
+
+  -- Dead-letter a job: terminal 'failed' state, dead index entry, retention TTL, waiters told.
+  -- The caller counts it in the stats HASH ('failed'). clear_token: anyone but the lease holder
+  -- settling its own attempt buries the job, so the old lease ends here (a worker still running
+  -- it gets 'lost' from finish.lua, never another's outcome). The record is in layout 2.
+  local function bury(jobkey, dead, events, job_id, reason, err, etype, now,
+                      dead_ttl, dead_maxlen, events_maxlen, clear_token)
+    if err and err ~= '' then
+      redis.call('HSET', jobkey, 's', 'f', 'f', now, 'reason', reason, 'error', err)
+    else
+      redis.call('HSET', jobkey, 's', 'f', 'f', now, 'reason', reason)
+    end
+    if clear_token then redis.call('HDEL', jobkey, 'k') end
+    local jtype = job_type(jobkey)
+    if tonumber(dead_maxlen) > 0 then
+      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', job_id,
+        'reason', reason, 'etype', etype or '', 'type', jtype, 't', now)
+    end
+    if tonumber(dead_ttl) > 0 and redis.call('EXISTS', jobkey) == 1 then
+      redis.call('EXPIRE', jobkey, dead_ttl)
+    end
+    emit(events, events_maxlen, job_id, 'failed', now, reason)
+    notify(redis.call('HGET', jobkey, 'notify'), 'failed', job_id)
+  end
+
+  -- Whether an existing record was written by the caller's row, told by writer tags
+  -- '<run>:<partition>:<attempt>:<offset>' (Spark: the enqueue_dataframe call, the partition,
+  -- the task attempt id, increasing within a run, and the row's offset in the partition).
+  -- Another run or partition wrote it: no. The same attempt: only the same offset (a repeated
+  -- call), a later row is a repeat of the id. An earlier attempt: yes, once: the record takes
+  -- the caller's tag, so the attempt's later rows of that id are repeats (offsets may differ
+  -- between attempts when Spark reads shuffled rows in another order). A later attempt (a
+  -- speculative copy running alongside): only the same offset.
+  local function writer_mine(jobkey, stored, tag)
+    if not stored then return 0 end
+    local sg, sa, so = string.match(stored, '^(.*):(%d+):(%d+)$')
+    local cg, ca, co = string.match(tag, '^(.*):(%d+):(%d+)$')
+    if sg == nil or sg ~= cg then return 0 end
+    if tonumber(sa) < tonumber(ca) then
+      redis.call('HSET', jobkey, 'w', tag)
+      return 1
+    end
+    if so == co then return 1 end
+    return 0
+  end
+
+  -- Priorities (docs/fairness.md#priorities): a record's 'p' is its priority 0..4, absent for
+  -- the default (2), whose entries go in the queue's ready stream as before priorities. A
+  -- script that routes jobs by priority gets the levels SET at KEYS[at] and the other levels'
+  -- streams (priorities 0, 1, 3, 4) at KEYS[at + 1 ..]. The stream of priority prio ('' or
+  -- absent: the default's, which the caller passes as default):
+  local function level_stream(keys, at, prio, default)
+    local p = tonumber(prio)
+    if not p or p == 2 or not keys[at] then return default end
+    if p < 2 then return keys[at + 1 + p] end
+    return keys[at + p]
+  end
+
+  -- Note a level as used (workers read the levels SET to know which streams to fetch from).
+  local function level_used(keys, at, prio)
+    local p = tonumber(prio)
+    if p and p ~= 2 and keys[at] then redis.call('SADD', keys[at], p) end
+  end
+
+  -- End a job 'cancelled' (cancel.lua; finish.lua and start.lua for a running job whose cancel
+  -- was requested: 'cx'): terminal state, finish time, its result TTL ('x'; fire-and-forget
+  -- records are kept a minute, so a repeated cancel still sees them), the event and waiters
+  -- told. The caller counts it ('cancelled' in the stats) and acknowledges its entry.
+  local function end_cancelled(jobkey, events, events_maxlen, job_id, now, detail)
+    local r = redis.call('HMGET', jobkey, 'x', 'notify')
+    redis.call('HSET', jobkey, 's', 'x', 'f', now)
+    local ttl = tonumber(r[1] or DEFAULT_TTL) or 0
+    if r[1] == '0' then
+      redis.call('EXPIRE', jobkey, 60)
+    elseif ttl > 0 then
+      redis.call('EXPIRE', jobkey, ttl)
+    end
+    emit(events, events_maxlen, job_id, 'cancelled', now, detail)
+    notify(r[2], 'cancelled', job_id)
+  end
+
+  -- RateLimited(group=True) (finish.lua's 'later_group'): hold group g back until 'untl' ms, as
+  -- its rate limiter parks it (nothing of it is admitted or started before; unpark.lua admits
+  -- its waiting jobs then). A later hold already there is kept (ZADD GT).
+  local function g_hold(G, g, untl)
+    redis.call('ZADD', G.parked, 'GT', untl, g)
+    redis.call('ZADD', G.idx, 0, g)
+  end
+
+  -- A handler raised RateLimited (finish.lua's 'later' outcome): back to the delayed set until
+  -- due, as 'retrying', without counting the attempt (start.lua counted it in 'n': taken back,
+  -- so max_attempts is not consumed). Every other field (options, priority, group) is kept.
+  -- 'ft' makes a repeated finish call answer 'retrying' (as for a retry).
+  local function put_back_later(jobkey, delayed, wake, job_id, due, err, token)
+    wake_if_sooner(delayed, wake, due)
+    redis.call('ZADD', delayed, due, job_id)
+    redis.call('HSET', jobkey, 's', 'r', 'due', due, 'error', err, 'ft', 'retrying:' .. token)
+    if (tonumber(redis.call('HGET', jobkey, 'n')) or 0) > 0 then
+      redis.call('HINCRBY', jobkey, 'n', -1)
+    end
+  end
+
+  local START_F = {'s', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o', 'op', 'env',
+                   'cx', 'g', 'gw'}
+  COLD = {state_code = state_code, v1_names = v1_names, upgrade_v1 = upgrade_v1,
+    names_at = names_at, rec_t = rec_t, rec = rec, set_entry = set_entry, job_type = job_type,
+    wake_if_sooner = wake_if_sooner, remember_error = remember_error, bury = bury,
+    writer_mine = writer_mine, level_stream = level_stream, level_used = level_used,
+    end_cancelled = end_cancelled, g_hold = g_hold, put_back_later = put_back_later,
+    START_F = START_F}
+  return COLD
 end
 
 -- Accept one job (enqueue.lua, fire.lua). The job's 9 arguments start at args[b]: id,
@@ -391,10 +453,11 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
   local id, opts, body = args[b], args[b + 1], args[b + 2]
   if tag == '' then tag = nil end
   if not known_new and redis.call('EXISTS', jobkey) == 1 then
-    local existing = rec(jobkey, false, 's', 'r', 'error', 'b', 'op', 'w', 'env')
+    local C = lib_cold()
+    local existing = C.rec(jobkey, false, 's', 'r', 'error', 'b', 'op', 'w', 'env')
     local mine = 0
     if tag then
-      mine = writer_mine(jobkey, existing[6], tag)
+      mine = C.writer_mine(jobkey, existing[6], tag)
     elseif existing[4] == body and (existing[5] or '') == opts then
       mine = 1
     end
@@ -442,7 +505,7 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
   end
   local status
   if due > now then
-    wake_if_sooner(delayed, wake, due)
+    lib_cold().wake_if_sooner(delayed, wake, due)
     redis.call('ZADD', delayed, due, id)
     status = 'scheduled'
     if extra then
@@ -470,44 +533,6 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
   return status, status, '', '', 0
 end
 
--- End a job 'cancelled' (cancel.lua; finish.lua and start.lua for a running job whose cancel
--- was requested: 'cx'): terminal state, finish time, its result TTL ('x'; fire-and-forget
--- records are kept a minute, so a repeated cancel still sees them), the event and waiters
--- told. The caller counts it ('cancelled' in the stats) and acknowledges its entry.
-local function end_cancelled(jobkey, events, events_maxlen, job_id, now, detail)
-  local r = redis.call('HMGET', jobkey, 'x', 'notify')
-  redis.call('HSET', jobkey, 's', 'x', 'f', now)
-  local ttl = tonumber(r[1] or DEFAULT_TTL) or 0
-  if r[1] == '0' then
-    redis.call('EXPIRE', jobkey, 60)
-  elseif ttl > 0 then
-    redis.call('EXPIRE', jobkey, ttl)
-  end
-  emit(events, events_maxlen, job_id, 'cancelled', now, detail)
-  notify(r[2], 'cancelled', job_id)
-end
-
--- RateLimited(group=True) (finish.lua's 'later_group'): hold group g back until 'untl' ms, as
--- its rate limiter parks it (nothing of it is admitted or started before; unpark.lua admits
--- its waiting jobs then). A later hold already there is kept (ZADD GT).
-local function g_hold(G, g, untl)
-  redis.call('ZADD', G.parked, 'GT', untl, g)
-  redis.call('ZADD', G.idx, 0, g)
-end
-
--- A handler raised RateLimited (finish.lua's 'later' outcome): back to the delayed set until
--- due, as 'retrying', without counting the attempt (start.lua counted it in 'n': taken back,
--- so max_attempts is not consumed). Every other field (options, priority, group) is kept.
--- 'ft' makes a repeated finish call answer 'retrying' (as for a retry).
-local function put_back_later(jobkey, delayed, wake, job_id, due, err, token)
-  wake_if_sooner(delayed, wake, due)
-  redis.call('ZADD', delayed, due, job_id)
-  redis.call('HSET', jobkey, 's', 'r', 'due', due, 'error', err, 'ft', 'retrying:' .. token)
-  if (tonumber(redis.call('HGET', jobkey, 'n')) or 0) > 0 then
-    redis.call('HINCRBY', jobkey, 'n', -1)
-  end
-end
-
 -- What a worker needs to run a job: '<body>' or '!<n>:<options, n bytes><body>' (layout
 -- 2), or '~<envelope>' (a layout-1 record: its producer's envelope, kept as it was).
 local function job_data(r)
@@ -523,8 +548,6 @@ local now_us, rate_read, rate_allowed, rate_take, rate_wait_ms, rate_save
 
 -- start_entry's read: rec_t(jobkey, true, START_F) as one HGETALL (a short reply, no search
 -- per name). canon: entry is as Redis writes ids; 'e' equal to it (either form): r[2] = entry.
-local START_F = {'s', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o', 'op', 'env',
-                 'cx', 'g', 'gw'}
 local START_AT = {s = 1, e = 2, n = 3, max_attempts = 4, deadline = 5, b = 6, c = 7, k = 8,
                   o = 9, op = 10, env = 11, cx = 12, g = 13, gw = 14}  -- (names_at(START_F))
 local PAD = {'00', '0', ''}
@@ -540,7 +563,10 @@ local function start_rec(jobkey, entry, canon)
     if j then r[j] = h[i + 1] end
   end
   local s, e = r[1], r[2]
-  if not s then return rec_t(jobkey, true, START_F) end  -- layout 1, or no record
+  if not s then  -- layout 1, or no record
+    local C = lib_cold()
+    return C.rec_t(jobkey, true, C.START_F)
+  end
   local ems
   if canon and e then
     local p = string.find(entry, '-', 1, true)
@@ -611,7 +637,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
         and not (ems or string.match(r[2] or '', '^%d+%-%d+$'))) then
     -- a record without a usable state or stream entry is damaged, not a ghost: bury it
     ack_del(stream, c.group, entry)
-    bury(jobkey, c.dead, c.events, id, 'job record corrupted', '', 'CorruptRecord', now,
+    lib_cold().bury(jobkey, c.dead, c.events, id, 'job record corrupted', '', 'CorruptRecord', now,
       c.dead_ttl, c.dead_maxlen, c.events_maxlen, true)
     c.failed = c.failed + 1
     return 'dead', 0, 0, 'job record corrupted', 0, 0, 0
@@ -628,14 +654,14 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   elseif r[12] then  -- cancel requested while it ran: it ends here, never runs again
     ack_del(stream, c.group, entry)
     redis.call('HDEL', jobkey, 'k')
-    end_cancelled(jobkey, c.events, c.events_maxlen, id, now, 'cancel requested')
+    lib_cold().end_cancelled(jobkey, c.events, c.events_maxlen, id, now, 'cancel requested')
     if g then g_release(G, g, id, stream, now) end
     c.cancelled = c.cancelled + 1
     return 'skip', 0, 0, 'cancelled', 0, 0, 0
   elseif c.paused then
     -- hand it back untouched (no attempt counted); a lapsed lease's owner is fenced out
     ack_del(stream, c.group, entry)
-    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+    lib_cold().set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
     redis.call('HDEL', jobkey, 'k')
     c.handed = c.handed + 1
     return 'paused', 0, 0, 'queue paused', 0, 0, 0
@@ -652,21 +678,21 @@ local function start_entry(c, jobkey, entry, id, token, owned)
       and not (max_attempts > 0 and attempts >= max_attempts) then
     -- over the queue's rate: hand it back untouched (no attempt counted), as when paused
     ack_del(stream, c.group, entry)
-    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
+    lib_cold().set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
     redis.call('HDEL', jobkey, 'k')
     c.handed = c.handed + 1
     return 'limited', 0, 0, rate_wait_ms(c.rate), 0, 0, 0
   end
   if deadline > 0 and now > deadline then
     ack_del(stream, c.group, entry)
-    bury(jobkey, c.dead, c.events, id, 'deadline passed', '', 'DeadlineExceeded', now,
+    lib_cold().bury(jobkey, c.dead, c.events, id, 'deadline passed', '', 'DeadlineExceeded', now,
       c.dead_ttl, c.dead_maxlen, c.events_maxlen, true)
     if g then g_release(G, g, id, stream, now) end
     c.failed = c.failed + 1
     return 'dead', 0, attempts, 'deadline passed', 0, 0, 0
   elseif max_attempts > 0 and attempts >= max_attempts then
     ack_del(stream, c.group, entry)
-    bury(jobkey, c.dead, c.events, id, 'attempts exhausted (lease lapsed)', '',
+    lib_cold().bury(jobkey, c.dead, c.events, id, 'attempts exhausted (lease lapsed)', '',
       'LeaseExpired', now, c.dead_ttl, c.dead_maxlen, c.events_maxlen, true)
     if g then g_release(G, g, id, stream, now) end
     c.failed = c.failed + 1

@@ -194,13 +194,14 @@ local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
 end
 local seen, used = {}, {}
 local lv = (extra == 5 or extra == 16) and (4 + n + extra - 4) or nil  -- the level keys
+local C = lv and lib_cold()  -- (level_stream, level_used)
 local handable = 0
 for i = 1, n do
   local b = 5 + 10 * (i - 1)
   local jobkey = KEYS[4 + i]
   local prio = lv and ARGV[#ARGV - n + i] or ''
   local to = stream
-  if prio ~= '' then to = level_stream(KEYS, lv, prio, stream) end
+  if prio ~= '' then to = C.level_stream(KEYS, lv, prio, stream) end
   local status, state, result, err, mine = accept(jobkey, to, delayed, events,
     events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
     none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio)
@@ -210,7 +211,7 @@ for i = 1, n do
   end
   if prio ~= '' and not used[prio] and (status == 'queued' or status == 'scheduled') then
     used[prio] = true
-    level_used(KEYS, lv, prio)
+    C.level_used(KEYS, lv, prio)
   end
   if status == 'duplicate' then
     duplicates = duplicates + 1

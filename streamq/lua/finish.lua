@@ -64,7 +64,7 @@ for i = 1, n do
       r[1] = state_of(v)
       r[3] = r[3] or DEFAULT_TTL
     else  -- layout 1, or no record
-      r = rec_t(jobkey, false, NAMES)
+      r = lib_cold().rec_t(jobkey, false, NAMES)
     end
   end
   local state, cur = r[1], r[2]
@@ -90,16 +90,17 @@ for i = 1, n do
     end
   else
     if entry ~= '' then settled[#settled + 1] = entry end
+    local C = outcome ~= 'ok' and lib_cold()  -- (the helpers of every other outcome)
     if outcome ~= 'ok' and (outcome == 'cancel' or r[5]) then
-      end_cancelled(jobkey, events, events_maxlen, id, now, 'running')
+      C.end_cancelled(jobkey, events, events_maxlen, id, now, 'running')
       redis.call('HSET', jobkey, 'ft', 'cancelled:' .. token)
       cancelled = cancelled + 1
       out[i] = 'cancelled'
     elseif outcome == 'later' or outcome == 'later_group' then
-      put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
+      C.put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
       if outcome == 'later_group' and r[6] then
         if not G_made then G, G_made = gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
-        if G then g_hold(G, r[6], now + tonumber(extra)) end
+        if G then C.g_hold(G, r[6], now + tonumber(extra)) end
       end
       limited = limited + 1
       emit(events, events_maxlen, id, 'rate_limited', now, extra)
@@ -123,22 +124,22 @@ for i = 1, n do
       if r[4] then notify(r[4], 'completed', id, data) end
       out[i] = 'completed'
     else
-      local a = rec_t(jobkey, false, TRIES)
+      local a = C.rec_t(jobkey, false, TRIES)
       local max_attempts = tonumber(a[3]) or 0
       if outcome == 'retry' and (max_attempts == 0 or (tonumber(a[2]) or 0) < max_attempts) then
         local due = now + tonumber(extra)
-        wake_if_sooner(delayed, wake, due)
+        C.wake_if_sooner(delayed, wake, due)
         redis.call('ZADD', delayed, due, id)
         redis.call('HSET', jobkey, 's', 'r', 'due', due, 'error', data, 'ft', 'retrying:' .. token)
-        remember_error(jobkey, a[2], etype, now)
+        C.remember_error(jobkey, a[2], etype, now)
         retried = retried + 1
         emit(events, events_maxlen, id, 'retrying', now, etype)
         out[i] = 'retrying'
       else
         local reason = extra
         if outcome == 'retry' then reason = 'attempts exhausted' end
-        if etype ~= 'LeaseExpired' then remember_error(jobkey, a[2], etype, now) end
-        bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
+        if etype ~= 'LeaseExpired' then C.remember_error(jobkey, a[2], etype, now) end
+        C.bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
           events_maxlen, false)
         redis.call('HSET', jobkey, 'ft', 'failed:' .. token)
         failed = failed + 1
