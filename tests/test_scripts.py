@@ -7,7 +7,7 @@ from importlib import resources
 
 import redis
 
-from streamq._core.scripts import SCRIPTS, _chunks, _code, shaken
+from streamq._core.scripts import _LOADERS, SCRIPTS, _chunks, _code, shaken
 
 _LIB = "\n".join((resources.files("streamq") / "lua" / n).read_text()
                  for n in ("_lib.lua", "_groups.lua", "_rate.lua"))
@@ -19,9 +19,52 @@ def _defined(source: str) -> set[str]:
 
 def test_the_helpers_split_into_statements_that_add_up_to_the_whole() -> None:
     assert "\n".join(t for _d, _u, t in _chunks(_LIB)) == _LIB.rstrip("\n")
+    declared = next(d for d, _u, t in _chunks(_LIB)
+                    if "lib_groups" in d and t.startswith("local "))
+    assert {"lib_groups", "lib_rate"} <= declared
     # a forward declaration over several lines names every helper it declares
-    declared = next(d for d, _u, t in _chunks(_LIB) if "gctx" in d and t.startswith("local "))
-    assert {"gctx", "g_adopt", "g_enter"} <= declared
+    lib = "local a, b,\n  c, d\nfunction c() return 1 end\n"
+    assert _chunks(lib)[0][0] == {"a", "b", "c", "d"}
+
+
+def _made_on_need() -> dict[str, str]:
+    """Each helper a loader makes (scripts._LOADERS) -> its loader."""
+    made: dict[str, str] = {}
+    for loader, var in _LOADERS:
+        for defines, _u, text in _chunks(_LIB):
+            if loader in defines and f"{var} = {{" in text:
+                table = text[text.index(f"{var} = {{"):]
+                for n in re.findall(r"\b(\w+)\s*=\s*\1\b", table[:table.index("}")]):
+                    made[n] = loader
+    return made
+
+
+def test_a_helper_made_on_first_need_is_never_named_bare() -> None:
+    """Outside its loader, a helper of lib_cold, lib_groups or lib_rate is named only as
+    <loader>().<name> or through the locals cold_first gives a script: a bare name would be
+    an undefined global on a path that tests might not take."""
+    made = _made_on_need()
+    assert {"bury", "rec", "gctx", "g_release", "rate_take"} <= set(made)
+    bare = re.compile(r"(?<![\w.])(" + "|".join(made) + r")\b")
+    for name, script in SCRIPTS.items():
+        src = script.source
+        for loader, var in _LOADERS:  # the loaders' own text
+            a = src.find(f"function {loader}()")
+            if a >= 0:
+                src = src[:a] + src[src.index(f"\n  return {var}\nend\n", a):]
+        declared: set[str] = set()
+        for m in re.finditer(r"^local _\w+ = lib_\w+\(\)\nlocal ([\w, ]+) =", src, re.M):
+            declared |= {x.strip() for x in m.group(1).split(",")}
+        for line in src.splitlines():
+            code = re.sub(r"'[^']*'", "''", line.split("--")[0])
+            for n in bare.findall(code):
+                assert n in declared, (name, line)
+
+
+def test_enqueue_and_finish_make_no_rare_helper_on_their_common_path() -> None:
+    for name in ("enqueue", "finish"):
+        head = SCRIPTS[name].source.split("\n-- " + name + ".lua:")[0]
+        assert not re.search(r"^local _\w+ = lib_\w+\(\)$", head, re.M), name
 
 
 def test_each_script_keeps_every_helper_it_uses_and_drops_others() -> None:

@@ -362,23 +362,31 @@ def shaken(lib: str, body: str) -> str:
     return "\n".join(t for k, (_d, _u, t) in zip(keep, chunks, strict=True) if k) + "\n" + body
 
 
+_LOADERS = (("lib_cold", "COLD"), ("lib_groups", "GROUPS"), ("lib_rate", "RATE"))
+"""The helper loaders of the library: each makes its functions when a script call first asks
+for them and returns them in a table (``VAR = {name = name, ...}``)."""
+
+
 def cold_first(lib: str, body: str) -> str:
-    """``body``, preceded by locals of the helpers of rarer paths it names: those that
-    ``_lib.lua``'s ``lib_cold()`` makes when first asked and returns in a table (its
-    ``COLD = {name = name, ...}``). A body that calls ``lib_cold`` itself (enqueue.lua,
-    finish.lua) is left as it is: it asks for them on the paths that need one, so that its
-    common calls make none of them."""
-    cold: list[str] = []
-    for defines, _uses, text in _chunks(lib):
-        if "lib_cold" in defines and "COLD = {" in text:
-            table = text[text.index("COLD = {"):]
-            cold = re.findall(r"\b(\w+)\s*=\s*\1\b", table[:table.index("}")])
+    """``body``, preceded by locals of the helpers it names that one of the library's loaders
+    (``_LOADERS``: ``_lib.lua``'s ``lib_cold``, ``_groups.lua``'s ``lib_groups``,
+    ``_rate.lua``'s ``lib_rate``) makes on first need. A body that calls a loader itself
+    (enqueue.lua, finish.lua) gets no locals of that one: it asks for them on the paths that
+    need one, so that its common calls make none of them."""
     uses = set(_WORD.findall(_code(body)))
-    named = [n for n in cold if n in uses]
-    if "lib_cold" in uses or not named:
-        return body
-    return ("local _cold = lib_cold()\n"
-            f"local {', '.join(named)} = {', '.join('_cold.' + n for n in named)}\n" + body)
+    head = ""
+    for loader, var in _LOADERS:
+        names: list[str] = []
+        for defines, _uses, text in _chunks(lib):
+            if loader in defines and f"{var} = {{" in text:
+                table = text[text.index(f"{var} = {{"):]
+                names = re.findall(r"\b(\w+)\s*=\s*\1\b", table[:table.index("}")])
+        named = [n for n in names if n in uses]
+        if loader in uses or not named:
+            continue
+        head += (f"local _{var} = {loader}()\n"
+                 f"local {', '.join(named)} = {', '.join(f'_{var}.' + n for n in named)}\n")
+    return head + body
 
 
 def _load() -> dict[str, Script]:

@@ -1,7 +1,10 @@
 -- _groups.lua: the group functions (docs/fairness.md#groups), appended by the script registry
--- right after _lib.lua (which declares their names, so its accept and start_entry can call
--- them) and before every script. Functions only: no KEYS, no ARGV of its own. Each
--- 'function g_x' below assigns _lib.lua's local of that name.
+-- right after _lib.lua and before every script. Functions only: no KEYS, no ARGV of its own.
+-- They are made by lib_groups() (declared in _lib.lua, so that its accept and start_entry can
+-- call it) when a script call first needs one, and returned in a table: a call that meets
+-- no group makes none of them (as _lib.lua's lib_cold). The script registry gives every
+-- script that names one a local of that name first (scripts.py cold_first); _lib.lua,
+-- enqueue.lua and finish.lua call lib_groups().<name>.
 -- A grouped job (record field 'g') holds a slot of its group from admission (XADD to the
 -- stream) until it leaves the stream for good (completed, retrying, dead, cancelled), or is
 -- handed back to its group's wait list (group paused, over its limit, rate not yet due).
@@ -13,15 +16,15 @@
 -- 'gw' = its seq and priority; a job admitted from the wait list by a script that cannot name its record
 -- (the record key is not in KEYS) carries 'w' = that seq in its stream entry, and the first
 -- script that meets the entry writes 'e' (g_adopt).
-local SEQ0 = 5000000000000000  -- wait seqs: SEQ0 + n at the tail; at the head (a job handed
--- back) <ms now><3 digits of a counter>, below SEQ0 for ages and rising with time, so jobs
--- handed back go ahead of the never-admitted ones, in the order they were handed back
+local GROUPS = nil
+function lib_groups()
+  if GROUPS then return GROUPS end
+  local SEQ0 = 5000000000000000  -- wait seqs: SEQ0 + n at the tail; at the head (a job handed
+  -- back) <ms now><3 digits of a counter>, below SEQ0 for ages and rising with time, so jobs
+  -- handed back go ahead of the never-admitted ones, in the order they were handed back
+  local gctx, g_conf, g_count, g_held, g_tidy, g_fill, g_push, g_enter, g_release, g_unwait,
+    g_gate, g_adopt
 
--- The group functions but gctx and g_adopt are made by g_load, which gctx runs when a script
--- call first makes a group context: a call that meets no group makes none of them (every
--- function a script defines is a closure made on each call, ~600 redis-server instructions;
--- every g_x below takes a context that gctx made).
-local function g_load()
   -- A group's limit, paused flag and rate (n, period ms; n = 0: none): overrides, else defaults.
   function g_conf(G, g)
     local c = redis.call('HMGET', G.cfg, 'l:' .. g, 'p:' .. g, 'r:' .. g)
@@ -156,37 +159,39 @@ local function g_load()
     end
     return nil
   end
-end
 
--- The group context: the keys of Keys.group_keys from keys[at] (the six group keys, then the
--- ready streams of priorities 0..4), and QueueConfig.group_arg '<default limit> <default rate
--- n> <rate period ms>'. nil when the caller passed no keys.
-function gctx(keys, at, spec)
-  if not keys[at] or not keys[at + 5] then return nil end
-  if not g_conf then g_load() end
-  local l, rn, rp = string.match(spec or '', '^(%d+) (%d+) (%d+)$')
-  local levels = nil
-  if keys[at + 10] then levels = {keys[at + 6], keys[at + 7], keys[at + 8], keys[at + 9],
-                                  keys[at + 10]} end
-  return {wait = keys[at], fl = keys[at + 1], idx = keys[at + 2], cfg = keys[at + 3],
-          tat = keys[at + 4], parked = keys[at + 5], levels = levels, limit = tonumber(l) or 1,
-          rn = tonumber(rn) or 0, rp = tonumber(rp) or 0}
-end
-
--- A record admitted from its wait list meets its stream entry: when the entry carries the
--- record's 'gw', the record takes the entry as its own ('e'). Returns whether it did.
-function g_adopt(jobkey, stream, entry, gw)
-  local x = redis.call('XRANGE', stream, entry, entry)
-  if not x[1] then return false end
-  local f = x[1][2]
-  for i = 1, #f - 1, 2 do
-    if f[i] == 'w' then
-      if f[i + 1] ~= gw then return false end
-      redis.call('HSET', jobkey, 'e', enc_entry(entry))
-      redis.call('HDEL', jobkey, 'gw')
-      return true
-    end
+  -- The group context: the keys of Keys.group_keys from keys[at] (the six group keys, then the
+  -- ready streams of priorities 0..4), and QueueConfig.group_arg '<default limit> <default rate
+  -- n> <rate period ms>'. nil when the caller passed no keys.
+  function gctx(keys, at, spec)
+    if not keys[at] or not keys[at + 5] then return nil end
+    local l, rn, rp = string.match(spec or '', '^(%d+) (%d+) (%d+)$')
+    local levels = nil
+    if keys[at + 10] then levels = {keys[at + 6], keys[at + 7], keys[at + 8], keys[at + 9],
+                                    keys[at + 10]} end
+    return {wait = keys[at], fl = keys[at + 1], idx = keys[at + 2], cfg = keys[at + 3],
+            tat = keys[at + 4], parked = keys[at + 5], levels = levels, limit = tonumber(l) or 1,
+            rn = tonumber(rn) or 0, rp = tonumber(rp) or 0}
   end
-  return false
-end
 
+  -- A record admitted from its wait list meets its stream entry: when the entry carries the
+  -- record's 'gw', the record takes the entry as its own ('e'). Returns whether it did.
+  function g_adopt(jobkey, stream, entry, gw)
+    local x = redis.call('XRANGE', stream, entry, entry)
+    if not x[1] then return false end
+    local f = x[1][2]
+    for i = 1, #f - 1, 2 do
+      if f[i] == 'w' then
+        if f[i + 1] ~= gw then return false end
+        redis.call('HSET', jobkey, 'e', enc_entry(entry))
+        redis.call('HDEL', jobkey, 'gw')
+        return true
+      end
+    end
+    return false
+  end
+  GROUPS = {gctx = gctx, g_conf = g_conf, g_count = g_count, g_held = g_held, g_tidy = g_tidy,
+    g_fill = g_fill, g_push = g_push, g_enter = g_enter, g_release = g_release,
+    g_unwait = g_unwait, g_gate = g_gate, g_adopt = g_adopt}
+  return GROUPS
+end

@@ -181,11 +181,11 @@ local function notify(channel, state, job_id, result)
   end
 end
 
--- Group functions (gctx, g_*: docs/fairness.md#groups) live in _groups.lua, which the script
--- registry appends right after this file; declared here so that accept and start_entry below
--- (and every script) can call them.
-local gctx, g_conf, g_count, g_held, g_tidy, g_fill, g_push,
-  g_enter, g_release, g_unwait, g_gate, g_adopt
+-- Group functions (gctx, g_*: docs/fairness.md#groups) are made by lib_groups(), and the
+-- queue-wide rate limiter (now_us, rate_*: docs/fairness.md#queue-wide-rate-limit) by
+-- lib_rate(), in _groups.lua and _rate.lua, which the script registry appends right after
+-- this file; declared here so that accept and start_entry below can call them.
+local lib_groups, lib_rate
 
 -- Helpers of rarer paths (layout-1 records, duplicates, delays, priorities, retries, dead
 -- letters, cancels, hand-backs), made by lib_cold() when a script call first needs one and
@@ -517,7 +517,7 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
     status = 'queued'
     redis.call('HSET', jobkey, 's', 'q', 'b', body, 'c', now)
     if prio and prio ~= '' then redis.call('HSET', jobkey, 'p', prio) end  -- (g_push reads it)
-    local entry = g_enter(G, g, id, jobkey, stream, now)
+    local entry = lib_groups().g_enter(G, g, id, jobkey, stream, now)
     if entry then redis.call('HSET', jobkey, 'e', enc_entry(entry)) end
     redis.call('HSET', jobkey, unpack(extra))  -- (holds 'g')
   else
@@ -541,10 +541,6 @@ local function job_data(r)
   return r[6]
 end
 
--- The queue-wide rate limiter (now_us, rate_*: docs/fairness.md#queue-wide-rate-limit) lives
--- in _rate.lua, which the script registry appends after _groups.lua; declared here so that
--- start_entry below (and every script) can call them.
-local now_us, rate_read, rate_allowed, rate_take, rate_wait_ms, rate_save
 
 -- start_entry's read: rec_t(jobkey, true, START_F) as one HGETALL (a short reply, no search
 -- per name). canon: entry is as Redis writes ids; 'e' equal to it (either form): r[2] = entry.
@@ -613,11 +609,11 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   state = r[1]
   local G = c.G
   if not G and c.gat and (r[13] or r[14]) then  -- (enqueue.lua's hand-off: made when needed)
-    G = gctx(KEYS, c.gat, c.gspec)
+    G = lib_groups().gctx(KEYS, c.gat, c.gspec)
     c.G = G
   end
   if G and not r[2] and r[14] then  -- admitted from its group's wait list: its entry?
-    r[2] = g_adopt(jobkey, stream, entry, r[14]) and entry or '0-0'
+    r[2] = lib_groups().g_adopt(jobkey, stream, entry, r[14]) and entry or '0-0'
   end
   local g = G and r[13] or nil
   if r.err then  -- the key holds something else than a job record
@@ -655,7 +651,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     ack_del(stream, c.group, entry)
     redis.call('HDEL', jobkey, 'k')
     lib_cold().end_cancelled(jobkey, c.events, c.events_maxlen, id, now, 'cancel requested')
-    if g then g_release(G, g, id, stream, now) end
+    if g then lib_groups().g_release(G, g, id, stream, now) end
     c.cancelled = c.cancelled + 1
     return 'skip', 0, 0, 'cancelled', 0, 0, 0
   elseif c.paused then
@@ -672,7 +668,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   local charged = false
   if c.rate and not (deadline > 0 and now > deadline)
       and not (max_attempts > 0 and attempts >= max_attempts) then
-    charged = rate_take(c.rate)
+    charged = lib_rate().rate_take(c.rate)
   end
   if c.rate and not charged and not (deadline > 0 and now > deadline)
       and not (max_attempts > 0 and attempts >= max_attempts) then
@@ -681,30 +677,30 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     lib_cold().set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
     redis.call('HDEL', jobkey, 'k')
     c.handed = c.handed + 1
-    return 'limited', 0, 0, rate_wait_ms(c.rate), 0, 0, 0
+    return 'limited', 0, 0, lib_rate().rate_wait_ms(c.rate), 0, 0, 0
   end
   if deadline > 0 and now > deadline then
     ack_del(stream, c.group, entry)
     lib_cold().bury(jobkey, c.dead, c.events, id, 'deadline passed', '', 'DeadlineExceeded', now,
       c.dead_ttl, c.dead_maxlen, c.events_maxlen, true)
-    if g then g_release(G, g, id, stream, now) end
+    if g then lib_groups().g_release(G, g, id, stream, now) end
     c.failed = c.failed + 1
     return 'dead', 0, attempts, 'deadline passed', 0, 0, 0
   elseif max_attempts > 0 and attempts >= max_attempts then
     ack_del(stream, c.group, entry)
     lib_cold().bury(jobkey, c.dead, c.events, id, 'attempts exhausted (lease lapsed)', '',
       'LeaseExpired', now, c.dead_ttl, c.dead_maxlen, c.events_maxlen, true)
-    if g then g_release(G, g, id, stream, now) end
+    if g then lib_groups().g_release(G, g, id, stream, now) end
     c.failed = c.failed + 1
     return 'dead', 0, attempts, 'attempts exhausted (lease lapsed)', 0, 0, 0
   end
-  local held = g and g_gate(G, g, id, now)
+  local held = g and lib_groups().g_gate(G, g, id, now)
   if held then  -- back to the head of its group's wait list, no attempt counted
     if charged then c.rate.tat = c.rate.tat - c.rate.interval end  -- did not start: refund
     ack_del(stream, c.group, entry)
-    g_push(G, g, id, jobkey, true)
+    lib_groups().g_push(G, g, id, jobkey, true)
     redis.call('HDEL', jobkey, 'k')
-    g_release(G, g, id, stream, now)
+    lib_groups().g_release(G, g, id, stream, now)
     c.gheld = (c.gheld or 0) + 1
     return 'skip', 0, attempts, held, 0, 0, 0
   end

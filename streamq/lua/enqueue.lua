@@ -71,7 +71,7 @@ if has_g then
     if grouped then break end
     grouped = ARGV[5 + 10 * n + i] ~= ''
   end
-  if grouped then G = gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) end
+  if grouped then G = lib_groups().gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) end
 end
 local depth = -1
 if max_depth > 0 then

@@ -99,7 +99,7 @@ for i = 1, n do
     elseif outcome == 'later' or outcome == 'later_group' then
       C.put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
       if outcome == 'later_group' and r[6] then
-        if not G_made then G, G_made = gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
+        if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
         if G then C.g_hold(G, r[6], now + tonumber(extra)) end
       end
       limited = limited + 1
@@ -147,8 +147,8 @@ for i = 1, n do
       end
     end
     if r[6] then
-      if not G_made then G, G_made = gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
-      if G then g_release(G, r[6], id, stream, now) end
+      if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
+      if G then lib_groups().g_release(G, r[6], id, stream, now) end
     end
   end
 end
