@@ -152,21 +152,32 @@ end
 -- Hand up to m jobs just added to the ready stream to idle workers (the header's hand-off).
 local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
   local live = redis.call('ZRANGEBYSCORE', tickets, now, '+inf', 'LIMIT', 0, m + 4)
-  if not live[1] or redis.call('EXISTS', paused) == 1 then return end  -- (the common case
-  -- under load: no idle worker, nothing more to do)
+  if not live[1] then return end  -- (the common case under load: no idle worker, nothing
+  -- more to do)
   -- a grouped entry at the stream's head goes through its gate (start_entry makes the group
   -- context from gat and gspec when it meets one)
   local c = {dead = dead, stats = stats, events = events, stream = stream, group = 'streamq',
     resume = '', now = now, paused = false, started = 0, reclaimed = 0, failed = 0,
     handed = 0, cancelled = 0, fresh = {}, G = G, gat = (has_g and not G) and 5 + n or nil,
     gspec = ARGV[5 + 10 * n]}
-  for _, member in ipairs(live) do
+  for i, member in ipairs(live) do
     if m <= 0 then break end
     local records, inbox, tokens, ev, dttl, dmax, consumer = ticket_fields(member)
+    local there = nil  -- whether the inbox exists (nil: not asked yet)
+    if i == 1 then
+      -- the pause flag and the first inbox in one EXISTS, the inbox named twice: an odd
+      -- count is the flag (paused: nothing starts, no ticket is touched), 2 or more the inbox
+      local k
+      if inbox then k = redis.call('EXISTS', paused, inbox, inbox)
+      else k = redis.call('EXISTS', paused) end
+      if k % 2 == 1 then return end
+      there = k >= 2
+    end
     -- the worker subscribes to its inbox's name as a channel: no subscriber, no worker
     -- (killed: its connection closed) or none yet; an inbox gone, a worker gone
     local alive = inbox and redis.call('PUBSUB', 'NUMSUB', inbox)[2] > 0
-    if not alive or redis.call('EXISTS', inbox) == 0 then
+    if alive and there == nil then there = redis.call('EXISTS', inbox) == 1 end
+    if not alive or not there then
       redis.call('ZREM', tickets, member)
     else
       local reply = redis.pcall('XREADGROUP', 'GROUP', c.group, consumer, 'COUNT', 1,

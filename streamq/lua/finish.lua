@@ -47,8 +47,9 @@ local out = {}
 local completed, retried, failed, lost, cancelled, limited = 0, 0, 0, 0, 0, 0
 local settled = {}  -- acknowledged and deleted with one XACK and one XDEL after the loop
 local G, G_made = nil, false  -- the group context, made when a grouped job needs it
--- what every attempt needs; the rest ('ft', attempts) only on the paths that use it
-local NAMES, TRIES = {'s', 'k', 'x', 'notify', 'cx', 'g'}, {'s', 'n', 'max_attempts'}
+-- what every attempt needs; the rest ('ft', attempts) only on the paths that use it (the
+-- name lists of rec_t, made when first needed)
+local NAMES, TRIES = nil, nil
 local TTL = {}  -- tonumber of each 'x' value met
 local now_s, ev_completed = nstr(now), emit_on(events_maxlen, 'completed')
 for i = 1, n do
@@ -64,6 +65,7 @@ for i = 1, n do
       r[1] = state_of(v)
       r[3] = r[3] or DEFAULT_TTL
     else  -- layout 1, or no record
+      NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g'}
       r = lib_cold().rec_t(jobkey, false, NAMES)
     end
   end
@@ -124,6 +126,7 @@ for i = 1, n do
       if r[4] then notify(r[4], 'completed', id, data) end
       out[i] = 'completed'
     else
+      TRIES = TRIES or {'s', 'n', 'max_attempts'}
       local a = C.rec_t(jobkey, false, TRIES)
       local max_attempts = tonumber(a[3]) or 0
       if outcome == 'retry' and (max_attempts == 0 or (tonumber(a[2]) or 0) < max_attempts) then
