@@ -583,7 +583,7 @@ end
 -- 'active', owned by the caller, under another token of that prefix is a start of this
 -- worker whose reply was lost (claim.lua's): the same start seen again, no attempt
 -- counted), G (the group context, gctx; nil: no group gate, unless gat is set: then it is
--- made from KEYS[gat ..] and the group defaults gspec once an entry of a group needs it),
+-- made from gkeys[gat ..] and the group defaults gspec once an entry of a group needs it),
 -- the counters started,
 -- reclaimed, failed, handed, cancelled, gheld, and fresh (entries whose idle
 -- time the caller resets with one XCLAIM JUSTID). owned: the caller read the entry into its
@@ -609,7 +609,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   state = r[1]
   local G = c.G
   if not G and c.gat and (r[13] or r[14]) then  -- (enqueue.lua's hand-off: made when needed)
-    G = lib_groups().gctx(KEYS, c.gat, c.gspec)
+    G = lib_groups().gctx(c.gkeys, c.gat, c.gspec)
     c.G = G
   end
   if G and not r[2] and r[14] then  -- admitted from its group's wait list: its entry?

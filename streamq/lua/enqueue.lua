@@ -159,7 +159,7 @@ local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
   local c = {dead = dead, stats = stats, events = events, stream = stream, group = 'streamq',
     resume = '', now = now, paused = false, started = 0, reclaimed = 0, failed = 0,
     handed = 0, cancelled = 0, fresh = {}, G = G, gat = (has_g and not G) and 5 + n or nil,
-    gspec = ARGV[5 + 10 * n]}
+    gkeys = KEYS, gspec = ARGV[5 + 10 * n]}
   for i, member in ipairs(live) do
     if m <= 0 then break end
     local records, inbox, tokens, ev, dttl, dmax, consumer = ticket_fields(member)
