@@ -112,6 +112,41 @@ async def test_a_lost_claim_reply_burns_no_attempt(url: str, qname: str,
     admin.close()
 
 
+async def test_an_own_pending_entry_deleted_meanwhile_is_acked_not_dead_lettered(
+        url: str, qname: str, r: redis.Redis) -> None:
+    """A worker restarted under its consumer name reads its own pending entries first; one
+    deleted from the stream meanwhile (redis-py 8 reads it as {} fields, older ones as None)
+    is a ghost: acked, no dead letter, no failure counted, the others run."""
+    k = Keys(qname)
+    ran: list[str] = []
+    reg = Registry()
+
+    @reg.handler("t")
+    async def t(job: Job) -> None:
+        ran.append(job.id)
+
+    admin = Admin.from_url(url)
+    admin.pause(qname)
+    with Queue.from_url(url, qname) as q:
+        for i in range(3):
+            q.enqueue("t", job_id=f"j{i}")
+        r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+        # delivered to "ghost-1" (its start never ran), then j1's entry and record removed
+        got = r.xreadgroup(GROUP, "ghost-1", {k.stream: ">"})
+        entries = {f[b"id"].decode(): eid for eid, f in got[0][1]}
+        r.xdel(k.stream, entries["j1"])
+        r.delete(k.job("j1"))
+        async with Worker(url, [qname], reg, fast(), consumer="ghost-1"):
+            admin.resume(qname)
+            await eventually(lambda: sorted(ran) == ["j0", "j2"], what="j0 and j2 to run")
+            await eventually(lambda: r.xpending(k.stream, GROUP)["pending"] == 0,
+                             what="nothing left pending")
+        assert r.xlen(k.dead) == 0
+        assert r.hget(k.stats, "failed") in (None, b"0")
+        assert q.get("j0").state == "completed"  # type: ignore[union-attr]
+    admin.close()
+
+
 async def test_idle_worker_starts_a_job_then_drains_by_claims(url: str, qname: str) -> None:
     """An idle worker (blocking read) starts a lone job; a backlog after it is claimed."""
     done: list[str] = []

@@ -363,7 +363,7 @@ class Fetching(HandOff):
         ghosts: list[str] = []
         for entry_id, fields in entries:
             eid = entry_id.decode()
-            if fields is None:
+            if not fields:  # deleted while pending: None, or {} from redis-py 8's parser
                 ghosts.append(eid)
                 continue
             raw = fields.get(b"id")
