@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import os
+import threading
 import time
 from typing import Any
 
@@ -363,6 +365,65 @@ def test_sync_waiters_from_many_threads_share_one_subscription(url: str, qname: 
     assert results == list(range(200))
     q.close()
     assert r.pubsub_channels(f"streamq:{{{qname}}}:wait:*") == []  # closed with the queue
+
+
+def test_sync_waiters_read_the_subscription_themselves_and_hand_it_over(
+        url: str, qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sync Queue starts no thread for its waiters: the waiting callers read the shared
+    subscription in turn, each handing it over when its own message came. Every one of 32
+    threads' 300 calls returns from its message (the result rides in it), none from a
+    re-read of the record, which a waiter left without a reader would fall back to."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    q = Queue.from_url(url, qname)
+    reads: list[str] = []
+    info = q._info
+    monkeypatch.setattr(q, "_info", lambda job_id: reads.append(job_id) or info(job_id))
+    with echo_worker(url, qname):
+        before = {t.name for t in threading.enumerate()}
+        assert q.enqueue_and_wait("echo", -1, timeout=30) == -1
+        assert {t.name for t in threading.enumerate()} - before == set()
+        with ThreadPoolExecutor(32) as pool:
+            results = list(pool.map(lambda i: q.enqueue_and_wait("echo", i, timeout=30),
+                                    range(300)))
+    assert results == list(range(300))
+    assert reads == []
+    q.close()
+
+
+def test_a_sync_waiter_survives_its_subscription_being_killed(url: str, qname: str,
+                                                              r: redis.Redis) -> None:
+    q = Queue.from_url(url, qname)
+    with echo_worker(url, qname):
+        assert q.enqueue_and_wait("echo", 1, timeout=30) == 1
+        r.client_kill_filter(_type="pubsub")  # every subscriber connection of this server
+        assert q.enqueue_and_wait("echo", 2, timeout=30) == 2  # found closed, made again
+        channels: Any = r.pubsub_channels(f"streamq:{{{qname}}}:wait:*")
+        assert len(channels) == 1 and r.pubsub_numsub(channels[0])[0][1] == 1  # type: ignore[index]
+    q.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_subscribes_on_its_own_connection(url: str, qname: str,
+                                                         r: redis.Redis) -> None:
+    """A queue used before a fork (a pre-forking server): the child's waits read a
+    subscription of their own, never the parent's socket; the parent's go on working."""
+    q = Queue.from_url(url, qname)
+    with echo_worker(url, qname):
+        assert q.enqueue_and_wait("echo", "parent", timeout=30) == "parent"
+        channel = q._waiters.channel  # type: ignore[union-attr]
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only if all went right
+            ok = False
+            try:
+                ok = q.enqueue_and_wait("echo", "child", timeout=30) == "child" and \
+                    redis.Redis.from_url(url).pubsub_numsub(channel)[0][1] == 2
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert q.enqueue_and_wait("echo", "again", timeout=30) == "again"
+    q.close()
 
 
 async def test_a_waiter_survives_its_subscription_being_killed(url: str, qname: str,

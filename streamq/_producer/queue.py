@@ -297,8 +297,7 @@ class Queue(_Base):
                     check_job_id(job_id), waiters.channel))))
             if r.status == "duplicate" and r.state in TERMINAL:
                 return prod.outcome(self._info(job_id))
-            return self._wait(job_id, timeout, event, on_progress,
-                              lambda: waiters.take_inline(job_id))
+            return self._wait(job_id, timeout, (waiters, event), on_progress)
         finally:
             waiters.unregister(job_id, event)
 
@@ -309,9 +308,8 @@ class Queue(_Base):
         self._waiters.start()
         return self._waiters
 
-    def _wait(self, job_id: str, timeout: float, event: Wake | None,
-              on_progress: Callable[[Any], None] | None = None,
-              inline: Callable[[], bytes | None] | None = None) -> Any:
+    def _wait(self, job_id: str, timeout: float, waiter: tuple[SyncWaiters, Wake] | None,
+              on_progress: Callable[[Any], None] | None = None) -> Any:
         end = time.monotonic() + timeout
         poll = 0.01
         seen: list[Any] = [None]
@@ -319,11 +317,13 @@ class Queue(_Base):
             remaining = end - time.monotonic()
             if remaining <= 0:
                 raise WaitTimeout(job_id, timeout)
-            if event is not None:  # woken by the shared subscriber, or a poll at the latest
-                event.wait(min(remaining, POLL_MAX_S))
-                raw = inline() if inline is not None else None
+            if waiter is not None:  # a message from the shared subscriber, or a poll at the
+                waiters, event = waiter  # latest
+                waiters.wait(event, min(remaining, POLL_MAX_S))
+                raw = waiters.take_inline(job_id)
                 if raw is not None:  # completed, its result in the message
                     return prod.inline_result(raw, self.config.serde)
+                event.fired = False  # the record tells what came; a later message wakes again
             else:
                 time.sleep(min(remaining, poll))
                 poll = min(poll * 2, POLL_MAX_S)

@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import threading
+import time
 from typing import Any
 
 import redis
@@ -120,17 +122,23 @@ class AsyncWaiters:
 class Wake:
     """One waiter's wake-up for a thread: a lock held until ``set``. Cheaper to make and to
     wake on than a ``threading.Event`` (no Condition, no waiter lock per wait): one per
-    ``enqueue_and_wait`` call, on its latency path."""
+    ``enqueue_and_wait`` call, on its latency path. ``fired``: a message for its job came;
+    a bare ``set`` (its turn to read the subscription, ``SyncWaiters``) leaves it False."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "fired")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
+        self.fired = False
 
     def set(self) -> None:
         with contextlib.suppress(RuntimeError):  # already set: one wake-up is enough
             self._lock.release()
+
+    def fire(self) -> None:
+        self.fired = True
+        self.set()
 
     def wait(self, timeout: float) -> bool:
         """Wait until set (or ``timeout`` seconds); consumes the wake-up (``Event.wait``
@@ -138,31 +146,54 @@ class Wake:
         return self._lock.acquire(timeout=max(timeout, 0.0))
 
 
+_CHECK_IDLE_S = 1.0
+"""A subscription no one has read for this long is checked before a call enqueues."""
+
+
 class SyncWaiters:
-    """The shared subscriber of one (sync) Queue: a daemon thread reads the channel."""
+    """The shared subscriber of one (sync) Queue, read by its waiting callers themselves.
+
+    No thread of its own: while calls wait, one of them at a time (the reader, holding
+    ``_reader``) reads the subscription and wakes the others; when its own message comes it
+    hands the reading over to another waiter and returns. So a lone caller reads its result
+    itself, with no thread switch on its path, and thousands of waiting threads still share
+    one connection. Messages that come while no one waits stay in the socket until the next
+    reader (they are for jobs no one waits on any more, and are dropped). A forked child
+    subscribes on a connection of its own. Any error closes the subscription; the next
+    reader subscribes again after a back-off (the waiters re-read their records meanwhile).
+    """
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.channel = _channel(keys)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # _events, _inline
         self._events: dict[str, set[Wake]] = {}
         self._inline: dict[str, bytes] = {}
-        self._subscribed = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._reader = threading.Lock()  # held by the caller reading the subscription
+        self._pubsub: Any = None
+        self._pid = 0
+        self._last_read = 0.0
+        self._retry_at = 0.0
+        self._closed = False
         self._sup = Supervised(f"waiter subscriber {self.channel}", log)
 
     def start(self) -> None:
-        if self._subscribed.is_set():  # (the reader runs: it clears this when it ends)
+        """Subscribe before the caller enqueues (its message must find the subscription).
+        A subscription idle for ``_CHECK_IDLE_S`` is read once first: a closed connection
+        (a server restart, a failover) shows there and is made again."""
+        if (self._pubsub is not None and time.monotonic() - self._last_read < _CHECK_IDLE_S
+                and self._pid == os.getpid()):
             return
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._stop.clear()
-                self._thread = threading.Thread(target=self._sup.run_sync,
-                                                args=(self._read, self._stop),
-                                                name="streamq-waiters", daemon=True)
-                self._thread.start()
-        self._subscribed.wait(_READY_WAIT_S)
+        if not self._reader.acquire(timeout=_READY_WAIT_S):
+            return  # another caller reads: the subscription is up, or being made again
+        try:
+            self._read(None, 0.0)
+            if self._pubsub is None and not self._closed:  # a failed check: at once again
+                self._retry_at = 0.0
+                self._read(None, 0.0)
+        finally:
+            self._reader.release()
+            self._pass_turn(None)
 
     def register(self, job_id: str) -> Wake:
         event = Wake()
@@ -184,35 +215,103 @@ class SyncWaiters:
         with self._lock:
             return self._inline.get(job_id)
 
-    def _read(self) -> float:
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    def wait(self, wake: Wake, timeout: float) -> bool:
+        """Until a message for the job of ``wake`` came (True) or ``timeout`` seconds passed
+        (False), reading the subscription while no other waiter does."""
+        end = time.monotonic() + timeout
+        while not wake.fired:
+            if time.monotonic() >= end:
+                return False
+            if self._reader.acquire(blocking=False):
+                try:
+                    self._read(wake, end)
+                finally:
+                    self._reader.release()
+                    self._pass_turn(wake)
+                if not wake.fired and self._pubsub is None:  # backing off: no spinning
+                    wake.wait(min(end, self._retry_at) - time.monotonic())
+            else:  # another waiter reads: its message, or its turn to read, or the timeout
+                wake.wait(end - time.monotonic())
+        return True
+
+    def _read(self, wake: Wake | None, end: float) -> None:
+        """With ``_reader`` held: read and deliver messages until ``wake`` fired or ``end``
+        (monotonic) passed; at least one read without waiting."""
         try:
-            pubsub.subscribe(self.channel)
-            self._subscribed.set()
-            self._sup.ok()
-            while not self._stop.is_set():
-                message = pubsub.get_message(timeout=1.0)
-                job_id, result = _parse(message)
-                if job_id is None:
-                    continue
-                with self._lock:
-                    events = list(self._events.get(job_id, ()))
-                    if events and result is not None:
-                        self._inline[job_id] = result
+            ps = self._subscription()
+            if ps is None:
+                return
+            while True:
+                message = ps.get_message(timeout=max(end - time.monotonic(), 0.0))
+                self._last_read = now = time.monotonic()
+                if message is not None:
+                    self._deliver(message)
+                if (wake is not None and wake.fired) or now >= end:
+                    return
+        except Exception as exc:  # noqa: BLE001 - any failure: subscribe again, later
+            self._drop()
+            self._retry_at = time.monotonic() + self._sup.failed(exc)
+
+    def _subscription(self) -> Any:
+        """The subscription, made (and confirmed) when there is none; None while backing off
+        after a failure, or once closed."""
+        if self._pubsub is not None and self._pid != os.getpid():
+            self._pubsub = None  # forked: the parent's connection is not this process's
+        if self._pubsub is not None:
+            return self._pubsub
+        if self._closed or time.monotonic() < self._retry_at:
+            return None
+        ps = self.client.pubsub()  # type: ignore[no-untyped-call]
+        try:
+            ps.subscribe(self.channel)
+            end = time.monotonic() + _READY_WAIT_S
+            while True:  # the confirmation: the server has it before the caller enqueues
+                message = ps.get_message(timeout=max(end - time.monotonic(), 0.0))
+                if isinstance(message, dict) and message.get("type") == "subscribe":
+                    break
+                if message is None and time.monotonic() >= end:
+                    raise TimeoutError("no confirmation of the waiter subscription")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                ps.close()
+            raise
+        self._pubsub, self._pid, self._last_read = ps, os.getpid(), time.monotonic()
+        self._sup.ok()
+        return ps
+
+    def _deliver(self, message: Any) -> None:
+        if message.get("type") != "message":
+            return
+        job_id, result = _parse(message)
+        if job_id is None:
+            return
+        with self._lock:
+            events = self._events.get(job_id)
+            if not events:
+                return
+            if result is not None:
+                self._inline[job_id] = result
+            woken = list(events)
+        for event in woken:
+            event.fire()
+
+    def _pass_turn(self, me: Wake | None) -> None:
+        """After reading: wake one other waiter to read next (it finds the reader lock free,
+        or taken by a newer caller; either way someone reads for the waiters)."""
+        with self._lock:
+            for events in self._events.values():
                 for event in events:
-                    event.set()
-            return 0.0
-        finally:
-            self._subscribed.clear()
-            try:
-                pubsub.close()
-            except Exception as exc:  # noqa: BLE001 - closing a broken connection
-                log.debug("closing the waiter subscription: %s", exc)
+                    if event is not me and not event.fired:
+                        event.set()
+                        return
+
+    def _drop(self) -> None:
+        ps, self._pubsub = self._pubsub, None
+        if ps is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                ps.close()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-            self._thread = None
-
-
+        """Unsubscribe; waiters still waiting go on re-reading their records."""
+        self._closed = True
+        self._drop()
