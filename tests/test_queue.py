@@ -426,6 +426,46 @@ def test_a_forked_child_subscribes_on_its_own_connection(url: str, qname: str,
     q.close()
 
 
+def test_a_lone_callers_connection_killed_is_replaced(url: str, qname: str,
+                                                      r: redis.Redis) -> None:
+    """Script calls of a blocking Queue go over one kept connection while no other thread
+    uses it; killed under it, the call is retried on a new one and the job is there."""
+    q = Queue.from_url(url, qname)
+    q.enqueue("t", job_id="a")
+    me = r.client_id()
+    killed = [c["id"] for c in r.client_list() if c.get("cmd") == "evalsha"
+              and int(c["id"]) != me]
+    assert killed
+    for cid in killed:
+        r.client_kill_filter(_id=cid)
+    assert q.enqueue("t", job_id="b").status == "queued"
+    assert q.enqueue("t", job_id="c").status == "queued"
+    assert {q.get(j).state for j in "abc"} == {"queued"}  # type: ignore[union-attr]
+    q.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_enqueues_on_its_own_connection(url: str, qname: str) -> None:
+    """Parent and child enqueue at the same time through one Queue object made before the
+    fork: each reads its own answers (the child's ids exist already: 'duplicate'; the
+    parent's are new: 'queued')."""
+    q = Queue.from_url(url, qname)
+    q.enqueue_many([{"type": "t", "job_id": f"old-{i}"} for i in range(300)])
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            ok = all(q.enqueue("t", job_id=f"old-{i}").status == "duplicate"
+                     for i in range(300))
+        finally:
+            os._exit(0 if ok else 1)
+    answers = [q.enqueue("t", job_id=f"new-{i}").status for i in range(300)]
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert answers == ["queued"] * 300
+    q.close()
+
+
 async def test_a_waiter_survives_its_subscription_being_killed(url: str, qname: str,
                                                                r: redis.Redis) -> None:
     from streamq import AsyncQueue, Job, Registry, Worker

@@ -7,7 +7,9 @@ prepended to every script, so shared logic such as dead-lettering lives in one p
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import threading
 from collections import deque
 from collections.abc import Sequence
 from importlib import resources
@@ -36,6 +38,46 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; older ones la
     _pack = None
 
 
+_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+
+
+class SyncKept:
+    """One connection of a standalone blocking client kept out of its pool for script calls,
+    used by one thread at a time (a thread that finds it busy takes one from the pool):
+    redis-py's pool takes ~40 Python calls and a ``poll`` to hand a connection out and back,
+    on the path of every lone ``enqueue`` and ``enqueue_and_wait``. A broken connection is
+    given back and replaced; a forked child takes its own. Not for a Sentinel client, whose
+    pool checks on release that a connection still points at the primary."""
+
+    __slots__ = ("conn", "lock")
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def of(client: Any) -> SyncKept | None:
+        kept: SyncKept | None = client.__dict__.get("_streamq_kept")
+        if kept is None and type(client.connection_pool) in _POOLS:
+            kept = client.__dict__.setdefault("_streamq_kept", SyncKept())
+        return kept
+
+    def run(self, pool: Any, packed: bytes) -> Any:
+        """Send ``packed``, read its reply; with ``lock`` held."""
+        conn = self.conn
+        if conn is None or conn.pid != os.getpid():
+            conn = self.conn = pool.get_connection()
+        try:
+            conn.send_packed_command([packed])
+            return conn.read_response()
+        except BaseException as exc:  # a broken or interrupted exchange: never reuse it
+            if not isinstance(exc, ResponseError):
+                self.conn = None
+                conn.disconnect()
+                pool.release(conn)
+            raise
+
+
 class Script:
     """One Lua script, addressed by its SHA1."""
 
@@ -55,6 +97,12 @@ class Script:
         if not self._plain(client):
             return client.evalsha(self.sha, len(keys), *keys, *args)
         pool: Any = client.connection_pool
+        kept = SyncKept.of(client)
+        if kept is not None and kept.lock.acquire(blocking=False):
+            try:
+                return kept.run(pool, _pack(("EVALSHA", self.sha, len(keys), *keys, *args)))
+            finally:
+                kept.lock.release()
         conn = pool.get_connection()
         try:
             conn.send_packed_command([_pack(("EVALSHA", self.sha, len(keys), *keys, *args))])
