@@ -132,7 +132,7 @@ async def test_an_own_pending_entry_deleted_meanwhile_is_acked_not_dead_lettered
             q.enqueue("t", job_id=f"j{i}")
         r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
         # delivered to "ghost-1" (its start never ran), then j1's entry and record removed
-        got = r.xreadgroup(GROUP, "ghost-1", {k.stream: ">"})
+        got: Any = r.xreadgroup(GROUP, "ghost-1", {k.stream: ">"})
         entries = {f[b"id"].decode(): eid for eid, f in got[0][1]}
         r.xdel(k.stream, entries["j1"])
         r.delete(k.job("j1"))

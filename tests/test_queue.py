@@ -378,7 +378,11 @@ def test_sync_waiters_read_the_subscription_themselves_and_hand_it_over(
     q = Queue.from_url(url, qname)
     reads: list[str] = []
     info = q._info
-    monkeypatch.setattr(q, "_info", lambda job_id: reads.append(job_id) or info(job_id))
+    def counted(job_id: str) -> Any:
+        reads.append(job_id)
+        return info(job_id)
+
+    monkeypatch.setattr(q, "_info", counted)
     with echo_worker(url, qname):
         before = {t.name for t in threading.enumerate()}
         assert q.enqueue_and_wait("echo", -1, timeout=30) == -1
@@ -399,7 +403,7 @@ def test_a_sync_waiter_survives_its_subscription_being_killed(url: str, qname: s
         r.client_kill_filter(_type="pubsub")  # every subscriber connection of this server
         assert q.enqueue_and_wait("echo", 2, timeout=30) == 2  # found closed, made again
         channels: Any = r.pubsub_channels(f"streamq:{{{qname}}}:wait:*")
-        assert len(channels) == 1 and r.pubsub_numsub(channels[0])[0][1] == 1  # type: ignore[index]
+        assert len(channels) == 1 and r.pubsub_numsub(channels[0])[0][1] == 1
     q.close()
 
 
@@ -431,14 +435,18 @@ def test_a_lone_callers_connection_killed_is_replaced(url: str, qname: str,
     """Script calls of a blocking Queue go over one kept connection while no other thread
     uses it; killed under it, the call is retried on a new one and the job is there."""
     q = Queue.from_url(url, qname)
+    from streamq._core.scripts import SyncKept
+
     q.enqueue("t", job_id="a")
-    me = r.client_id()
-    killed = [c["id"] for c in r.client_list() if c.get("cmd") == "evalsha"
-              and int(c["id"]) != me]
-    assert killed
-    for cid in killed:
-        r.client_kill_filter(_id=cid)
+    kept = SyncKept.of(q.client)
+    assert kept is not None and kept.conn is not None
+    kept.conn.send_command("CLIENT", "ID")
+    first = kept.conn.read_response()
+    r.client_kill_filter(_id=first)
     assert q.enqueue("t", job_id="b").status == "queued"
+    assert kept.conn is not None
+    kept.conn.send_command("CLIENT", "ID")
+    assert kept.conn.read_response() != first  # a new connection
     assert q.enqueue("t", job_id="c").status == "queued"
     assert {q.get(j).state for j in "abc"} == {"queued"}  # type: ignore[union-attr]
     q.close()

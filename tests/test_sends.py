@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
+import sys
 from collections.abc import Coroutine, Generator
 from typing import Any
 
@@ -13,7 +16,9 @@ from redis.exceptions import ResponseError
 
 from streamq import Keys
 from streamq._core.conn import async_client
+from streamq._core.errors import ScriptError
 from streamq._core.keys import GROUP
+from streamq._core.scripts import _PING, Script, _pack
 from streamq._core.sends import Kept, inline_sends, xreadgroup
 
 
@@ -121,5 +126,74 @@ async def test_a_kept_connection_serves_every_read_and_is_replaced_when_it_break
         assert got[0][1][0][1] == {b"id": b"k"} and kept.conn is not None
         await kept.release(client)
         assert kept.conn is None and not pool._in_use_connections
+    finally:
+        await client.aclose()
+
+
+_SO_TIMESTAMPNS = 35  # Linux: each read's kernel receive time (socket lacks the name)
+
+
+def _stamped(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    return s
+
+
+def _recv_stamped(s: socket.socket) -> tuple[bytes, int]:
+    data, anc, _flags, _addr = s.recvmsg(65536, 1024)
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+            sec, ns = struct.unpack("qq", raw[:16])
+            return data, sec * 1_000_000_000 + ns
+    raise AssertionError("no receive timestamp")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
+def test_a_ping_ahead_of_a_script_call_has_its_publication_written_first(
+        redis_server: Any, qname: str) -> None:
+    """What ``Script.run_async(ping_first=True)`` relies on, on this server: with the same
+    bytes on the wire (``_PING`` then the EVALSHA), the subscriber receives what the script
+    publishes before the caller receives the script's reply (kernel receive times)."""
+    channel = f"{qname}:ch"
+    script = Script("pub", f"redis.call('PUBLISH', '{channel}', 'hello') return 'done'")
+    sub, caller = _stamped(redis_server.port), _stamped(redis_server.port)
+    try:
+        sub.sendall(_pack(("SUBSCRIBE", channel)))
+        assert b"subscribe" in _recv_stamped(sub)[0]
+        caller.sendall(_pack(("SCRIPT", "LOAD", script.source)))
+        assert script.sha.encode() in _recv_stamped(caller)[0]
+        for _ in range(5):
+            caller.sendall(_PING + _pack(("EVALSHA", script.sha, 0)))
+            reply, replied_at = _recv_stamped(caller)
+            while not reply.endswith(b"$4\r\ndone\r\n"):  # (the two replies may come apart)
+                more, replied_at = _recv_stamped(caller)
+                reply += more
+            message, published_at = _recv_stamped(sub)
+            assert reply == b"+PONG\r\n$4\r\ndone\r\n" and b"hello" in message
+            assert published_at <= replied_at
+    finally:
+        sub.close()
+        caller.close()
+
+
+async def test_a_script_call_behind_a_ping_answers_as_without(url: str, qname: str,
+                                                             r: redis.Redis) -> None:
+    """run_async(ping_first=True) on a kept connection: the script's reply, its error
+    replies raised, NOSCRIPT handled (the script loaded, the call sent again), and nothing
+    left unread on the connection."""
+    script = Script("echo_first", "if ARGV[1] == 'bad' then return redis.error_reply('ERR no')"
+                    " end return ARGV[1]")
+    client = async_client(url, socket_timeout_s=5.0)
+    inline_sends(client)
+    kept = Kept()
+    try:
+        r.script_flush()
+        assert await script.run_async(client, [], ["a"], kept=kept, ping_first=True) == b"a"
+        with pytest.raises(ScriptError, match="no"):
+            await script.run_async(client, [], ["bad"], kept=kept, ping_first=True)
+        for i in range(3):  # in step: each reply is its own call's
+            assert await script.run_async(client, [], [str(i)], kept=kept,
+                                          ping_first=i % 2 == 0) == str(i).encode()
+        await kept.release(client)
     finally:
         await client.aclose()

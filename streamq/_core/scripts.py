@@ -6,6 +6,7 @@ prepended to every script, so shared logic such as dead-lettering lives in one p
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -39,6 +40,7 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; older ones la
 
 
 _POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool)
+_PING = b"*1\r\n$4\r\nPING\r\n"
 
 
 class SyncKept:
@@ -115,7 +117,8 @@ class Script:
             pool.release(conn)
 
     async def _aevalsha(self, client: aredis.Redis, keys: Sequence[str],
-                        args: Sequence[Arg], kept: Kept | None = None) -> Any:
+                        args: Sequence[Arg], kept: Kept | None = None,
+                        ping_first: bool = False) -> Any:
         if not self._plain(client):
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         pool: Any = client.connection_pool
@@ -125,8 +128,13 @@ class Script:
             if kept is not None:
                 kept.conn = conn
         try:
-            await conn.send_packed_command(_pack(("EVALSHA", self.sha, len(keys), *keys,
-                                                  *args)))
+            packed = _pack(("EVALSHA", self.sha, len(keys), *keys, *args))
+            if ping_first:
+                await conn.send_packed_command(_PING + packed)
+                with contextlib.suppress(ResponseError):  # (what fails it fails the call)
+                    await conn.read_response()
+            else:
+                await conn.send_packed_command(packed)
             return await conn.read_response()
         except BaseException as exc:  # a broken or cancelled exchange: never reuse it
             if not isinstance(exc, ResponseError):
@@ -265,17 +273,22 @@ class Script:
 
     async def run_async(
         self, client: aredis.Redis, keys: Sequence[str], args: Sequence[Arg], *,
-        kept: Kept | None = None
+        kept: Kept | None = None, ping_first: bool = False
     ) -> Any:
         """Run the script; ``kept``: on the connection it holds (taken from the pool at
         the first call, replaced when it breaks; one caller at a time), without a pool
-        round trip per call."""
+        round trip per call. ``ping_first``: a PING goes out ahead of the call, in the same
+        write. Redis writes its clients' pending replies newest-queued client first; with
+        the PING's reply already pending for this client, what the script publishes (a
+        waiter's result) is written before the script's own reply, so the waiting process
+        wakes before this one, not after it (docs/performance.md). A cluster client sends
+        no PING."""
         try:
             try:
-                return await self._aevalsha(client, keys, args, kept)
+                return await self._aevalsha(client, keys, args, kept, ping_first)
             except NoScriptError:
                 await client.script_load(self.source)
-                return await self._aevalsha(client, keys, args, kept)
+                return await self._aevalsha(client, keys, args, kept, ping_first)
         except ResponseError as exc:
             raise self._error(exc) from exc
 

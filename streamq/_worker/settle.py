@@ -97,7 +97,7 @@ class Settler:
         loop would (woken, then its supervisor's yield). Whatever fails is left buffered for
         the settling loop, which logs it, backs off and sends it again."""
         try:
-            await self.settle_batch(qs)
+            await self.settle_batch(qs, lone=True)
         except Exception as exc:  # noqa: BLE001 - the settling loop retries (and logs it)
             log.debug("settling on %s from a job's task failed (%s); the settling loop"
                       " retries", qs.keys.tag, exc)
@@ -105,8 +105,10 @@ class Settler:
             if qs.buf:
                 qs.flush.set()
 
-    async def settle_batch(self, qs: QState) -> None:
-        """One finish.lua call for the head of the buffer (one call at a time per lane)."""
+    async def settle_batch(self, qs: QState, lone: bool = False) -> None:
+        """One finish.lua call for the head of the buffer (one call at a time per lane).
+        ``lone``: a lone job's own call, behind a PING so that Redis writes its waiter's
+        message before this reply (``Script.run_async``'s ping_first)."""
         k = qs.keys
         cfg = self.config
         batch = qs.buf[:_BATCH]
@@ -131,7 +133,7 @@ class Settler:
                                                         [(keys, args)], cfg)
             else:  # on the lane's own connection (one call at a time: qs.sending)
                 reply = await SCRIPTS["finish"].run_async(self.client, keys, args,
-                                                          kept=qs.settles)
+                                                          kept=qs.settles, ping_first=lone)
                 acked = 0
         finally:
             qs.sending = False
