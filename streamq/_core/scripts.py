@@ -6,7 +6,6 @@ prepended to every script, so shared logic such as dead-lettering lives in one p
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -23,7 +22,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError,
 from . import nodes
 from .conn import is_cluster, standalone_on_cluster
 from .errors import ScriptError
-from .sends import Kept
+from .sends import Kept, exchange
 
 Arg = str | bytes | int | float
 
@@ -121,31 +120,10 @@ class Script:
                         ping_first: bool = False) -> Any:
         if not self._plain(client):
             return await client.evalsha(self.sha, len(keys), *keys, *args)
-        pool: Any = client.connection_pool
-        conn = kept.conn if kept is not None else None
-        if conn is None:
-            conn = await pool.get_connection()
-            if kept is not None:
-                kept.conn = conn
-        try:
-            packed = _pack(("EVALSHA", self.sha, len(keys), *keys, *args))
-            if ping_first:
-                await conn.send_packed_command(_PING + packed)
-                with contextlib.suppress(ResponseError):  # (what fails it fails the call)
-                    await conn.read_response()
-            else:
-                await conn.send_packed_command(packed)
-            return await conn.read_response()
-        except BaseException as exc:  # a broken or cancelled exchange: never reuse it
-            if not isinstance(exc, ResponseError):
-                await conn.disconnect()
-                if kept is not None:
-                    kept.conn = None
-                    await pool.release(conn)
-            raise
-        finally:
-            if kept is None:
-                await pool.release(conn)
+        packed = _pack(("EVALSHA", self.sha, len(keys), *keys, *args))
+        if ping_first:
+            return await exchange(client, _PING + packed, 2, kept)
+        return await exchange(client, packed, 1, kept)
 
     def _packed(self, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[bytes]:
         return [_pack(("EVALSHA", self.sha, len(k), *k, *a)) for k, a in calls]

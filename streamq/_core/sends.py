@@ -12,6 +12,7 @@ connection dropped on any failure, as redis-py does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -110,6 +111,23 @@ async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, 
         reply: Any = await client.xreadgroup(group, consumer, streams, count=count,
                                              block=block)
         return reply or []
+    raw = await exchange(client, _pack(("XREADGROUP", "GROUP", group, consumer, "COUNT",
+                                        count, "BLOCK", block, "STREAMS", *streams,
+                                        *streams.values())), 1, kept)
+    if not raw:
+        return []
+    return [(stream, [(eid, _pairs(fields)) for eid, fields in entries])
+            for stream, entries in raw]
+
+
+async def exchange(client: Any, packed: bytes, replies: int, kept: Kept | None = None
+                   ) -> Any:
+    """Write ``packed`` (``replies`` commands) on a pooled connection of ``client``, or on
+    the one ``kept`` holds (taken from the pool at the first call; one caller at a time),
+    and read every reply; returns the last one. An error reply of an earlier command is
+    read past (the last one tells what failed); an error reply of the last is raised, the
+    connection kept. Any other failure (a broken or cancelled exchange) drops the
+    connection: it is never reused with a reply half read."""
     pool: Any = client.connection_pool
     conn = kept.conn if kept is not None else None
     if conn is None:
@@ -117,11 +135,12 @@ async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, 
         if kept is not None:
             kept.conn = conn
     try:
-        await conn.send_packed_command(_pack(("XREADGROUP", "GROUP", group, consumer,
-                                              "COUNT", count, "BLOCK", block, "STREAMS",
-                                              *streams, *streams.values())))
-        raw = await conn.read_response()
-    except BaseException as exc:  # a broken or cancelled exchange: never reuse it
+        await conn.send_packed_command(packed)
+        for _ in range(replies - 1):
+            with contextlib.suppress(ResponseError):
+                await conn.read_response()
+        return await conn.read_response()
+    except BaseException as exc:
         if not isinstance(exc, ResponseError):
             await conn.disconnect()
             if kept is not None:
@@ -131,10 +150,6 @@ async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, 
     finally:
         if kept is None:
             await pool.release(conn)
-    if not raw:
-        return []
-    return [(stream, [(eid, _pairs(fields)) for eid, fields in entries])
-            for stream, entries in raw]
 
 
 def _pairs(fields: list[bytes] | None) -> dict[bytes, bytes] | None:

@@ -255,6 +255,9 @@ class SyncWaiters:
         except Exception as exc:  # noqa: BLE001 - any failure: subscribe again, later
             self._drop()
             self._retry_at = time.monotonic() + self._sup.failed(exc)
+        except BaseException:  # interrupted mid-read: the connection may hold half a reply
+            self._drop()
+            raise
 
     def _subscription(self) -> Any:
         """The subscription, made (and confirmed) when there is none; None while backing off
