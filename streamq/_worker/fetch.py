@@ -162,9 +162,11 @@ class Fetching(HandOff):
                 await self._refresh_levels(qs)
                 qs.levels_due = loop.time() + _LEVELS_EVERY_S
             await self._capacity.wait()
-            # at most half the slots per fetch: one batch starts while another settles
+            # at most three quarters of the slots per fetch: one batch starts while another
+            # settles (half made a third more script calls per job for the same overlap:
+            # docs/performance.md, issue 15's sixth round)
             n = self._reserve(min(self.config.fetch_batch,
-                                  max(1, self.config.concurrency // 2)))
+                                  max(1, self.config.concurrency * 3 // 4)))
             if n == 0:
                 return 0.0
             mode = "new"

@@ -27,7 +27,7 @@ function lib_groups()
 
   -- A group's limit, paused flag and rate (n, period ms; n = 0: none): overrides, else defaults.
   function g_conf(G, g)
-    local c = redis.call('HMGET', G.cfg, 'l:' .. g, 'p:' .. g, 'r:' .. g)
+    local c = rcall('HMGET', G.cfg, 'l:' .. g, 'p:' .. g, 'r:' .. g)
     local rn, rp = G.rn, G.rp
     if c[3] then
       local a, b = string.match(c[3], '^(%d+) (%d+)$')
@@ -37,18 +37,18 @@ function lib_groups()
   end
 
   function g_count(set, g)
-    return redis.call('ZLEXCOUNT', set, '[' .. g .. ' ', '(' .. g .. '!')
+    return rcall('ZLEXCOUNT', set, '[' .. g .. ' ', '(' .. g .. '!')
   end
 
   -- Whether the group's rate holds admissions back now: parked until a time still ahead, or
   -- its limiter's next conformance time (TAT) is ahead (then it is parked until then).
   function g_held(G, g, now, rn)
-    local pk = redis.call('ZSCORE', G.parked, g)
+    local pk = rcall('ZSCORE', G.parked, g)
     if pk and tonumber(pk) > now then return true end
     if rn > 0 then
-      local tat = tonumber(redis.call('ZSCORE', G.tat, g))
+      local tat = tonumber(rcall('ZSCORE', G.tat, g))
       if tat and tat > now then
-        redis.call('ZADD', G.parked, tat, g)
+        rcall('ZADD', G.parked, tat, g)
         return true
       end
     end
@@ -59,7 +59,7 @@ function lib_groups()
   -- when it is no longer ahead of the clock: unpark.lua sweeps it).
   function g_tidy(G, g)
     if g_count(G.fl, g) == 0 and g_count(G.wait, g) == 0 then
-      redis.call('ZREM', G.idx, g)
+      rcall('ZREM', G.idx, g)
     end
   end
 
@@ -73,16 +73,16 @@ function lib_groups()
     if rn > 0 and room > 1 then room = 1 end
     if room > 1000 then room = 1000 end
     if room <= 0 then return 0 end
-    local heads = redis.call('ZRANGE', G.wait, '[' .. g .. ' ', '(' .. g .. '!', 'BYLEX',
+    local heads = rcall('ZRANGE', G.wait, '[' .. g .. ' ', '(' .. g .. '!', 'BYLEX',
       'LIMIT', 0, room)
     for _, m in ipairs(heads) do
-      redis.call('ZREM', G.wait, m)
+      rcall('ZREM', G.wait, m)
       -- '<g> <seq, 16 digits><priority, 1 digit><id>': the job goes to its level's stream
-      local w, id = string.sub(m, #g + 2, #g + 18), string.sub(m, #g + 19)
+      local w, id = ssub(m, #g + 2, #g + 18), ssub(m, #g + 19)
       local to = stream
-      if G.levels then to = G.levels[(tonumber(string.sub(w, 17)) or 2) + 1] or stream end
-      redis.call('XADD', to, '*', 'id', id, 'w', w)
-      redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
+      if G.levels then to = G.levels[(tonumber(ssub(w, 17)) or 2) + 1] or stream end
+      rcall('XADD', to, '*', 'id', id, 'w', w)
+      rcall('ZADD', G.fl, 0, g .. ' ' .. id)
     end
     return #heads
   end
@@ -91,15 +91,15 @@ function lib_groups()
   -- becomes 'queued' without a stream entry, 'gw' = its wait token (the 16-digit seq and its
   -- priority digit, record 'p', 2 when absent), its creation time kept.
   function g_push(G, g, id, jobkey, head)
-    local n = redis.call('HINCRBY', G.cfg, head and ' h' or ' t', 1)
-    local old = redis.call('HMGET', jobkey, 'e', 'c', 'p')
+    local n = rcall('HINCRBY', G.cfg, head and ' h' or ' t', 1)
+    local old = rcall('HMGET', jobkey, 'e', 'c', 'p')
     local seq = string.format('%016d', head and (now_ms() * 1000 + n % 1000) or (SEQ0 + n))
       .. (old[3] or '2')
-    redis.call('ZADD', G.wait, 0, g .. ' ' .. seq .. id)
-    redis.call('ZADD', G.idx, 0, g)
-    if old[1] and not old[2] then redis.call('HSET', jobkey, 'c', entry_ms(old[1])) end
-    redis.call('HSET', jobkey, 's', 'q', 'gw', seq)
-    if old[1] then redis.call('HDEL', jobkey, 'e') end
+    rcall('ZADD', G.wait, 0, g .. ' ' .. seq .. id)
+    rcall('ZADD', G.idx, 0, g)
+    if old[1] and not old[2] then rcall('HSET', jobkey, 'c', entry_ms(old[1])) end
+    rcall('HSET', jobkey, 's', 'q', 'gw', seq)
+    if old[1] then rcall('HDEL', jobkey, 'e') end
   end
 
   -- A ready grouped job enters its group (enqueue, promotion, re-drive): admitted to the
@@ -110,10 +110,10 @@ function lib_groups()
     local limit, paused, rn = g_conf(G, g)
     local open = not paused and not g_held(G, g, now, rn) and g_count(G.fl, g) < limit
     if open and g_count(G.wait, g) == 0 then
-      redis.call('ZADD', G.idx, 0, g)
-      redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
-      redis.call('HDEL', jobkey, 'gw')
-      return redis.call('XADD', stream, '*', 'id', id)
+      rcall('ZADD', G.idx, 0, g)
+      rcall('ZADD', G.fl, 0, g .. ' ' .. id)
+      rcall('HDEL', jobkey, 'gw')
+      return rcall('XADD', stream, '*', 'id', id)
     end
     g_push(G, g, id, jobkey, false)  -- (it lists the group)
     if open then g_fill(G, g, stream, now) end  -- others wait ahead of it: the head goes first
@@ -123,7 +123,7 @@ function lib_groups()
   -- A grouped job leaves its slot (settled, cancelled, dead-lettered): free it, admit the next
   -- waiting job(s). Safe to repeat: a slot already free is not freed again.
   function g_release(G, g, id, stream, now)
-    if redis.call('ZREM', G.fl, g .. ' ' .. id) == 1 and g_fill(G, g, stream, now) > 0 then
+    if rcall('ZREM', G.fl, g .. ' ' .. id) == 1 and g_fill(G, g, stream, now) > 0 then
       return  -- (it admitted a job: not empty)
     end
     g_tidy(G, g)
@@ -131,7 +131,7 @@ function lib_groups()
 
   -- A waiting job leaves its group's wait list (cancel, purge). Returns whether it was there.
   function g_unwait(G, g, id, seq)
-    local gone = redis.call('ZREM', G.wait, g .. ' ' .. seq .. id) == 1
+    local gone = rcall('ZREM', G.wait, g .. ' ' .. seq .. id) == 1
     g_tidy(G, g)
     return gone
   end
@@ -144,18 +144,18 @@ function lib_groups()
   -- parked until it is). A start that goes ahead moves the limiter on.
   function g_gate(G, g, id, now)
     local limit, paused, rn, rp = g_conf(G, g)
-    redis.call('ZADD', G.fl, 0, g .. ' ' .. id)
+    rcall('ZADD', G.fl, 0, g .. ' ' .. id)
     if paused then return 'group paused' end
-    local pk = redis.call('ZSCORE', G.parked, g)  -- held back (RateLimited(group=True), rate)
+    local pk = rcall('ZSCORE', G.parked, g)  -- held back (RateLimited(group=True), rate)
     if pk and tonumber(pk) > now then return 'group rate' end
     if g_count(G.fl, g) > limit then return 'group over its limit' end
     if rn > 0 and rp > 0 then
-      local tat = tonumber(redis.call('ZSCORE', G.tat, g)) or 0
+      local tat = tonumber(rcall('ZSCORE', G.tat, g)) or 0
       if tat > now then
-        redis.call('ZADD', G.parked, tat, g)
+        rcall('ZADD', G.parked, tat, g)
         return 'group rate'
       end
-      redis.call('ZADD', G.tat, math.max(tat, now) + rp / rn, g)
+      rcall('ZADD', G.tat, math.max(tat, now) + rp / rn, g)
     end
     return nil
   end
@@ -177,14 +177,14 @@ function lib_groups()
   -- A record admitted from its wait list meets its stream entry: when the entry carries the
   -- record's 'gw', the record takes the entry as its own ('e'). Returns whether it did.
   function g_adopt(jobkey, stream, entry, gw)
-    local x = redis.call('XRANGE', stream, entry, entry)
+    local x = rcall('XRANGE', stream, entry, entry)
     if not x[1] then return false end
     local f = x[1][2]
     for i = 1, #f - 1, 2 do
       if f[i] == 'w' then
         if f[i + 1] ~= gw then return false end
-        redis.call('HSET', jobkey, 'e', enc_entry(entry))
-        redis.call('HDEL', jobkey, 'gw')
+        rcall('HSET', jobkey, 'e', enc_entry(entry))
+        rcall('HDEL', jobkey, 'gw')
         return true
       end
     end

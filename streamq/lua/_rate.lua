@@ -14,14 +14,14 @@ function lib_rate()
   if RATE then return RATE end
   local now_us, rate_read, rate_allowed, rate_take, rate_wait_ms, rate_save
   function now_us()
-    local t = redis.call('TIME')
+    local t = rcall('TIME')
     return tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
 
   function rate_read(lim)
     if lim.tat then return end
     lim.now = now_us()
-    local tat = tonumber(redis.call('GET', lim.key) or '') or 0
+    local tat = tonumber(rcall('GET', lim.key) or '') or 0
     if tat < lim.now then tat = lim.now end
     lim.tat, lim.tat0 = tat, tat
   end
@@ -53,7 +53,7 @@ function lib_rate()
 
   function rate_save(lim)
     if lim.interval <= 0 or not lim.tat or lim.tat == lim.tat0 then return end
-    redis.call('SET', lim.key, string.format('%.0f', lim.tat), 'PX',
+    rcall('SET', lim.key, string.format('%.0f', lim.tat), 'PX',
       math.ceil((lim.tat - lim.now) / 1000) + 1000)
   end
   RATE = {now_us = now_us, rate_read = rate_read, rate_allowed = rate_allowed,

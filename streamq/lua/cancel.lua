@@ -37,15 +37,15 @@ if not state then return {'not_found', ''} end
 if state == 'active' and channel ~= '' then
   if not r[5] then
     local now = now_ms()
-    redis.call('HSET', jobkey, 'cx', now)
+    rcall('HSET', jobkey, 'cx', now)
     emit(events, events_maxlen, id, 'cancel_requested', now, '')
   end
-  redis.call('PUBLISH', channel, id)
+  rcall('PUBLISH', channel, id)
   return {'cancel_requested', state}
 end
 if state == 'scheduled' or state == 'retrying' then
-  redis.call('ZREM', delayed, id)
-  if state == 'retrying' then redis.call('HINCRBY', stats, 'retrying_now', -1) end
+  rcall('ZREM', delayed, id)
+  if state == 'retrying' then rcall('HINCRBY', stats, 'retrying_now', -1) end
 elseif state == 'queued' then
   ack_del(lv and level_stream(KEYS, lv, r[8], stream) or stream, group, r[2])
   -- waiting: off the wait list; admitted (its entry, if not yet adopted, is a ghost now)
@@ -55,5 +55,5 @@ else
 end
 local now = now_ms()
 end_cancelled(jobkey, events, events_maxlen, id, now, state)
-redis.call('HINCRBY', stats, 'cancelled', 1)
+rcall('HINCRBY', stats, 'cancelled', 1)
 return {'cancelled', state}

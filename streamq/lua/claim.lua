@@ -51,7 +51,7 @@ local c = {dead = KEYS[1], stats = KEYS[2], events = KEYS[3], group = group,
   consumer = consumer, events_maxlen = ARGV[3], dead_ttl = ARGV[4], dead_maxlen = ARGV[5],
   resume = '', now = now_ms(), paused = false,
   started = 0, reclaimed = 0, failed = 0, handed = 0, cancelled = 0, fresh = {}}
-if redis.call('EXISTS', KEYS[4]) == 1 then return {'paused', '', 0, 0} end
+if rcall('EXISTS', KEYS[4]) == 1 then return {'paused', '', 0, 0} end
 local prefix, tokens = ARGV[6], ARGV[7]
 local next_token = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
@@ -66,10 +66,10 @@ c.G = gctx(KEYS, 6 + levels, ARGV[12 + levels])
 local out = {'ok', '', n, 0}
 -- A job id must be UTF-8 (as the worker decodes ids of entries it reads itself)
 local function utf8_ok(s)
-  if string.find(s, '^[\1-\127%z]*$') then return true end  -- ASCII (one anchored pass)
+  if sfind(s, '^[\1-\127%z]*$') then return true end  -- ASCII (one anchored pass)
   local i, n = 1, #s
   while i <= n do
-    local b = string.byte(s, i)
+    local b = sbyte(s, i)
     local len = 1
     if b >= 0xC2 and b <= 0xDF then len = 2
     elseif b >= 0xE0 and b <= 0xEF then len = 3
@@ -77,10 +77,10 @@ local function utf8_ok(s)
     elseif b >= 0x80 then return false end
     if i + len - 1 > n then return false end
     for j = i + 1, i + len - 1 do
-      local d = string.byte(s, j)
+      local d = sbyte(s, j)
       if d < 0x80 or d > 0xBF then return false end
     end
-    local b2 = string.byte(s, i + 1) or 0
+    local b2 = sbyte(s, i + 1) or 0
     if (b == 0xE0 and b2 < 0xA0) or (b == 0xED and b2 > 0x9F)
         or (b == 0xF0 and b2 < 0x90) or (b == 0xF4 and b2 > 0x8F) then
       return false
@@ -108,10 +108,10 @@ local got = 0
 local function read(l, want)
   if want <= 0 or nogroup[l] or drained[l] then return end
   local stream = KEYS[5 + l]
-  local reply = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
+  local reply = rpcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', want,
     'STREAMS', stream, '>')
   if type(reply) == 'table' and reply.err then
-    if string.find(reply.err, 'NOGROUP', 1, true) then nogroup[l] = true; return end
+    if sfind(reply.err, 'NOGROUP', 1, true) then nogroup[l] = true; return end
     error(reply.err)
   end
   if not reply or not reply[1] then drained[l] = true; return end
@@ -127,9 +127,9 @@ local function read(l, want)
     local k = #out
     if not id or not utf8_ok(id) then
       ack_del(stream, group, entry)
-      redis.call('XADD', c.dead, 'MAXLEN', '~', c.dead_maxlen, '*', 'job', '', 'reason',
+      rcall('XADD', c.dead, 'MAXLEN', '~', c.dead_maxlen, '*', 'job', '', 'reason',
         'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', c.now,
-        'entry', entry, 'raw', string.sub(cjson.encode(fields), 1, 500))
+        'entry', entry, 'raw', ssub(cjson.encode(fields), 1, 500))
       c.failed = c.failed + 1
       out[k + 1] = l; out[k + 2] = entry; out[k + 3] = ''; out[k + 4] = 'dead'
       out[k + 5] = 0; out[k + 6] = 0; out[k + 7] = 'malformed stream entry'

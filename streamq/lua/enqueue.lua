@@ -75,8 +75,8 @@ if has_g then
 end
 local depth = -1
 if max_depth > 0 then
-  depth = redis.call('XLEN', stream) + redis.call('ZCARD', delayed)
-  if G then depth = depth + redis.call('ZCARD', G.wait) end
+  depth = rcall('XLEN', stream) + rcall('ZCARD', delayed)
+  if G then depth = depth + rcall('ZCARD', G.wait) end
 end
 local enqueued, duplicates, rejected = 0, 0, 0
 -- Every key is checked before anything is written: a key of the wrong type (overwritten by
@@ -88,10 +88,10 @@ local enqueued, duplicates, rejected = 0, 0, 0
 -- came twice in the batch); otherwise by a read, as the records are.
 local function expect(key, cmd, want, arg, arg2)
   local r
-  if arg2 then r = redis.pcall(cmd, key, arg, arg2)
-  elseif arg then r = redis.pcall(cmd, key, arg) else r = redis.pcall(cmd, key) end
+  if arg2 then r = rpcall(cmd, key, arg, arg2)
+  elseif arg then r = rpcall(cmd, key, arg) else r = rpcall(cmd, key) end
   if type(r) == 'table' and r.err then
-    if string.sub(r.err, 1, 9) == 'WRONGTYPE' then
+    if ssub(r.err, 1, 9) == 'WRONGTYPE' then
       return redis.error_reply('WRONGTYPE ' .. key .. ' is not a ' .. want
         .. ': nothing was enqueued')
     end
@@ -116,7 +116,7 @@ local bad = expect(stream, 'XLEN', 'stream')
 if bad then return bad end
 -- One EXISTS over the batch: when no record exists yet (a fresh bulk load, the common case)
 -- no job needs its own check, except an id that comes again within this call.
-local none_exist = redis.call('EXISTS', unpack(KEYS, 5, 4 + n)) == 0
+local none_exist = rcall('EXISTS', unpack(KEYS, 5, 4 + n)) == 0
 local counted = 0  -- jobs already counted in 'enqueued'
 if none_exist and max_depth <= 0 then  -- every job is accepted, but an id repeated in it
   bad = expect(stats, 'HINCRBY', 'hash', 'enqueued', n)
@@ -151,7 +151,7 @@ local function ticket_fields(m)
 end
 -- Hand up to m jobs just added to the ready stream to idle workers (the header's hand-off).
 local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
-  local live = redis.call('ZRANGEBYSCORE', tickets, now, '+inf', 'LIMIT', 0, m + 4)
+  local live = rcall('ZRANGEBYSCORE', tickets, now, '+inf', 'LIMIT', 0, m + 4)
   if not live[1] then return end  -- (the common case under load: no idle worker, nothing
   -- more to do)
   -- a grouped entry at the stream's head goes through its gate (start_entry makes the group
@@ -168,23 +168,23 @@ local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
       -- the pause flag and the first inbox in one EXISTS, the inbox named twice: an odd
       -- count is the flag (paused: nothing starts, no ticket is touched), 2 or more the inbox
       local k
-      if inbox then k = redis.call('EXISTS', paused, inbox, inbox)
-      else k = redis.call('EXISTS', paused) end
+      if inbox then k = rcall('EXISTS', paused, inbox, inbox)
+      else k = rcall('EXISTS', paused) end
       if k % 2 == 1 then return end
       there = k >= 2
     end
     -- the worker subscribes to its inbox's name as a channel: no subscriber, no worker
     -- (killed: its connection closed) or none yet; an inbox gone, a worker gone
-    local alive = inbox and redis.call('PUBSUB', 'NUMSUB', inbox)[2] > 0
-    if alive and there == nil then there = redis.call('EXISTS', inbox) == 1 end
+    local alive = inbox and rcall('PUBSUB', 'NUMSUB', inbox)[2] > 0
+    if alive and there == nil then there = rcall('EXISTS', inbox) == 1 end
     if not alive or not there then
-      redis.call('ZREM', tickets, member)
+      rcall('ZREM', tickets, member)
     else
-      local reply = redis.pcall('XREADGROUP', 'GROUP', c.group, consumer, 'COUNT', 1,
+      local reply = rpcall('XREADGROUP', 'GROUP', c.group, consumer, 'COUNT', 1,
         'STREAMS', stream, '>')
       if type(reply) == 'table' and reply.err then break end  -- no consumer group yet
       if not reply or not reply[1] then break end  -- nothing left undelivered
-      redis.call('ZREM', tickets, member)
+      rcall('ZREM', tickets, member)
       m = m - 1
       local e = reply[1][2][1]
       local entry, id = e[1], nil
@@ -197,7 +197,7 @@ local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
         code, tok, attempt, data, deadline, wait, age = start_entry(c,
           records .. id, entry, id, tokens .. 'h' .. entry, true)
       end
-      redis.call('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id or '', 'c', code,
+      rcall('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id or '', 'c', code,
         'k', tok, 'n', attempt, 'd', data, 'dl', deadline, 'w', wait, 'a', age)
     end
   end

@@ -58,7 +58,7 @@ for i = 1, n do
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
   -- rec_t(jobkey, false, NAMES) inlined for a layout-2 record (literal names, no unpack)
-  local r = redis.pcall('HMGET', jobkey, 's', 'k', 'x', 'notify', 'cx', 'g')
+  local r = rpcall('HMGET', jobkey, 's', 'k', 'x', 'notify', 'cx', 'g')
   if not r.err then
     local v = r[1]
     if v then
@@ -78,9 +78,9 @@ for i = 1, n do
     -- applied by an earlier run of this same call (every other path that ends a lease
     -- changes the token); a retry may have been promoted or cancelled since
     if state == 'completed' or state == 'failed' then out[i] = state else out[i] = 'retrying' end
-    if redis.call('HGET', jobkey, 'ft') == 'cancelled:' .. token then out[i] = 'cancelled' end
+    if rcall('HGET', jobkey, 'ft') == 'cancelled:' .. token then out[i] = 'cancelled' end
   elseif cur ~= token then
-    local ft = redis.call('HGET', jobkey, 'ft')
+    local ft = rcall('HGET', jobkey, 'ft')
     if ft == 'retrying:' .. token then
       out[i] = 'retrying'
     elseif ft == 'failed:' .. token then
@@ -95,7 +95,7 @@ for i = 1, n do
     local C = outcome ~= 'ok' and lib_cold()  -- (the helpers of every other outcome)
     if outcome ~= 'ok' and (outcome == 'cancel' or r[5]) then
       C.end_cancelled(jobkey, events, events_maxlen, id, now, 'running')
-      redis.call('HSET', jobkey, 'ft', 'cancelled:' .. token)
+      rcall('HSET', jobkey, 'ft', 'cancelled:' .. token)
       cancelled = cancelled + 1
       out[i] = 'cancelled'
     elseif outcome == 'later' or outcome == 'later_group' then
@@ -109,17 +109,17 @@ for i = 1, n do
       out[i] = 'retrying'
     elseif outcome == 'ok' then
       if data ~= '' then
-        redis.call('HSET', jobkey, 's', 'c', 'r', data, 'f', now_s)
+        rcall('HSET', jobkey, 's', 'c', 'r', data, 'f', now_s)
       else  -- a None result is not stored
-        redis.call('HSET', jobkey, 's', 'c', 'f', now_s)
+        rcall('HSET', jobkey, 's', 'c', 'f', now_s)
       end
       local x = r[3]
       local ttl = TTL[x]
       if not ttl then ttl = tonumber(x) or 0; TTL[x] = ttl end
       if x == '0' then  -- fire-and-forget: nothing is kept once the job completed
-        redis.call('DEL', jobkey)
+        rcall('DEL', jobkey)
       elseif ttl > 0 then
-        redis.call('EXPIRE', jobkey, nstr(ttl))
+        rcall('EXPIRE', jobkey, nstr(ttl))
       end
       completed = completed + 1
       if ev_completed then emit(events, events_maxlen, id, 'completed', now, '') end
@@ -132,8 +132,8 @@ for i = 1, n do
       if outcome == 'retry' and (max_attempts == 0 or (tonumber(a[2]) or 0) < max_attempts) then
         local due = now + tonumber(extra)
         C.wake_if_sooner(delayed, wake, due)
-        redis.call('ZADD', delayed, due, id)
-        redis.call('HSET', jobkey, 's', 'r', 'due', due, 'error', data, 'ft', 'retrying:' .. token)
+        rcall('ZADD', delayed, due, id)
+        rcall('HSET', jobkey, 's', 'r', 'due', due, 'error', data, 'ft', 'retrying:' .. token)
         C.remember_error(jobkey, a[2], etype, now)
         retried = retried + 1
         emit(events, events_maxlen, id, 'retrying', now, etype)
@@ -144,7 +144,7 @@ for i = 1, n do
         if etype ~= 'LeaseExpired' then C.remember_error(jobkey, a[2], etype, now) end
         C.bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
           events_maxlen, false)
-        redis.call('HSET', jobkey, 'ft', 'failed:' .. token)
+        rcall('HSET', jobkey, 'ft', 'failed:' .. token)
         failed = failed + 1
         out[i] = 'failed'
       end
@@ -156,7 +156,7 @@ for i = 1, n do
   end
 end
 if #settled > 0 then
-  ack_trim_del(stream, group, settled, redis.call('XACK', stream, group, unpack(settled)))
+  ack_trim_del(stream, group, settled, rcall('XACK', stream, group, unpack(settled)))
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)

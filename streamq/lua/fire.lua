@@ -22,17 +22,17 @@
 local stream, delayed, stats, events, jobkey, cron = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6]
 local name, tick = ARGV[3], tonumber(ARGV[4])
-local last = tonumber(redis.call('HGET', cron, name .. ':last') or '-1')
+local last = tonumber(rcall('HGET', cron, name .. ':last') or '-1')
 if last >= tick then return {'stale', ''} end
 local now = now_ms()
 if tick > now then return {'future', ''} end  -- ticks are decided by the server's clock
 if ARGV[15] == 'skip' then
-  redis.call('HSET', cron, name .. ':last', tick)
+  rcall('HSET', cron, name .. ':last', tick)
   return {'skipped', ''}
 end
 local status, state = accept(jobkey, stream, delayed, events, ARGV[1], ARGV[2], now, ARGV, 6,
   false)
-redis.call('HSET', cron, name .. ':last', tick, name, ARGV[5])
+rcall('HSET', cron, name .. ':last', tick, name, ARGV[5])
 if status == 'duplicate' then
   count(stats, 'duplicates', 1)
 else

@@ -17,16 +17,16 @@ local G = gctx(KEYS, 2, ARGV[1])
 local op, g, v = ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 if op == 'limit' then
-  if v == '' then redis.call('HDEL', G.cfg, 'l:' .. g)
-  else redis.call('HSET', G.cfg, 'l:' .. g, v) end
+  if v == '' then rcall('HDEL', G.cfg, 'l:' .. g)
+  else rcall('HSET', G.cfg, 'l:' .. g, v) end
 elseif op == 'rate' then
-  if v == '' then redis.call('HDEL', G.cfg, 'r:' .. g)
-  else redis.call('HSET', G.cfg, 'r:' .. g, v) end
-  redis.call('ZREM', G.parked, g)  -- re-judged by the new rate (its TAT is kept)
+  if v == '' then rcall('HDEL', G.cfg, 'r:' .. g)
+  else rcall('HSET', G.cfg, 'r:' .. g, v) end
+  rcall('ZREM', G.parked, g)  -- re-judged by the new rate (its TAT is kept)
 elseif op == 'pause' then
-  redis.call('HSET', G.cfg, 'p:' .. g, 1)
+  rcall('HSET', G.cfg, 'p:' .. g, 1)
 elseif op == 'resume' then
-  redis.call('HDEL', G.cfg, 'p:' .. g)
+  rcall('HDEL', G.cfg, 'p:' .. g)
 else
   return redis.error_reply('unknown group operation ' .. op)
 end

@@ -7,7 +7,7 @@
 -- ARGV[3]   info TTL in seconds
 -- Returns the server time in ms
 local now = now_ms()
-redis.call('ZADD', KEYS[1], now, ARGV[1])
-redis.call('HSET', KEYS[2], 'info', ARGV[2], 'seen', now)
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+rcall('ZADD', KEYS[1], now, ARGV[1])
+rcall('HSET', KEYS[2], 'info', ARGV[2], 'seen', now)
+rcall('EXPIRE', KEYS[2], ARGV[3])
 return now

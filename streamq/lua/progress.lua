@@ -25,7 +25,7 @@ for i = 1, n do
     out[i] = 0
   else
     local detail = progress
-    if progress ~= '' then redis.call('HSET', jobkey, 'progress', progress) end
+    if progress ~= '' then rcall('HSET', jobkey, 'progress', progress) end
     if lines ~= '' then
       local kept = {}
       if r[4] then
@@ -41,10 +41,10 @@ for i = 1, n do
         end
       end
       while #kept > keep do table.remove(kept, 1) end
-      redis.call('HSET', jobkey, 'logs', cjson.encode(kept), 'logseq', seq)
+      rcall('HSET', jobkey, 'logs', cjson.encode(kept), 'logseq', seq)
     end
     if detail ~= '' then
-      emit(events, events_maxlen, id, 'progress', now, string.sub(detail, 1, 200))
+      emit(events, events_maxlen, id, 'progress', now, ssub(detail, 1, 200))
       notify(r[3], 'progress', id)
     end
     out[i] = 1

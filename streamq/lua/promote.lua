@@ -31,9 +31,9 @@ local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
 for i = 5, #ARGV do
   local id = ARGV[i]
   local jobkey = KEYS[i + 1]
-  local score = redis.call('ZSCORE', delayed, id)
+  local score = rcall('ZSCORE', delayed, id)
   if score and tonumber(score) <= now then
-    redis.call('ZREM', delayed, id)
+    rcall('ZREM', delayed, id)
     local r = rec(jobkey, true, 's', 'g', 'p')
     local state = not r.err and r[1] or nil  -- corrupted: as missing
     if state == 'retrying' then retries = retries + 1 end
@@ -48,11 +48,11 @@ for i = 5, #ARGV do
       emit(events, events_maxlen, id, 'queued', now, state)
       moved = moved + 1
     elseif state == 'scheduled' or state == 'retrying' then
-      set_entry(jobkey, 'queued', redis.call('XADD', to, '*', 'id', id))
+      set_entry(jobkey, 'queued', rcall('XADD', to, '*', 'id', id))
       emit(events, events_maxlen, id, 'queued', now, state)
       moved = moved + 1
     elseif not state then
-      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
+      rcall('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
         'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
       missing = missing + 1
     end
@@ -60,7 +60,7 @@ for i = 5, #ARGV do
 end
 count(stats, 'failed', missing)
 count(stats, 'retrying_now', -retries)
-local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+local first = rcall('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 local next_due = -1
 if first[2] then next_due = tonumber(first[2]) end
 return {moved, now, next_due}

@@ -17,13 +17,13 @@ local names, seen = {}, {}
 for i = 3, #ARGV do
   if not seen[ARGV[i]] then names[#names + 1] = ARGV[i]; seen[ARGV[i]] = true end
 end
-for _, name in ipairs(redis.call('ZRANGEBYSCORE', workers, '-inf', now - stale_ms,
+for _, name in ipairs(rcall('ZRANGEBYSCORE', workers, '-inf', now - stale_ms,
     'LIMIT', 0, 100)) do
   if not seen[name] then names[#names + 1] = name; seen[name] = true end
 end
 local has_group = false
-if redis.call('EXISTS', stream) == 1 then
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+if rcall('EXISTS', stream) == 1 then
+  for _, g in ipairs(rcall('XINFO', 'GROUPS', stream)) do
     for j = 1, #g, 2 do
       if g[j] == 'name' and g[j + 1] == group then has_group = true end
     end
@@ -31,15 +31,15 @@ if redis.call('EXISTS', stream) == 1 then
 end
 local out = {}
 for _, name in ipairs(names) do
-  local seen_ms = redis.call('ZSCORE', workers, name)
+  local seen_ms = rcall('ZSCORE', workers, name)
   if not seen_ms or now - tonumber(seen_ms) >= stale_ms then
     local idle = true
     if has_group then
-      idle = #redis.call('XPENDING', stream, group, '-', '+', 1, name) == 0
-      if idle then redis.call('XGROUP', 'DELCONSUMER', stream, group, name) end
+      idle = #rcall('XPENDING', stream, group, '-', '+', 1, name) == 0
+      if idle then rcall('XGROUP', 'DELCONSUMER', stream, group, name) end
     end
     if idle then
-      redis.call('ZREM', workers, name)
+      rcall('ZREM', workers, name)
       out[#out + 1] = name
     end
   end

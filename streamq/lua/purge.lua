@@ -40,7 +40,7 @@ for i = 1, n do
     r[2], r[4] = dead_id, nil  -- admitted from its wait list: its entry goes with it
   end
   if wanted == 'failed' and dead_id ~= '' and (state == 'failed' or not state) then
-    redis.call('XDEL', dead, dead_id)  -- also clears entries whose record already expired
+    rcall('XDEL', dead, dead_id)  -- also clears entries whose record already expired
   end
   if state ~= wanted or state == 'active' then
     out[i] = 'skipped'
@@ -49,10 +49,10 @@ for i = 1, n do
       ack_del(lv and level_stream(KEYS, lv, r[5], stream) or stream, group, r[2])
       if g and not (r[4] and g_unwait(G, g, id, r[4])) then g_release(G, g, id, stream, now) end
     elseif state == 'scheduled' or state == 'retrying' then
-      redis.call('ZREM', delayed, id)
+      rcall('ZREM', delayed, id)
       if state == 'retrying' then retries = retries + 1 end
     end
-    redis.call('DEL', jobkey)
+    rcall('DEL', jobkey)
     emit(events, events_maxlen, id, 'purged', now, state)
     purged = purged + 1
     out[i] = 'purged'

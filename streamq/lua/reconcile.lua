@@ -25,18 +25,18 @@ local touched = {}
 for i = 1, m do
   local member = ARGV[2 + i]
   local g, id = string.match(member, '^(%S+) (%S+)$')
-  if g and redis.call('ZSCORE', G.fl, member) then
+  if g and rcall('ZSCORE', G.fl, member) then
     local r = rec(KEYS[12 + i], false, 's', 'e', 'g', 'gw')
     local state, live = r[1], false
     if not r.err and r[3] == g and (state == 'queued' or state == 'active') then
       if r[2] then
-        live = #redis.call('XRANGE', stream, r[2], r[2]) > 0
+        live = #rcall('XRANGE', stream, r[2], r[2]) > 0
       elseif r[4] then  -- admitted from its wait list and not yet met by a script: live
-        live = not redis.call('ZSCORE', G.wait, g .. ' ' .. r[4] .. id)
+        live = not rcall('ZSCORE', G.wait, g .. ' ' .. r[4] .. id)
       end
     end
     if not live then
-      redis.call('ZREM', G.fl, member)
+      rcall('ZREM', G.fl, member)
       healed = healed + 1
       touched[g] = true
     end

@@ -32,12 +32,12 @@ local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
 for i = 1, n do
   local dead_id, id = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
   local jobkey = KEYS[4 + i]
-  if #redis.call('XRANGE', dead, dead_id, dead_id) == 0 then
+  if #rcall('XRANGE', dead, dead_id, dead_id) == 0 then
     out[i] = 'gone'
   elseif id == '' then
     out[i] = 'not_a_job'
   else
-    redis.call('XDEL', dead, dead_id)
+    rcall('XDEL', dead, dead_id)
     local r = rec(jobkey, true, 's', 'g', 'p')
     local state = r[1]
     if not state then
@@ -45,8 +45,8 @@ for i = 1, n do
     elseif state ~= 'failed' then
       out[i] = 'not_failed'
     else
-      redis.call('PERSIST', jobkey)
-      redis.call('HDEL', jobkey, 'reason', 'f', 'o', 'r', 'k', 'n')
+      rcall('PERSIST', jobkey)
+      rcall('HDEL', jobkey, 'reason', 'f', 'o', 'r', 'k', 'n')
       local to = stream
       if lv and r[3] then
         to = level_stream(KEYS, lv, r[3], stream)
@@ -56,7 +56,7 @@ for i = 1, n do
         local entry = g_enter(G, r[2], id, jobkey, to, now)
         if entry then set_entry(jobkey, 'queued', entry) end
       else
-        set_entry(jobkey, 'queued', redis.call('XADD', to, '*', 'id', id))
+        set_entry(jobkey, 'queued', rcall('XADD', to, '*', 'id', id))
       end
       emit(events, events_maxlen, id, 'redriven', now, who)
       redriven = redriven + 1

@@ -32,7 +32,7 @@ for i = 1, n do
     if token ~= '' then
       ok = r[1] == 'active' and r[2] == token
       if ok then
-        redis.call('HSET', jobkey, 'n', math.max(0, (tonumber(r[4]) or 1) - 1))
+        rcall('HSET', jobkey, 'n', math.max(0, (tonumber(r[4]) or 1) - 1))
       end
     else
       ok = r[1] == 'queued' or (r[1] == 'active' and r[5] == consumer)
@@ -41,9 +41,9 @@ for i = 1, n do
   if ok then
     ack_del(stream, group, entry)
     rec(jobkey, true, 's')  -- a layout-1 record (handed back unstarted) is upgraded first
-    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
-    redis.call('HDEL', jobkey, 'k', 'o')
-    redis.call('HINCRBY', stats, 'released', 1)
+    set_entry(jobkey, 'queued', rcall('XADD', stream, '*', 'id', id))
+    rcall('HDEL', jobkey, 'k', 'o')
+    rcall('HINCRBY', stats, 'released', 1)
     emit(events, events_maxlen, id, 'released', now, consumer)
     out[i] = 1
   else

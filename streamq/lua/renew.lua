@@ -24,6 +24,6 @@ for i = 1, n do
 end
 if #ids > 0 then
   ids[#ids + 1] = 'JUSTID'  -- options follow the ids; JUSTID keeps the delivery count
-  redis.call('XCLAIM', stream, group, consumer, 0, unpack(ids))
+  rcall('XCLAIM', stream, group, consumer, 0, unpack(ids))
 end
 return out

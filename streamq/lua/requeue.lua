@@ -35,17 +35,17 @@ for i = 1, n do
   local jobkey = KEYS[4 + i]
   local gr = {}
   if G and id ~= '' then
-    gr = redis.pcall('HMGET', jobkey, 'g', 'e', 'gw')
+    gr = rpcall('HMGET', jobkey, 'g', 'e', 'gw')
     if not gr.err and gr[1] and not gr[2] and gr[3] then g_adopt(jobkey, stream, entry, gr[3]) end
   end
-  redis.call('XACK', stream, group, entry)
-  local present = redis.call('XDEL', stream, entry) == 1  -- a repeated call finds it gone
+  rcall('XACK', stream, group, entry)
+  local present = rcall('XDEL', stream, entry) == 1  -- a repeated call finds it gone
   local r = {}
   if id ~= '' then r = rec(jobkey, true, 's', 'e', 'n', 'max_attempts') end
   local state = r[1]
   if id == '' then  -- an entry without a job id
     if present then
-      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', '', 'reason',
+      rcall('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', '', 'reason',
         'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', now,
         'entry', entry, 'raw', 'no job id')
       failed = failed + 1
@@ -53,7 +53,7 @@ for i = 1, n do
     out[i] = 'missing'
   elseif not state then
     if present then
-      redis.call('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
+      rcall('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', id,
         'reason', 'job record missing', 'etype', 'MissingRecord', 'type', '', 't', now)
       failed = failed + 1
     end
@@ -68,8 +68,8 @@ for i = 1, n do
     failed = failed + 1
     out[i] = 'failed'
   else
-    set_entry(jobkey, 'queued', redis.call('XADD', stream, '*', 'id', id))
-    redis.call('HDEL', jobkey, 'k')
+    set_entry(jobkey, 'queued', rcall('XADD', stream, '*', 'id', id))
+    rcall('HDEL', jobkey, 'k')
     emit(events, events_maxlen, id, 'requeued', now, who)
     requeued = requeued + 1
     out[i] = 'requeued'

@@ -48,7 +48,7 @@
 local c = {stream = KEYS[1], dead = KEYS[2], stats = KEYS[3], events = KEYS[4],
   group = ARGV[1], consumer = ARGV[2], events_maxlen = ARGV[3], dead_ttl = ARGV[4],
   dead_maxlen = ARGV[5], resume = ARGV[6], now = now_ms(),
-  paused = redis.call('EXISTS', KEYS[5]) == 1,
+  paused = rcall('EXISTS', KEYS[5]) == 1,
   started = 0, reclaimed = 0, failed = 0, handed = 0, cancelled = 0, fresh = {}}
 local n = tonumber(ARGV[7])
 c.G = gctx(KEYS, 6 + n, ARGV[9 + 3 * n + 2 * tonumber(ARGV[8 + 3 * n])])
@@ -68,15 +68,15 @@ end
 local fresh = c.fresh
 if #fresh > 0 then
   fresh[#fresh + 1] = 'JUSTID'  -- idle time back to 0; JUSTID keeps the delivery count
-  redis.call('XCLAIM', c.stream, c.group, c.consumer, 0, unpack(fresh))
+  rcall('XCLAIM', c.stream, c.group, c.consumer, 0, unpack(fresh))
 end
 local m = tonumber(ARGV[8 + 3 * n])
 for j = 1, m do
   local b = 9 + 3 * n + 2 * (j - 1)
-  local owner = redis.call('XPENDING', c.stream, c.group, ARGV[b], ARGV[b], 1)
+  local owner = rcall('XPENDING', c.stream, c.group, ARGV[b], ARGV[b], 1)
   if owner[1] ~= nil and owner[1][2] == c.consumer then  -- (a repeated call finds it gone)
     ack_del(c.stream, c.group, ARGV[b])
-    redis.call('XADD', c.dead, 'MAXLEN', '~', c.dead_maxlen, '*', 'job', '', 'reason',
+    rcall('XADD', c.dead, 'MAXLEN', '~', c.dead_maxlen, '*', 'job', '', 'reason',
       'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', c.now,
       'entry', ARGV[b], 'raw', ARGV[b + 1])
     c.failed = c.failed + 1

@@ -28,20 +28,20 @@ local tickets, inbox = KEYS[1], KEYS[2]
 local member, hold, group, consumer = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local now = now_ms()
 if #ARGV > 4 then
-  redis.call('XACK', inbox, group, unpack(ARGV, 5))
-  redis.call('XDEL', inbox, unpack(ARGV, 5))
+  rcall('XACK', inbox, group, unpack(ARGV, 5))
+  rcall('XDEL', inbox, unpack(ARGV, 5))
 end
-redis.call('ZREMRANGEBYSCORE', tickets, '-inf', '(' .. now)  -- lapsed (their worker is gone)
+rcall('ZREMRANGEBYSCORE', tickets, '-inf', '(' .. now)  -- lapsed (their worker is gone)
 local out = {0}  -- out[1]: whether the ticket was there, told by the ZADD or ZREM below
-local reply = redis.pcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 100,
+local reply = rpcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 100,
   'STREAMS', inbox, '>')
 if type(reply) == 'table' and reply.err then
-  if not string.find(reply.err, 'NOGROUP', 1, true) then error(reply.err) end
+  if not sfind(reply.err, 'NOGROUP', 1, true) then error(reply.err) end
   if hold > 0 then
     -- no inbox yet (or it lapsed): made with its group at the start (it gets its TTL
     -- below), so that an entry a producer wrote meanwhile is read
-    redis.call('XGROUP', 'CREATE', inbox, group, '0', 'MKSTREAM')
-    reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 100,
+    rcall('XGROUP', 'CREATE', inbox, group, '0', 'MKSTREAM')
+    reply = rcall('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 100,
       'STREAMS', inbox, '>')
   else
     reply = nil  -- withdrawing: no inbox is made (it would have no TTL); none was used
@@ -61,12 +61,12 @@ if reply and reply[1] then
 end
 if hold > 0 then
   -- a worker that is gone leaves an inbox that lapses on its own
-  redis.call('EXPIRE', inbox, math.ceil(hold / 1000) + 60)
+  rcall('EXPIRE', inbox, math.ceil(hold / 1000) + 60)
   -- last: a call that failed posted nothing (its reply: 0 when the member was there, unless
   -- it lapsed: removed above)
-  if redis.call('ZADD', tickets, now + hold, member) == 0 then out[1] = 1 end
-  redis.call('EXPIRE', tickets, math.ceil(hold / 1000) + 60)  -- gone once no worker posts
+  if rcall('ZADD', tickets, now + hold, member) == 0 then out[1] = 1 end
+  rcall('EXPIRE', tickets, math.ceil(hold / 1000) + 60)  -- gone once no worker posts
 else
-  out[1] = redis.call('ZREM', tickets, member)
+  out[1] = rcall('ZREM', tickets, member)
 end
 return out

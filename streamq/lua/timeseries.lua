@@ -27,7 +27,7 @@ if ok then
     local info = {}
     for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
     if info['name'] == group then
-      local first = redis.call('XRANGE', stream, '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
+      local first = rcall('XRANGE', stream, '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
       if first[1] then
         local ms = tonumber(string.match(first[1][1], '^(%d+)'))
         if ms and now > ms then oldest = now - ms end
@@ -44,7 +44,7 @@ end
 local wait, run = parse_hist(ARGV[6]), parse_hist(ARGV[7])
 
 local function merge(key, field)
-  local raw = redis.call('HGET', key, field)
+  local raw = rcall('HGET', key, field)
   local b = {}
   if raw then
     local decoded_ok, decoded = pcall(cjson.decode, raw)
@@ -58,19 +58,19 @@ local function merge(key, field)
     for idx, n in pairs(add) do h[idx] = (tonumber(h[idx]) or 0) + n end
     if next(h) then b[name] = h end
   end
-  redis.call('HSET', key, field, cjson.encode(b))
+  rcall('HSET', key, field, cjson.encode(b))
 end
 
 merge(minutes, minute)
 merge(hours, hour)
 -- bounded: drop what fell out of the window (all of it after a long pause: HLEN is checked)
-redis.call('HDEL', minutes, minute - keep_m)
-redis.call('HDEL', hours, hour - keep_h)
+rcall('HDEL', minutes, minute - keep_m)
+rcall('HDEL', hours, hour - keep_h)
 for _, pair in ipairs({{minutes, minute, keep_m}, {hours, hour, keep_h}}) do
-  if redis.call('HLEN', pair[1]) > pair[3] + 2 then
-    for _, f in ipairs(redis.call('HKEYS', pair[1])) do
+  if rcall('HLEN', pair[1]) > pair[3] + 2 then
+    for _, f in ipairs(rcall('HKEYS', pair[1])) do
       if tonumber(f) == nil or tonumber(f) <= pair[2] - pair[3] then
-        redis.call('HDEL', pair[1], f)
+        rcall('HDEL', pair[1], f)
       end
     end
   end

@@ -15,16 +15,16 @@ local stream = KEYS[1]
 local G = gctx(KEYS, 2, ARGV[1])
 local now = now_ms()
 local admitted = 0
-local due = redis.call('ZRANGEBYSCORE', G.parked, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local due = rcall('ZRANGEBYSCORE', G.parked, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, g in ipairs(due) do
-  redis.call('ZREM', G.parked, g)
+  rcall('ZREM', G.parked, g)
   admitted = admitted + g_fill(G, g, stream, now)
   g_tidy(G, g)
 end
-redis.call('ZREMRANGEBYSCORE', G.tat, '-inf', now)
+rcall('ZREMRANGEBYSCORE', G.tat, '-inf', now)
 local next_at = -1
 for _, set in ipairs({G.parked, G.tat}) do
-  local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
+  local first = rcall('ZRANGE', set, 0, 0, 'WITHSCORES')
   if first[2] and (next_at < 0 or tonumber(first[2]) < next_at) then
     next_at = math.ceil(tonumber(first[2]))
   end
