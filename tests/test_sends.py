@@ -139,13 +139,16 @@ def _stamped(port: int) -> socket.socket:
     return s
 
 
-def _recv_stamped(s: socket.socket) -> tuple[bytes, int]:
+def _recv_stamped(s: socket.socket) -> tuple[bytes, int | None]:
+    """What one read got, and its kernel receive time (None: unstamped; the kernel turns
+    receive stamping on for the host a moment after the first socket asks, on a work queue,
+    so the first packets after that may come without one)."""
     data, anc, _flags, _addr = s.recvmsg(65536, 1024)
     for level, kind, raw in anc:
         if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
             sec, ns = struct.unpack("qq", raw[:16])
             return data, sec * 1_000_000_000 + ns
-    raise AssertionError("no receive timestamp")
+    return data, None
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
@@ -162,7 +165,8 @@ def test_a_ping_ahead_of_a_script_call_has_its_publication_written_first(
         assert b"subscribe" in _recv_stamped(sub)[0]
         caller.sendall(_pack(("SCRIPT", "LOAD", script.source)))
         assert script.sha.encode() in _recv_stamped(caller)[0]
-        for _ in range(5):
+        compared = 0
+        for _ in range(50):  # five rounds with both times stamped
             caller.sendall(_PING + _pack(("EVALSHA", script.sha, 0)))
             reply, replied_at = _recv_stamped(caller)
             while not reply.endswith(b"$4\r\ndone\r\n"):  # (the two replies may come apart)
@@ -170,7 +174,13 @@ def test_a_ping_ahead_of_a_script_call_has_its_publication_written_first(
                 reply += more
             message, published_at = _recv_stamped(sub)
             assert reply == b"+PONG\r\n$4\r\ndone\r\n" and b"hello" in message
+            if published_at is None or replied_at is None:
+                continue
             assert published_at <= replied_at
+            compared += 1
+            if compared == 5:
+                break
+        assert compared == 5
     finally:
         sub.close()
         caller.close()

@@ -99,7 +99,30 @@ class RedisServer:
         self.kill() if kill else self.stop()
         if not self._wait_port_free():
             raise RuntimeError("port still busy after kill")
+        if self.aof:
+            self.repair_aof()
         self.start()
+
+    def repair_aof(self) -> str:
+        """Cut a torn tail off the AOF of a stopped server the way fixed servers load it:
+        before the MULTI of an incomplete MULTI/EXEC block (a script's effects), not just
+        before the torn command. A SIGKILL during an AOF write can leave half a block; Redis
+        7.0 (``aof-load-truncated yes``) then drops the torn command but keeps the block's
+        MULTI and first commands, appends after them, and the next load replays those
+        commands inside the following transaction: half a script applied, seconds later
+        (valkey-io/valkey#4342). ``redis-check-aof --fix`` (the server binary under that
+        name) truncates before the MULTI. Returns its report."""
+        manifest = self.dir / "appendonlydir" / "appendonly.aof.manifest"
+        target = manifest if manifest.exists() else self.dir / "appendonly.aof"
+        if not target.exists():
+            return "no AOF"
+        done = subprocess.run(["redis-check-aof", "--fix", str(target)], executable=self.binary,
+                              input=b"y\n", capture_output=True, timeout=300, check=False)
+        report = done.stdout.decode(errors="replace")
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-check-aof --fix failed ({done.returncode}): "
+                               f"{report[-500:]}{done.stderr.decode(errors='replace')[-500:]}")
+        return report
 
     def _wait_port_free(self) -> bool:
         for _ in range(100):

@@ -4,7 +4,7 @@
 -- an events/dead max length of 0 disables that stream; every key arrives in KEYS.
 
 -- The globals the hot paths call, as locals: each use of a global is a lookup in the globals
--- table (and redis.call two), an upvalue is read directly (~4% of redis-server's instructions
+-- table (and redis.call two), an upvalue is read directly (~1% of redis-server's instructions
 -- in a drain, callgrind). Names of their own, so a script reads which one it calls.
 local rcall, rpcall, tonumber, sfind, ssub, sbyte =
   redis.call, redis.pcall, tonumber, string.find, string.sub, string.byte

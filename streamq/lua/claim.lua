@@ -55,14 +55,18 @@ if rcall('EXISTS', KEYS[4]) == 1 then return {'paused', '', 0, 0} end
 local prefix, tokens = ARGV[6], ARGV[7]
 local next_token = tonumber(ARGV[8])
 local n = tonumber(ARGV[9])
+-- The limiter's and the groups' functions are made only when this call needs them (a
+-- limit set; an entry of a group: start_entry makes the group context from c.gkeys, c.gat
+-- and c.gspec on first need): making them is most of an empty claim's cost (callgrind).
 local lim = {key = KEYS[5], interval = tonumber(ARGV[10]), tolerance = tonumber(ARGV[11])}
-if lim.interval > 0 then
+local RL = lim.interval > 0 and lib_rate()
+if RL then
   c.rate = lim
-  n = rate_allowed(lim, n)
-  if n == 0 then return {'limited', '', 0, rate_wait_ms(lim)} end
+  n = RL.rate_allowed(lim, n)
+  if n == 0 then return {'limited', '', 0, RL.rate_wait_ms(lim)} end
 end
 local levels = #KEYS - 16
-c.G = gctx(KEYS, 6 + levels, ARGV[12 + levels])
+c.gkeys, c.gat, c.gspec = KEYS, 6 + levels, ARGV[12 + levels]
 local out = {'ok', '', n, 0}
 -- A job id must be UTF-8 (as the worker decodes ids of entries it reads itself)
 local function utf8_ok(s)
@@ -156,7 +160,9 @@ for l = 1, levels do
   if nogroup[l] then missing[#missing + 1] = l end
 end
 out[2] = table.concat(missing, ',')
-out[4] = rate_wait_ms(lim)
-rate_save(lim)
+if RL then
+  out[4] = RL.rate_wait_ms(lim)
+  RL.rate_save(lim)
+end
 count_starts(c)
 return out
