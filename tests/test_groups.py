@@ -440,7 +440,7 @@ def test_a_stopping_worker_hands_back_an_unstarted_admitted_job(q: Queue, admin:
     got: Any = r.xreadgroup(GROUP, "c1", {k.stream: ">"}, count=1)
     entry = got[0][1][0][0].decode()
     keys = [k.stream, k.stats, k.events, k.job("s1")]
-    args = [GROUP, q.config.events_arg, "c1", "s1", entry, ""]
+    args = [GROUP, q.config.events_arg, "c1", "", "s1", entry, ""]
     assert SCRIPTS["release"](r, keys, args) == [1]
     assert SCRIPTS["release"](r, keys, args) == [0]  # repeated: nothing more
     new = r.hget(k.job("s1"), "e")

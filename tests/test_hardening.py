@@ -534,7 +534,7 @@ async def test_hand_back_releases_a_pending_list_longer_than_one_page(url: str, 
     stats = WorkerStats()
     settler = Settler(client, q.config, LeaseKeeper(lambda: None, "c", 1.0), stats,  # type: ignore
                       "c", lambda n: None)
-    await settler.hand_back([QState(k)])
+    await settler.hand_back([QState(k)], "")
     await client.aclose()
     assert stats.released == 1_500
     assert r.xpending(k.stream, GROUP)["pending"] == 0

@@ -3,6 +3,7 @@ and unfinished work handed back when a worker stops."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -13,7 +14,7 @@ import redis.asyncio as aredis
 from .._core import durable
 from .._core import telemetry as tel
 from .._core.config import QueueConfig
-from .._core.keys import GROUP
+from .._core.keys import GROUP, Keys
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
@@ -23,6 +24,8 @@ from .state import Finish, QState, WorkerStats
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 _PERMANENT_TRIES = 3
+_HAND_BACK_S = 5.0
+"""How long a stopping worker keeps trying to hand its jobs back through transient errors."""
 """A batch that meets a permanent (non-transient) error this many times in a row is dropped
 from this worker: its entries stay pending and are taken over after the visibility timeout."""
 
@@ -188,40 +191,57 @@ class Settler:
             log.warning("job %s: lease lost before settling; result discarded", job_id,
                         extra=extra)
 
-    async def hand_back(self, queues: list[QState]) -> None:
+    async def hand_back(self, queues: list[QState], token_prefix: str) -> None:
         """Release jobs this worker started but did not finish, and entries it never started
-        (its whole pending list, page by page). Never raises: what cannot be handed back now
-        recovers after the visibility timeout."""
+        (its whole pending list, page by page), without consuming an attempt (release.lua:
+        token_prefix marks the starts of this run of the worker). A transient error is
+        tried again for a few seconds (release.lua is safe to repeat): a hand-back that does
+        not happen leaves the job to lapse, and a lapsed lease counts its attempt. Never
+        raises: what cannot be handed back recovers after the visibility timeout."""
         for qs in queues:
             k = qs.keys
             items: dict[str, tuple[str, str]] = {}
             for lease in self.leases.snapshot():
                 if lease.keys.tag == k.tag:
                     items[lease.entry] = (lease.job_id, lease.token)
-            try:
-                after = "0"
-                while True:
-                    reply: Any = await self.client.xreadgroup(
-                        GROUP, self.consumer, {k.stream: after}, count=_BATCH)
-                    page = reply[0][1] if reply else []
-                    for eid, fields in page:
-                        jid = (fields or {}).get(b"id")
-                        if jid and eid.decode() not in items:
-                            items[eid.decode()] = (jid.decode(errors="replace"), "")
-                    if len(page) < _BATCH:
+            sup = Supervised(f"hand-back on {k.tag}", log, max_backoff_s=0.5)
+            deadline = asyncio.get_running_loop().time() + _HAND_BACK_S
+            while True:
+                try:
+                    await self._hand_back(k, items, token_prefix)
+                    break
+                except Exception as exc:  # noqa: BLE001 - stop() must end whatever Redis says
+                    if (not transient(exc)
+                            or asyncio.get_running_loop().time() >= deadline):
+                        log.warning("could not hand back jobs of %s (%s: %s); they recover"
+                                    " after the visibility timeout", k.queue,
+                                    type(exc).__name__, exc)
                         break
-                    after = page[-1][0].decode()
-                todo = list(items.items())
-                for i in range(0, len(todo), _BATCH):
-                    part = todo[i:i + _BATCH]
-                    keys = [k.stream, k.stats, k.events, *(k.job(j) for _, (j, _t) in part)]
-                    args: list[Any] = [GROUP, self.config.events_arg, self.consumer]
-                    for eid, (jid, token) in part:
-                        args += [jid, eid, token]
-                    released = await SCRIPTS["release"].run_async(self.client, keys, args)
-                    self.stats.released += sum(released)
-            except Exception as exc:  # noqa: BLE001 - stop() must end whatever Redis says
-                log.warning("could not hand back jobs of %s (%s: %s); they recover after the"
-                            " visibility timeout", k.queue, type(exc).__name__, exc)
+                    await asyncio.sleep(sup.failed(exc))
             for eid in items:
                 self.leases.remove(k.tag, eid)
+
+    async def _hand_back(self, k: Keys, items: dict[str, tuple[str, str]],
+                         token_prefix: str) -> None:
+        """One try of hand_back for one lane: its pending list read, then released."""
+        after = "0"
+        while True:
+            reply: Any = await self.client.xreadgroup(
+                GROUP, self.consumer, {k.stream: after}, count=_BATCH)
+            page = reply[0][1] if reply else []
+            for eid, fields in page:
+                jid = (fields or {}).get(b"id")
+                if jid and eid.decode() not in items:
+                    items[eid.decode()] = (jid.decode(errors="replace"), "")
+            if len(page) < _BATCH:
+                break
+            after = page[-1][0].decode()
+        todo = list(items.items())
+        for i in range(0, len(todo), _BATCH):
+            part = todo[i:i + _BATCH]
+            keys = [k.stream, k.stats, k.events, *(k.job(j) for _, (j, _t) in part)]
+            args: list[Any] = [GROUP, self.config.events_arg, self.consumer, token_prefix]
+            for eid, (jid, token) in part:
+                args += [jid, eid, token]
+            released = await SCRIPTS["release"].run_async(self.client, keys, args)
+            self.stats.released += sum(released)

@@ -315,7 +315,7 @@ class Worker(Fetching):
             except Exception as exc:  # noqa: BLE001 - stop() never raises for Redis
                 log.debug("charts not flushed at stop: %s", exc)
         try:
-            await self._settler.hand_back(list(self._qs.values()))
+            await self._settler.hand_back(list(self._qs.values()), self._token_prefix)
         finally:
             self._leases.stop()
             if self._watchdog is not None:

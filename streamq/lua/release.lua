@@ -1,6 +1,11 @@
--- release.lua: hand jobs back to the queue at once (graceful stop, operator requeue).
--- A started job is released only under the caller's token; its interrupted attempt is
--- refunded and the token cleared, so a handler still running somewhere is fenced out.
+-- release.lua: hand jobs back to the queue at once (graceful stop).
+-- A hand-back never consumes an attempt (invariant 15). A started job is released only under
+-- the caller's token; its interrupted attempt is refunded and the token cleared, so a handler
+-- still running somewhere is fenced out. A job this worker started without ever learning of it
+-- (the start's reply lost at stop, a hand-off not yet read) is released by its entry alone:
+-- its token carries the releasing worker's prefix (this run of it), so its handler never ran
+-- and its attempt is refunded too; a start of an earlier run of the same consumer name keeps
+-- its attempt (that run may have run the handler before it died).
 -- Safe to repeat: a released job's record points at its new entry, so a repeat answers 0.
 -- A delivered-but-unstarted entry is released when the record still points at it (a grouped
 -- job admitted from its wait list takes its entry first: _groups.lua's g_adopt; it keeps its
@@ -13,15 +18,16 @@
 -- ARGV[1]   consumer group
 -- ARGV[2]   events: max length and kinds (_lib.lua's emit; '0' = no events)
 -- ARGV[3]   consumer name releasing (unstarted entries of a previous life of it may go too)
--- ARGV[4..] per job i: job id, stream entry id, lease token ('' when never started) (triples)
+-- ARGV[4]   the releasing worker's lease-token prefix (its starts in this run; '' = none)
+-- ARGV[5..] per job i: job id, stream entry id, lease token ('' when not known) (triples)
 -- Returns per job: 1 released, 0 not ours to release (left untouched)
 local stream, stats, events = KEYS[1], KEYS[2], KEYS[3]
-local group, events_maxlen, consumer = ARGV[1], ARGV[2], ARGV[3]
+local group, events_maxlen, consumer, prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = now_ms()
 local out = {}
-local n = (#ARGV - 3) / 3
+local n = (#ARGV - 4) / 3
 for i = 1, n do
-  local id, entry, token = ARGV[1 + 3 * i], ARGV[2 + 3 * i], ARGV[3 + 3 * i]
+  local id, entry, token = ARGV[2 + 3 * i], ARGV[3 + 3 * i], ARGV[4 + 3 * i]
   local jobkey = KEYS[3 + i]
   local r = rec(jobkey, false, 's', 'k', 'e', 'n', 'o', 'gw')
   if not r.err and not r[3] and r[6] and token == '' and g_adopt(jobkey, stream, entry, r[6]) then
@@ -36,6 +42,10 @@ for i = 1, n do
       end
     else
       ok = r[1] == 'queued' or (r[1] == 'active' and r[5] == consumer)
+      if ok and r[1] == 'active' and prefix ~= '' and r[2]
+          and string.sub(r[2], 1, #prefix) == prefix then
+        rcall('HSET', jobkey, 'n', math.max(0, (tonumber(r[4]) or 1) - 1))
+      end
     end
   end
   if ok then
