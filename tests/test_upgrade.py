@@ -5,59 +5,15 @@ reclaimed (or finished by that old worker), and readers accept both layouts."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-from pathlib import Path
 from typing import Any
 
 import redis
 from helpers import eventually, record, running
+from v1 import v1_enqueue, v1_finish, v1_start
 
-from streamq import Job, Keys, Queue, Registry
+from streamq import Job, Queue, Registry
 from streamq._core.keys import GROUP
 from streamq.admin import Admin
-
-V1 = Path(__file__).parent / "fixtures" / "v1"
-
-
-def v1_script(r: redis.Redis, name: str) -> Any:
-    return r.register_script((V1 / "_lib.lua").read_text() + "\n"
-                             + (V1 / f"{name}.lua").read_text())
-
-
-def v1_enqueue(r: redis.Redis, k: Keys, jobs: list[tuple[str, str, Any, int]]) -> list[Any]:
-    """An old producer: (id, type, payload, delay_ms) per job, 100,000 events kept."""
-    keys = [k.stream, k.delayed, k.stats, k.events, *(k.job(j) for j, *_ in jobs)]
-    args: list[Any] = [100_000, 0, k.wake_channel, len(jobs)]
-    for jid, jtype, payload, delay_ms in jobs:
-        env = json.dumps({"i": jid, "t": jtype, "p": payload, "created_ms": 1,
-                          "result_ttl_s": 86400}, separators=(",", ":"))
-        args += [jid, jtype, env, 0, 86400, 0, delay_ms, 0, "", ""]
-    out: list[Any] = v1_script(r, "enqueue")(keys=keys, args=args)
-    return out
-
-
-def v1_start(r: redis.Redis, k: Keys, consumer: str, count: int) -> list[tuple[str, str, str]]:
-    """An old worker: read ``count`` entries and start them (layout-1 start.lua)."""
-    with contextlib.suppress(redis.ResponseError):
-        r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-    got: Any = r.xreadgroup(GROUP, consumer, {k.stream: ">"}, count=count)
-    part = [(e.decode(), f[b"id"].decode(), f"old-{n}") for n, (e, f) in enumerate(got[0][1])]
-    keys = [k.stream, k.dead, k.stats, k.events, k.paused, *(k.job(j) for _, j, _ in part)]
-    args: list[Any] = [GROUP, consumer, 100_000, 3600, 1000, len(part)]
-    for e, j, t in part:
-        args += [e, j, t]
-    args.append(0)
-    reply = v1_script(r, "start")(keys=keys, args=args)
-    assert [reply[7 * i] for i in range(len(part))] == [b"run"] * len(part)
-    return part
-
-
-def v1_finish(r: redis.Redis, k: Keys, jid: str, entry: str, token: str, result: str) -> Any:
-    keys = [k.stream, k.delayed, k.dead, k.stats, k.events, k.job(jid)]
-    args = [GROUP, 100_000, 3600, 1000, "", 1, jid, entry, token, "ok", result, 0, ""]
-    return v1_script(r, "finish")(keys=keys, args=args)
-
 
 
 async def test_new_code_drains_what_the_old_release_wrote(
