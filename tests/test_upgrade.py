@@ -61,8 +61,10 @@ async def test_new_code_drains_what_the_old_release_wrote(
     assert r.xlen(k.stream) == 0 and r.zcard(k.delayed) == 0
     pending: Any = r.xpending(k.stream, GROUP)
     assert pending["pending"] == 0
-    # the records new code touched are in layout 2 now; the old events stay readable
-    assert r.hget(k.job("old-5"), "s") == b"c" and r.hget(k.job("old-5"), "state") is None
+    # the records new code touched keep layout 1 (an old producer may wait for their result);
+    # the old events stay readable
+    assert r.hget(k.job("old-5"), "state") == b"completed" and r.hget(k.job("old-5"), "s") is None
+    assert r.hget(k.job("old-5"), "result") == b"6"
     events: Any = r.xrange(k.events)
     assert {f[b"ev"] for _, f in events} >= {b"enqueued", b"started", b"reclaimed"}
     # a new producer's duplicate of an old completed job answers with its result
@@ -70,7 +72,7 @@ async def test_new_code_drains_what_the_old_release_wrote(
     assert (dup.status, dup.state, dup.result) == ("duplicate", "completed", 4)
 
 
-def test_old_record_upgrade_keeps_every_field(q: Queue, r: redis.Redis, url: str) -> None:
+def test_old_record_keeps_every_field_and_its_layout(q: Queue, r: redis.Redis, url: str) -> None:
     k = q.keys
     v1_enqueue(r, k, [("u1", "add", {"n": 7}, 60_000)])
     r.hset(k.job("u1"), mapping={"errors": '[{"attempt":1,"type":"E","t":5}]',
@@ -78,9 +80,9 @@ def test_old_record_upgrade_keeps_every_field(q: Queue, r: redis.Redis, url: str
     ttl_before = r.ttl(k.job("u1"))
     admin = Admin.from_url(url)
     before = admin.job(q.name, "u1")
-    assert q.cancel("u1").cancelled  # cancel.lua upgrades the record, then cancels
+    assert q.cancel("u1").cancelled  # cancel.lua cancels it in layout 1
     raw: Any = r.hgetall(k.job("u1"))
-    assert b"state" not in raw and raw[b"s"] == b"x"
+    assert b"s" not in raw and raw[b"state"] == b"cancelled" and raw[b"finished"]
     after = admin.job(q.name, "u1")
     admin.close()
     assert after.state == "cancelled" and after.payload == {"n": 7} == before.payload

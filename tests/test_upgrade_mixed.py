@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -190,3 +192,39 @@ async def test_old_and_new_workers_side_by_side(url: str, q: Queue, r: redis.Red
     for i, j in enumerate(ids):
         assert q.result(j, timeout=1) == i + 1
     assert r.xlen(k.stream) == 0 and r.zcard(k.delayed) == 0
+
+
+def test_every_script_that_reads_records_writes_layout_1_back() -> None:
+    """A script that reads job records through _lib.lua's rec, rec_t, start_entry or accept
+    may turn a layout-1 record into layout 2 for its call (rec_t): it must call v1_restore
+    before it returns, or an old worker would meet the record in layout 2."""
+    lua = Path(__file__).parent.parent / "streamq" / "lua"
+    reads = re.compile(r"\b(rec|rec_t|start_entry|accept)\(")
+    restore = ("v1_restore()", "if V1_KEPT then lib_cold().v1_restore() end")
+    checked = []
+    for path in sorted(lua.glob("*.lua")):
+        if path.name.startswith("_"):
+            continue
+        code = [ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith("--")]
+        if not any(reads.search(ln) for ln in code):
+            continue
+        checked.append(path.stem)
+        first_read = next(i for i, ln in enumerate(code) if reads.search(ln))
+        for i, ln in enumerate(code):
+            # every return at the script's level (not inside a function it defines) after
+            # its first read of a record
+            if i > first_read and re.match(r"^\s*return\b", ln) and not _in_function(code, i):
+                assert code[i - 1].strip().startswith(restore), (path.name, i, ln)
+    assert {"start", "claim", "finish", "promote", "release", "requeue"} <= set(checked)
+
+
+def _in_function(code: list[str], at: int) -> bool:
+    """Whether line ``at`` lies inside a function defined in the script (indentation: the
+    scripts define functions at column 0 and close them with 'end' at column 0)."""
+    depth = False
+    for ln in code[:at]:
+        if re.match(r"^(local\s+)?function\b", ln):
+            depth = True
+        elif ln == "end":
+            depth = False
+    return depth

@@ -67,8 +67,10 @@ end
 --   when not default), e stream entry (ENC_ENTRY), c created (only when it differs from e's
 --   time), n attempts, k lease token, o owner, a started, f finished, r result (absent:
 --   None), x result TTL s (absent: 86400); rare fields keep their layout-1 names.
--- A layout-1 record (state, type, env, entry, ...; written by releases before it) is upgraded
--- in place the first time a script writes to it (upgrade_v1), read as it is until then.
+-- A layout-1 record (state, type, env, entry, ...; written by releases before it) keeps layout
+-- 1 for life: old workers and old producers may run beside today's code (a rolling upgrade)
+-- and read only that. A script call that reads one through rec_t works on it in layout 2
+-- (upgrade_v1) and writes it back in layout 1 before it returns (v1_restore, below).
 -- The state letters are told by comparisons, not tables: a table constructor with string
 -- keys runs on every script call (~3k redis-server instructions each), a lookup a few times.
 local function state_of(v)  -- state letter -> name ('?<v>': not a state letter)
@@ -202,6 +204,9 @@ local lib_groups, lib_rate
 -- paths that need one; the script registry gives every other script that names one a local
 -- of that name first (scripts.py cold_first).
 local COLD = nil
+-- The layout-1 records this script call turned into layout 2 (rec_t), in the order met, each
+-- with its stream entry as it was then ('' for none): v1_restore writes them back.
+local V1_KEPT = nil
 local function lib_cold()
   if COLD then return COLD end
   local function state_code(name)  -- state name -> letter (nil: not a state name)
@@ -221,9 +226,10 @@ local function lib_cold()
     return V1_NAME
   end
 
-  -- Rewrite a layout-1 record in layout 2 (same key, same TTL). Safe to repeat: a record that
-  -- has 's' (or no 'state') is left alone. 'type' and 'env' stay as they are (the envelope is
-  -- the producer's serde's bytes, which Lua cannot split): readers take them when 'b' is absent.
+  -- Rewrite a layout-1 record in layout 2 (same key, same TTL), for the rest of a script call
+  -- (rec_t; downgrade_v1 writes it back). Safe to repeat: a record that has 's' (or no
+  -- 'state') is left alone. 'type', 'env' and 'enqueued' stay as they are (the envelope is the
+  -- producer's serde's bytes, which Lua cannot split): readers take them when 'b' is absent.
   local function upgrade_v1(jobkey)
     local h = rcall('HGETALL', jobkey)
     local t = {}
@@ -237,10 +243,49 @@ local function lib_cold()
         set[#set + 1] = short; set[#set + 1] = t[long]
       end
     end
-    rcall('HDEL', jobkey, 'state', 'entry', 'created', 'enqueued', 'attempts', 'token',
+    rcall('HDEL', jobkey, 'state', 'entry', 'created', 'attempts', 'token',
       'owner', 'started', 'finished', 'result', 'result_ttl')
     rcall('HSET', jobkey, unpack(set))
     return true
+  end
+
+  -- Write a record upgrade_v1 turned into layout 2 back in layout 1, as the release before it
+  -- wrote each state: 'state' by name, 'entry' as Redis writes ids ('' when none), 'created',
+  -- 'result_ttl' always; 'enqueued' (the time it entered the stream) when the script gave it
+  -- another entry than it had (was: that entry, '' for none). A record deleted since (a
+  -- fire-and-forget job completed, a purge) or not in layout 2 is left alone.
+  local function downgrade_v1(jobkey, was)
+    local h = rcall('HGETALL', jobkey)
+    local t = {}
+    for i = 1, #h, 2 do t[h[i]] = h[i + 1] end
+    if not t.s or t.state then return false end
+    local name = state_of(t.s)
+    if sbyte(name, 1) == 63 then name = t.s end  -- ('?<v>': kept as it is)
+    local entry = t.e and dec_entry(t.e) or ''
+    local set = {'state', name, 'entry', entry, 'result_ttl', t.x or DEFAULT_TTL}
+    local created = t.c or entry_ms(t.e)
+    if created then set[#set + 1] = 'created'; set[#set + 1] = created end
+    if entry ~= '' and entry ~= was then
+      set[#set + 1] = 'enqueued'; set[#set + 1] = entry_ms(t.e)
+    end
+    for short, long in pairs(v1_names()) do
+      if short ~= 's' and short ~= 'e' and short ~= 'c' and short ~= 'x' and t[short] then
+        set[#set + 1] = long; set[#set + 1] = t[short]
+      end
+    end
+    rcall('HDEL', jobkey, 's', 'e', 'c', 'n', 'k', 'o', 'a', 'f', 'r', 'x')
+    rcall('HSET', jobkey, unpack(set))
+    return true
+  end
+
+  -- Write back in layout 1 every layout-1 record this script call read (rec_t). Every script
+  -- that reads records through rec, rec_t, start_entry or accept calls it before it returns:
+  -- 'v1_restore()', or 'if V1_KEPT then lib_cold().v1_restore() end' in one that makes no
+  -- cold helper in its common call (tests/test_upgrade_mixed.py checks that each one does).
+  local function v1_restore()
+    if not V1_KEPT then return end
+    for i = 1, #V1_KEPT, 2 do downgrade_v1(V1_KEPT[i], V1_KEPT[i + 1]) end
+    V1_KEPT = nil
   end
 
   local function names_at(names)  -- name -> its index in names, found once per names table
@@ -252,31 +297,23 @@ local function lib_cold()
   end
 
   -- HMGET of a job record by layout-2 names, decoded: 's' as the state name, 'e' as the stream
-  -- entry id, 'x' with its default, 'c' from 'e' when absent. A layout-1 record is upgraded
-  -- first when write is true or it is not active (an old worker may still be running an active
-  -- one: it is read as it is, and left for its owner, until a script takes it over); otherwise
-  -- it is read through its layout-1 names. Returns the reply table, or the error of a key that
-  -- is not a hash (its .err set). rec_t takes the names as a list (a script's constant one).
+  -- entry id, 'x' with its default, 'c' from 'e' when absent. A layout-1 record is turned into
+  -- layout 2 for the rest of the script call (upgrade_v1), so that the script reads and writes
+  -- it by layout-2 names like any other, and noted in V1_KEPT: the script calls v1_restore
+  -- before it returns, which writes it back in layout 1 (old workers and producers may still
+  -- read it: docs/key-layout.md). write: unused (every caller is treated alike), kept for the
+  -- callers. Returns the reply table, or the error of a key that is not a hash (its .err set).
+  -- rec_t takes the names as a list (a script's constant one).
   local function rec_t(jobkey, write, names)
     local r = rpcall('HMGET', jobkey, unpack(names))
     if r.err then return r end
     if names[1] == 's' and not r[1] then
-      local v1 = rcall('HGET', jobkey, 'state')
-      if v1 then
-        if write or v1 ~= 'active' then
-          upgrade_v1(jobkey)
-          r = rcall('HMGET', jobkey, unpack(names))
-        else
-          local old = {}
-          local v1n = v1_names()
-          for i, f in ipairs(names) do old[i] = v1n[f] or f end
-          r = rcall('HMGET', jobkey, unpack(old))
-          for i, f in ipairs(names) do
-            if f == 's' then r[i] = state_code(r[i]) or r[i]
-            elseif f == 'e' and r[i] then r[i] = enc_entry(r[i])
-            elseif f == 'x' and r[i] == DEFAULT_TTL then r[i] = false end
-          end
-        end
+      local v1 = rcall('HMGET', jobkey, 'state', 'entry')
+      if v1[1] and upgrade_v1(jobkey) then
+        V1_KEPT = V1_KEPT or {}
+        V1_KEPT[#V1_KEPT + 1] = jobkey
+        V1_KEPT[#V1_KEPT + 1] = v1[2] or ''
+        r = rcall('HMGET', jobkey, unpack(names))
       end
     end
     local at = names_at(names)
@@ -434,6 +471,7 @@ local function lib_cold()
   local START_F = {'s', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o', 'op', 'env',
                    'cx', 'g', 'gw'}
   COLD = {state_code = state_code, v1_names = v1_names, upgrade_v1 = upgrade_v1,
+    downgrade_v1 = downgrade_v1, v1_restore = v1_restore,
     names_at = names_at, rec_t = rec_t, rec = rec, set_entry = set_entry, job_type = job_type,
     wake_if_sooner = wake_if_sooner, remember_error = remember_error, bury = bury,
     writer_mine = writer_mine, level_stream = level_stream, level_used = level_used,

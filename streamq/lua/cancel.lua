@@ -6,7 +6,7 @@
 -- Safe to repeat: a repeat finds the job 'cancelled' and answers not_cancellable with that
 -- state, which the client reads as its own earlier cancel when it is retrying; a repeat on a
 -- running job finds 'cx' already there, keeps it, publishes again and answers the same. A
--- layout-1 record is upgraded in place first (_lib.lua's rec; an active one is only read).
+-- layout-1 record stays in layout 1 (_lib.lua's rec_t and v1_restore).
 -- KEYS[1]   job record HASH
 -- KEYS[2]   ready stream
 -- KEYS[3]   delayed ZSET
@@ -41,6 +41,7 @@ if state == 'active' and channel ~= '' then
     emit(events, events_maxlen, id, 'cancel_requested', now, '')
   end
   rcall('PUBLISH', channel, id)
+  v1_restore()
   return {'cancel_requested', state}
 end
 if state == 'scheduled' or state == 'retrying' then
@@ -51,9 +52,11 @@ elseif state == 'queued' then
   -- waiting: off the wait list; admitted (its entry, if not yet adopted, is a ghost now)
   if g and not (r[7] and g_unwait(G, g, id, r[7])) then g_release(G, g, id, stream, now_ms()) end
 else
+  v1_restore()
   return {'not_cancellable', state}
 end
 local now = now_ms()
 end_cancelled(jobkey, events, events_maxlen, id, now, state)
 rcall('HINCRBY', stats, 'cancelled', 1)
+v1_restore()  -- (a layout-1 record read here: back in layout 1)
 return {'cancelled', state}

@@ -165,4 +165,5 @@ if RL then
   RL.rate_save(lim)
 end
 count_starts(c)
+if V1_KEPT then lib_cold().v1_restore() end  -- (layout-1 records read: back in layout 1)
 return out

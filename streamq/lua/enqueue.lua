@@ -1,7 +1,8 @@
 -- enqueue.lua: accept N jobs (N >= 1) atomically per job, with dedup by id and backpressure.
 -- Safe to repeat: a repeat finds its own jobs and answers 'duplicate' with mine = 1 (the same
 -- writer tag and offset, or without tags the same body and options), writing nothing new.
--- Records are written in layout 2 (_lib.lua's rec); a duplicate's layout-1 record is read too.
+-- Records are written in layout 2; a duplicate's layout-1 record is read too (and left in
+-- layout 1: _lib.lua's rec_t and v1_restore).
 -- KEYS[1]   ready stream
 -- KEYS[2]   delayed ZSET
 -- KEYS[3]   stats HASH
@@ -247,4 +248,5 @@ end
 count(stats, 'enqueued', enqueued - counted)
 count(stats, 'duplicates', duplicates)
 count(stats, 'rejected_full', rejected)
+if V1_KEPT then lib_cold().v1_restore() end  -- (layout-1 records read: back in layout 1)
 return out

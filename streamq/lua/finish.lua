@@ -8,8 +8,9 @@
 -- The stream entries of the applied outcomes are acknowledged and deleted after the loop, in
 -- one XACK and one trim (_lib.lua's ack_trim_del: XTRIM MINID below the oldest pending entry,
 -- XDEL for the ones above it).
--- A job is settled only under a lease that a layout-2 start issued, so its record is in
--- layout 2; a layout-1 record (an older worker's lease) only ever answers 'lost' here.
+-- A layout-1 record (an older release's job, started by today's start.lua or claim.lua)
+-- is settled in layout 1, which old workers and producers read (_lib.lua's rec_t and
+-- v1_restore); an old worker's lease (its tokens) only ever answers 'lost' here.
 -- KEYS[1]   ready stream
 -- KEYS[2]   delayed ZSET
 -- KEYS[3]   dead STREAM
@@ -165,4 +166,5 @@ count(stats, 'rate_limited', limited)
 count(stats, 'cancelled', cancelled)
 count(stats, 'failed', failed)
 count(stats, 'lease_lost', lost)
+if V1_KEPT then lib_cold().v1_restore() end  -- (layout-1 records read: back in layout 1)
 return out

@@ -38,4 +38,5 @@ if status == 'duplicate' then
 else
   count(stats, 'enqueued', 1)
 end
+if V1_KEPT then lib_cold().v1_restore() end  -- (layout-1 records read: back in layout 1)
 return {status, state}

@@ -50,4 +50,5 @@ for i = 1, n do
     out[i] = 1
   end
 end
+v1_restore()  -- (layout-1 records read here: back in layout 1)
 return out

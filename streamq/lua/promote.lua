@@ -2,7 +2,8 @@
 -- The caller passes candidate ids (the lowest scores it read); this script re-checks each one
 -- against the server clock, so concurrent promoters move every job exactly once.
 -- Safe to repeat: a repeat finds its candidates no longer in the delayed ZSET and moves nothing.
--- A layout-1 record is upgraded in place as it is moved (_lib.lua's rec).
+-- A layout-1 record is moved in layout 1, which old workers read (_lib.lua's rec_t and
+-- v1_restore).
 -- KEYS[1]   delayed ZSET
 -- KEYS[2]   ready stream
 -- KEYS[3]   dead STREAM (for ids whose job record is missing)
@@ -63,4 +64,5 @@ count(stats, 'retrying_now', -retries)
 local first = rcall('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 local next_due = -1
 if first[2] then next_due = tonumber(first[2]) end
+v1_restore()  -- (layout-1 records read here: back in layout 1)
 return {moved, now, next_due}

@@ -60,4 +60,5 @@ for i = 1, n do
 end
 count(stats, 'purged', purged)
 count(stats, 'retrying_now', -retries)
+v1_restore()  -- (layout-1 records read here: back in layout 1)
 return out

@@ -47,4 +47,5 @@ for g in pairs(touched) do
   admitted = admitted + g_fill(G, g, stream, now)
   g_tidy(G, g)
 end
+v1_restore()  -- (layout-1 records read here: back in layout 1)
 return {healed, admitted}

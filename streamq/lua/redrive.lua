@@ -2,7 +2,7 @@
 -- Each dead entry is consumed atomically (checked, then deleted), so two operators re-driving
 -- the same selection at once re-drive every job exactly once; re-running is harmless.
 -- Safe to repeat: a repeat finds its dead entries gone and answers 'gone'. A layout-1 record
--- is upgraded in place first (_lib.lua's rec).
+-- stays in layout 1 (_lib.lua's rec_t and v1_restore).
 -- KEYS[1]   ready stream
 -- KEYS[2]   dead STREAM
 -- KEYS[3]   stats HASH
@@ -65,4 +65,5 @@ for i = 1, n do
   end
 end
 count(stats, 'redriven', redriven)
+v1_restore()  -- (layout-1 records read here: back in layout 1)
 return out

@@ -11,6 +11,8 @@
 -- job admitted from its wait list takes its entry first: _groups.lua's g_adopt; it keeps its
 -- group slot, as every released job does).
 -- The old entry is acked and deleted and a fresh entry is appended, so any worker can take it.
+-- A layout-1 record is handed back in layout 1, which old workers read (_lib.lua's rec_t and
+-- v1_restore).
 -- KEYS[1]   ready stream
 -- KEYS[2]   stats HASH
 -- KEYS[3]   events STREAM
@@ -50,7 +52,6 @@ for i = 1, n do
   end
   if ok then
     ack_del(stream, group, entry)
-    rec(jobkey, true, 's')  -- a layout-1 record (handed back unstarted) is upgraded first
     set_entry(jobkey, 'queued', rcall('XADD', stream, '*', 'id', id))
     rcall('HDEL', jobkey, 'k', 'o')
     rcall('HINCRBY', stats, 'released', 1)
@@ -60,4 +61,5 @@ for i = 1, n do
     out[i] = 0
   end
 end
+v1_restore()  -- (layout-1 records read here: back in layout 1)
 return out

@@ -26,4 +26,5 @@ if #ids > 0 then
   ids[#ids + 1] = 'JUSTID'  -- options follow the ids; JUSTID keeps the delivery count
   rcall('XCLAIM', stream, group, consumer, 0, unpack(ids))
 end
+v1_restore()  -- (layout-1 records read here: back in layout 1)
 return out

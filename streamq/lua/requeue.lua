@@ -21,7 +21,7 @@
 --           a malformed stream entry; dead-lettered)
 -- Safe to repeat: a dead letter is written only while the entry is still in the stream, and a
 -- requeued job's record points at its new entry, so a repeat skips it. A layout-1 record (an
--- older worker's) is upgraded in place first (_lib.lua's rec), itself safe to repeat.
+-- older worker's) stays in layout 1 (_lib.lua's rec_t and v1_restore).
 local stream, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, events_maxlen, dead_ttl, dead_maxlen, who = ARGV[1], ARGV[2], ARGV[3], ARGV[4],
   ARGV[5]
@@ -77,4 +77,5 @@ for i = 1, n do
 end
 count(stats, 'requeued', requeued)
 count(stats, 'failed', failed)
+v1_restore()  -- (layout-1 records read here: back in layout 1)
 return out

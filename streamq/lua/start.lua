@@ -12,8 +12,9 @@
 -- caller is the same start seen again (a lost reply): it answers 'run' with the same lease and
 -- attempt and writes nothing new; so is, when ARGV[6] names the caller's token prefix (its
 -- own pending entries read again after a claim.lua reply was lost), a job 'active' under
--- another token of that prefix owned by the caller (_lib.lua's start_entry). A layout-1 record (an older release's) is upgraded in place
--- by the first start that owns its entry (_lib.lua's rec), which is itself safe to repeat.
+-- another token of that prefix owned by the caller (_lib.lua's start_entry). A layout-1 record
+-- (an older release's) is started in layout 1, which old workers read (_lib.lua's rec_t and
+-- v1_restore).
 -- KEYS[1]   ready stream
 -- KEYS[2]   dead STREAM
 -- KEYS[3]   stats HASH
@@ -84,4 +85,5 @@ for j = 1, m do
 end
 if c.rate then rate_save(c.rate) end
 count_starts(c)
+if V1_KEPT then lib_cold().v1_restore() end  -- (layout-1 records read: back in layout 1)
 return out
