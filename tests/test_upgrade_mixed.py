@@ -228,3 +228,33 @@ def _in_function(code: list[str], at: int) -> bool:
         elif ln == "end":
             depth = False
     return depth
+
+
+async def test_a_new_record_an_old_worker_buried_can_be_redriven(
+        url: str, q: Queue, r: redis.Redis) -> None:
+    """Out of order (a new producer during step 1): an old worker dead-letters a layout-2
+    record as corrupted, writing layout-1 fields beside it. Once new workers run, an operator
+    re-drives it like any dead letter and it runs: nothing is lost."""
+    k = q.keys
+    job = q.enqueue("add", {"n": 41}, job_id="new-one")
+    old = OldWorker(r, k, "old-1")
+    assert old.fetch(1) == [] and old.dead == [("new-one", "job record corrupted")]
+    h: Any = r.hgetall(k.job("new-one"))
+    assert h[b"s"] == b"q" and h[b"state"] == b"failed"  # both layouts' fields
+    admin = Admin.from_url(url)
+    try:
+        [dead] = admin.dead(q.name).items
+        assert dead.job_id == "new-one" and dead.reason == "job record corrupted"
+        assert admin.redrive(q.name, [dead]) == {"redriven": 1}
+    finally:
+        admin.close()
+    h = r.hgetall(k.job("new-one"))
+    assert h[b"s"] == b"q" and b"state" not in h and r.ttl(k.job("new-one")) == -1
+    reg = Registry()
+
+    @reg.handler("add")
+    async def add(j: Job) -> int:
+        return int(j.payload["n"]) + 1
+
+    async with running(url, q.name, reg):
+        assert await asyncio.to_thread(q.result, job.job_id, timeout=10) == 42

@@ -2,7 +2,9 @@
 -- Each dead entry is consumed atomically (checked, then deleted), so two operators re-driving
 -- the same selection at once re-drive every job exactly once; re-running is harmless.
 -- Safe to repeat: a repeat finds its dead entries gone and answers 'gone'. A layout-1 record
--- stays in layout 1 (_lib.lua's rec_t and v1_restore).
+-- stays in layout 1 (_lib.lua's rec_t and v1_restore). A layout-2 record that an old worker
+-- dead-lettered as 'job record corrupted' (it wrote 'state' = failed beside 's') is re-driven
+-- too, its layout-1 fields dropped.
 -- KEYS[1]   ready stream
 -- KEYS[2]   dead STREAM
 -- KEYS[3]   stats HASH
@@ -40,6 +42,13 @@ for i = 1, n do
     rcall('XDEL', dead, dead_id)
     local r = rec(jobkey, true, 's', 'g', 'p')
     local state = r[1]
+    if state and state ~= 'failed' and rcall('HGET', jobkey, 'state') == 'failed' then
+      -- a layout-2 record an old worker dead-lettered as corrupted (during a rolling
+      -- upgrade, docs/key-layout.md): its start.lua wrote layout-1 fields beside 's' and
+      -- deleted the stream entry. Failed, and re-driven as such.
+      rcall('HDEL', jobkey, 'state', 'entry', 'token', 'finished')
+      state = 'failed'
+    end
     if not state then
       out[i] = 'missing'
     elseif state ~= 'failed' then
