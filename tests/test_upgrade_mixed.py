@@ -140,6 +140,8 @@ async def test_old_and_new_workers_side_by_side(url: str, q: Queue, r: redis.Red
     dead-lettered and every job completes exactly once."""
     k = q.keys
     ok: dict[str, int] = {}
+    held: set[str] = set()  # held by the first new worker when it stopped
+    new_tries: set[str] = set()  # retried by the first new worker
     gate = asyncio.Event()
     reg = Registry()
 
@@ -147,9 +149,12 @@ async def test_old_and_new_workers_side_by_side(url: str, q: Queue, r: redis.Red
     async def add(job: Job) -> int:
         n = int(job.payload["n"])
         if n % 5 == 0 and job.attempt == 1:
-            raise Retry("flaky", delay_s=0.01)
-        if n % 3 == 1:
-            await gate.wait()  # held until the new worker stops
+            if not gate.is_set():
+                new_tries.add(job.id)
+            raise Retry("flaky", delay_s=0.2)
+        if n % 3 == 1 and not gate.is_set():
+            held.add(job.id)
+            await gate.wait()  # held until the new worker stops (it never is)
         ok[job.id] = ok.get(job.id, 0) + 1
         return n + 1
 
@@ -167,11 +172,21 @@ async def test_old_and_new_workers_side_by_side(url: str, q: Queue, r: redis.Red
         await eventually(lambda: r.zcard(k.delayed) == 0 and len(ok) >= 5
                          and len(r.xpending_range(k.stream, GROUP, "-", "+", 100)) >= 4,
                          what="the new worker holding four jobs")
+    assert len(held) >= 4 and new_tries
+    retried_left = new_tries - set(ok)  # retried by the new worker, not run by it since
+    # the old worker alone runs everything the new one left: handed back at its stop,
+    # promoted (scheduled, or retrying after its attempt failed) and not yet run
     old = OldWorker(r, k, "old-1")
-    v1_enqueue(r, k, [(j, "add", {"n": i + 30}, 0) for i, j in enumerate(ids[30:])])
-    # the old worker alone: everything the new one handed back, promoted or retried
-    await asyncio.to_thread(old.step, old_run, 20)
+    first = ids[:30]
+
+    def alone() -> bool:
+        old.step(old_run, 10)
+        return all(r.hget(k.job(j), "state") == b"completed" for j in first) or bool(old.dead)
+    await eventually(lambda: asyncio.to_thread(alone), timeout_s=20,
+                     what="the old worker completing the first jobs")
     assert old.dead == []
+    assert held | retried_left <= set(old.completed())
+    v1_enqueue(r, k, [(j, "add", {"n": i + 30}, 0) for i, j in enumerate(ids[30:])])
     # the old worker stops with jobs in flight, and another of its kind dies holding some
     leaving = await asyncio.to_thread(old.fetch, 3)
     assert await asyncio.to_thread(old.release, leaving) == [1] * len(leaving)
