@@ -103,6 +103,11 @@ def test_what_new_scripts_hand_back_an_old_worker_runs(q: Queue, r: redis.Redis,
     # lapse; one requeued by an operator
     for j in ["retried", "later", "lapsed", "requeued", "redriven"]:
         assert start_entries(r, k, "new-1", [(entry[j], j)], token=f"t-{j}")[0] == b"run"
+    # the lease about to lapse is renewed and reports progress first
+    assert SCRIPTS["renew"](r, [k.stream, k.job("lapsed")],
+                            [GROUP, "new-1", entry["lapsed"], "t-lapsed"]) == [1]
+    assert SCRIPTS["progress"](r, [k.events, k.job("lapsed")],
+                               [CFG.events_arg, 10, 1, "lapsed", "t-lapsed", '{"p": 1}', ""]) == [1]
     assert finish(r, q, "retried", entry["retried"], "t-retried", "retry", 0) == [b"retrying"]
     assert finish(r, q, "later", entry["later"], "t-later", "later", 0) == [b"retrying"]
     assert finish(r, q, "redriven", entry["redriven"], "t-redriven", "dead",
