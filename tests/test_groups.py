@@ -253,6 +253,45 @@ async def test_reconcile_heals_a_leaked_slot(url: str, qname: str, q: Queue, adm
     assert ledger.max_concurrent()["leak"] <= 2
 
 
+@pytest.mark.parametrize("priority", [0, 4])
+async def test_reconcile_keeps_the_slot_of_a_running_job_of_any_priority(
+        url: str, qname: str, q: Queue, admin: Admin, cfg: QueueConfig, priority: int) -> None:
+    """Issue #28 (1): a grouped job at a priority other than the default has its entry in its
+    level's stream; the reconcile step must find it there and keep its slot, or every round
+    lets one more job of a full group start."""
+    admin.set_group_limit(qname, "p", 1)
+    q.enqueue_many([{"type": "g", "payload": {}, "group": "p", "job_id": f"p{i}",
+                     "priority": priority} for i in range(3)])
+    reg = Registry()
+    go = asyncio.Event()
+    started: list[str] = []
+    cur, peak = [0], [0]
+
+    @reg.handler("g")
+    async def g(job: Job) -> None:
+        started.append(job.id)
+        cur[0] += 1
+        peak[0] = max(peak[0], cur[0])
+        try:
+            await go.wait()
+        finally:
+            cur[0] -= 1
+
+    async with workers(url, qname, reg, 1, cfg) as ws:
+        await eventually(lambda: started, what="the first job running")
+        keeper = next(s.groups for s in ws[0]._qs.values() if s.groups is not None)
+        assert ws[0]._client is not None
+        for _ in range(3):  # reconcile rounds while p0 runs (at start, then every 30 s)
+            await keeper.reconcile(ws[0]._client)
+        info = admin.group(qname, "p")
+        assert (info.in_flight, info.waiting, keeper.healed) == (1, 2, 0)
+        assert started == ["p0"]
+        go.set()
+        await eventually(lambda: len(started) == 3, what="all three, one after the other")
+        await eventually(lambda: admin.group(qname, "p").in_flight == 0, what="slots free")
+    assert peak[0] == 1 and keeper.healed == 0
+
+
 def test_cancel_a_waiting_and_an_admitted_grouped_job(q: Queue, admin: Admin,
                                                      r: redis.Redis) -> None:
     q.enqueue_many([{"type": "g", "payload": {"g": "x"}, "group": "x", "job_id": f"x{i}"}

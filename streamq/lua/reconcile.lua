@@ -8,8 +8,9 @@
 -- Safe to repeat: every check is made against the current state; a repeat finds nothing left.
 -- (The opposite drift, a running job without a member, is healed by start.lua's g_gate,
 -- which asserts the member of every grouped job it starts and hands back one over the limit.)
--- KEYS[1]   ready stream
--- KEYS[2..12] the group keys (Keys.group_keys)
+-- KEYS[1]   ready stream (of the default priority)
+-- KEYS[2..12] the group keys (Keys.group_keys; its level streams are where a grouped job
+--           of another priority has its entry: the record's 'p')
 -- KEYS[12+i] job record HASH of member i (i = 1..M)
 -- ARGV[1]   group defaults (QueueConfig.group_arg)
 -- ARGV[2]   M, the number of in-flight members to check
@@ -26,11 +27,13 @@ for i = 1, m do
   local member = ARGV[2 + i]
   local g, id = string.match(member, '^(%S+) (%S+)$')
   if g and rcall('ZSCORE', G.fl, member) then
-    local r = rec(KEYS[12 + i], false, 's', 'e', 'g', 'gw')
+    local r = rec(KEYS[12 + i], false, 's', 'e', 'g', 'gw', 'p')
     local state, live = r[1], false
     if not r.err and r[3] == g and (state == 'queued' or state == 'active') then
-      if r[2] then
-        live = #rcall('XRANGE', stream, r[2], r[2]) > 0
+      if r[2] then  -- its entry is in its own level's stream (priority 'p'; absent: 2)
+        local at = stream
+        if r[5] and G.levels then at = G.levels[(tonumber(r[5]) or 2) + 1] or stream end
+        live = #rcall('XRANGE', at, r[2], r[2]) > 0
       elseif r[4] then  -- admitted from its wait list and not yet met by a script: live
         live = not rcall('ZSCORE', G.wait, g .. ' ' .. r[4] .. id)
       end
