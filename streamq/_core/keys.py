@@ -326,6 +326,15 @@ class Keys:
     def worker_info(self, consumer: str) -> str:
         return f"{self.base}:worker:{consumer}"
 
+    def finished(self, consumer: str) -> str:
+        """HASH, 't': the lease tokens of the fire-and-forget jobs (``result_ttl=0``) that
+        one worker's last finish.lua call on this level's stream completed, their records
+        deleted: a repeat of that call (its reply was lost) still answers 'completed' for
+        them. Expires an hour after the last such call."""
+        if self.level == DEFAULT_PRIORITY:
+            return f"{self.base}:fin:{consumer}"
+        return f"{self.base}:fin:p{self.level}:{consumer}"
+
     def job(self, job_id: str) -> str:
         return f"{self.base}:job:{job_id}"
 

@@ -40,6 +40,9 @@ class _FinishCall:
     group_arg: str
     job: str
     """The job record key without the id (``Keys.job('')``)."""
+    marker: str
+    """This worker's finish marker on the lane (``Keys.finished``): a repeated call still
+    answers 'completed' for a fire-and-forget job whose record its first run deleted."""
 
 
 class Settler:
@@ -120,9 +123,9 @@ class Settler:
             call = self._calls[k.tag] = _FinishCall(
                 [k.stream, k.delayed, k.dead, k.stats, k.events], k.group_keys,
                 [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, k.wake_channel],
-                cfg.group_arg, k.job(""))
+                cfg.group_arg, k.job(""), k.finished(self.consumer))
         job = call.job
-        keys = [*call.keys, *[job + b[0] for b in batch], *call.group_keys]
+        keys = [*call.keys, *[job + b[0] for b in batch], *call.group_keys, call.marker]
         # (a settled grouped job frees its group's slot: the group keys)
         args: list[Any] = [*call.args, len(batch)]
         for b in batch:

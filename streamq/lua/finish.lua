@@ -11,6 +11,10 @@
 -- A layout-1 record (an older release's job, started by today's start.lua or claim.lua)
 -- is settled in layout 1, which old workers and producers read (_lib.lua's rec_t and
 -- v1_restore); an old worker's lease (its tokens) only ever answers 'lost' here.
+-- A fire-and-forget job (result TTL 0) has its record deleted when it completes: the tokens
+-- of those a call completed are kept in the caller's finish marker (KEYS[17+N]), and a
+-- repeat finds its token there ('completed'); a late finish under any other token (a lease
+-- taken over by another worker that completed the job) is not there: 'lost'.
 -- KEYS[1]   ready stream
 -- KEYS[2]   delayed ZSET
 -- KEYS[3]   dead STREAM
@@ -35,6 +39,12 @@
 --           cancel.lua) every outcome but 'ok' ends the job 'cancelled' (never retried, never
 --           dead-lettered); 'ok' wins when it arrives (the job finished first).
 -- ARGV[7 + 7*N] group defaults (QueueConfig.group_arg), with the group keys
+-- KEYS[17+N] (optional, after the group keys) the caller's finish marker HASH
+--           (Keys.finished): field 't' = the lease tokens (space-separated) of the
+--           fire-and-forget jobs the caller's last call on this stream completed, recognised
+--           or deleted. A worker sends one finish call at a time per stream and repeats a call
+--           before it sends the next, so the last call's tokens are all a repeat needs. It is
+--           written only by a call that deletes a record, and expires an hour later.
 -- An applied outcome of a grouped job (record 'g') frees its slot and admits its group's next
 -- waiting job(s) (_lib.lua's g_release; a repeat frees nothing more).
 -- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed' |
@@ -53,6 +63,23 @@ local G, G_made = nil, false  -- the group context, made when a grouped job need
 local NAMES, TRIES = nil, nil
 local TTL = {}  -- tonumber of each 'x' value met
 local now_s, ev_completed = nstr(now), emit_on(events_maxlen, 'completed')
+local mark = KEYS[17 + n]
+local ff, ff_new = nil, false  -- tokens for the marker; whether this call deleted a record
+local MARKED = nil  -- ' <token> <token> ... ': the marker, read when a record is missing
+-- Whether the caller's last call completed this token's fire-and-forget job (deleted its
+-- record): a repeat of that call. The token is kept for the marker this call may write.
+local function marked(token)
+  if not mark then return false end
+  if not MARKED then
+    local v = rpcall('HGET', mark, 't')
+    if type(v) ~= 'string' then v = '' end  -- (none, or not a hash: nothing is marked)
+    MARKED = ' ' .. v .. ' '
+  end
+  if not sfind(MARKED, ' ' .. token .. ' ', 1, true) then return false end
+  ff = ff or {}
+  ff[#ff + 1] = token
+  return true
+end
 for i = 1, n do
   local b = 7 + 7 * (i - 1)
   local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
@@ -71,7 +98,9 @@ for i = 1, n do
     end
   end
   local state, cur = r[1], r[2]
-  if r.err or not state then  -- (a corrupted record is settled by a reclaim)
+  if not r.err and not state and marked(token) then
+    out[i] = 'completed'  -- deleted by this very call's earlier run (fire-and-forget)
+  elseif r.err or not state then  -- (a corrupted record is settled by a reclaim)
     lost = lost + 1
     emit(events, events_maxlen, id, 'lease_lost', now, token)
     out[i] = 'lost'
@@ -86,6 +115,8 @@ for i = 1, n do
       out[i] = 'retrying'
     elseif ft == 'failed:' .. token then
       out[i] = 'failed'
+    elseif marked(token) then  -- deleted by an earlier run, and its id enqueued again since
+      out[i] = 'completed'
     else
       lost = lost + 1
       emit(events, events_maxlen, id, 'lease_lost', now, token)
@@ -119,6 +150,11 @@ for i = 1, n do
       if not ttl then ttl = tonumber(x) or 0; TTL[x] = ttl end
       if x == '0' then  -- fire-and-forget: nothing is kept once the job completed
         rcall('DEL', jobkey)
+        if mark then
+          ff = ff or {}
+          ff[#ff + 1] = token
+          ff_new = true
+        end
       elseif ttl > 0 then
         rcall('EXPIRE', jobkey, nstr(ttl))
       end
@@ -158,6 +194,10 @@ for i = 1, n do
 end
 if #settled > 0 then
   ack_trim_del(stream, group, settled, rcall('XACK', stream, group, unpack(settled)))
+end
+if ff_new then  -- (errors ignored: the outcomes are written; a repeat would answer 'lost')
+  rpcall('HSET', mark, 't', table.concat(ff, ' '))
+  rpcall('EXPIRE', mark, 3600)
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)
