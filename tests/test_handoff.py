@@ -12,12 +12,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast, wait_until
+from helpers import eventually, fast, start_entries, wait_until
 
 from streamq import Job, Keys, Queue, QueueConfig, Registry, Worker
 from streamq._core import sends
@@ -261,3 +262,93 @@ async def test_a_lost_reply_of_the_blocking_read_runs_the_job_once(
                              10, "the job to run once and complete")
             assert q.result(jid) == 1
         assert lost == [1] and runs == [1]
+
+
+def _stall_on_first_hand_off(monkeypatch: pytest.MonkeyPatch, inbox: list[str], stall_s: float,
+                             during: Any = None) -> list[bytes]:
+    """The worker's event loop stalls for stall_s just as its blocking read returns the first
+    job handed over (a handler blocking the loop, a long GC pause): the reply waits in the
+    socket meanwhile. ``during(entry, job id)`` runs at the end of the stall (another worker's
+    move). Returns the stream entries of the stalled hand-offs."""
+    orig = sends.xreadgroup
+    seen: list[bytes] = []
+
+    async def stalling(*a: Any, **kw: Any) -> Any:
+        reply: Any = await orig(*a, **kw)
+        for stream, entries in reply or []:
+            if stream.decode() == inbox[0] and entries and not seen:
+                fields = entries[0][1]
+                seen.append(fields[b"e"])
+                time.sleep(stall_s)  # noqa: ASYNC251 - the stall: the whole loop waits
+                if during is not None:
+                    during(fields[b"e"].decode(), fields[b"id"].decode())
+        return reply
+
+    monkeypatch.setattr(fetch_mod, "xreadgroup", stalling)
+    return seen
+
+
+async def test_a_job_handed_over_during_a_stall_starts_with_a_fresh_lease(
+        url: str, qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant 13 for hand-offs: a producer starts the job (its lease counts from then) while
+    the worker's loop is stalled for ~3/4 of the visibility timeout. The worker learns of it
+    late, so it starts it again as its own (start.lua: same lease, same attempt, idle time
+    reset) instead of running it on a lease that would lapse before its first renewal."""
+    r = redis.Redis.from_url(url)
+    k = Keys(qname)
+    runs: list[tuple[int, int]] = []  # (attempt, idle ms of its entry when its handler began)
+    reg = Registry()
+
+    @reg.handler("t")
+    async def t(job: Job) -> int:
+        pending: Any = r.xpending_range(k.stream, GROUP, "-", "+", 10)
+        runs.append((job.attempt, int(pending[0]["time_since_delivered"])))
+        return job.attempt
+
+    async with Worker(url, [qname], reg, fast(visibility_timeout_s=3.0)) as w:
+        inbox = [k.inbox(w._token_prefix)]
+        seen = _stall_on_first_hand_off(monkeypatch, inbox, 2.2)
+        await eventually(lambda: _tickets(r, qname) == 1, what="a posted ticket")
+        with Queue.from_url(url, qname) as q:
+            jid = q.enqueue("t").job_id
+            await eventually(lambda: q.get(jid).state == "completed",  # type: ignore[union-attr]
+                             10, "the job to run and complete")
+        assert len(seen) == 1  # it was handed over, during the stall
+        assert len(runs) == 1 and runs[0][0] == 1
+        assert runs[0][1] < 1000, runs  # its lease began fresh, not 2.2 s spent
+
+
+async def test_a_job_handed_over_before_a_stall_past_its_lease_runs_once(
+        url: str, qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stall outlasts the visibility timeout and another worker takes the job over (its
+    lease lapsed) meanwhile: the stalled worker must not run it too, as a job it read itself
+    and started with start.lua would not (start.lua finds the entry is not its own any more)."""
+    r = redis.Redis.from_url(url)
+    k = Keys(qname)
+    runs: list[int] = []
+    taken: list[Any] = []
+    reg = Registry()
+
+    @reg.handler("t")
+    async def t(job: Job) -> None:
+        runs.append(job.attempt)
+
+    def take_over(entry: str, jid: str) -> None:  # another worker's reclaim of the lapsed lease
+        assert r.xautoclaim(k.stream, GROUP, "other", 2000, "0-0", justid=True) == [
+            entry.encode()]
+        taken.append(start_entries(r, k, "other", [(entry, jid)]))
+
+    async with Worker(url, [qname], reg, fast(visibility_timeout_s=2.0)) as w:
+        inbox = [k.inbox(w._token_prefix)]
+        seen = _stall_on_first_hand_off(monkeypatch, inbox, 2.3, take_over)
+        qs = w._qs[k.tag]
+        await eventually(lambda: _tickets(r, qname) == 1, what="a posted ticket")
+        with Queue.from_url(url, qname) as q:
+            jid = q.enqueue("t").job_id
+            # the worker goes through what it was handed and waits for work again
+            await eventually(lambda: seen and _tickets(r, qname) == 1 and qs.own_cursor is None
+                             and not qs.starting and not qs.handed, 15, "an idle worker again")
+            assert taken and taken[0][0] == b"run" and taken[0][2] == 2
+            assert 1 not in runs  # the lapsed lease's attempt never ran
+            info = q.get(jid)
+            assert info is not None and info.attempts == 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -236,17 +237,23 @@ class Fetching(HandOff):
         count = n if single else 1
         streams: dict[Any, Any] = {lane.keys.stream: ">" for lane in lanes}
         launched = 0
-        if single and n >= 2 and self.queue_config.handoff and not self._no_handoff:
+        handing = single and n >= 2 and self.queue_config.handoff and not self._no_handoff
+        if handing:
             # post (or refresh) this lane's ticket, one slot of the n kept for the job a
-            # producer may start for this worker; the inbox is read beside the stream
+            # producer may start for this worker; the inbox is read beside the stream. The
+            # wait is kept under half a renewal period, so that a job handed over during it
+            # is never taken for one learnt late (handoff.py's _handed)
+            block = min(block, max(1, int(self.config.renew_every_s * 500)))
             launched = await self._ticket(qs, block + TICKET_SLACK_MS)
-            if launched:  # handed over since the last read: run it, then wait again
-                return [], launched
+            if launched or qs.own_cursor is not None:  # handed over since the last read:
+                return [], launched  # run it (or start it as our own), then wait again
             count = n - 1
             streams[qs.keys.inbox(self._token_prefix)] = ">"
         elif qs.ticket:  # no longer a lane for hand-offs (levels in use, a rate limit)
             return [], await self._ticket(qs, 0)
+        sent = time.monotonic()
         reply = await xreadgroup(client, GROUP, self.consumer, streams, count, block, qs.reads)
+        since = self._inbox_answered(qs, sent) if handing else sent
         if not reply:
             return [], 0
         by_stream = {lane.keys.stream: lane for lane in lanes}
@@ -254,7 +261,7 @@ class Fetching(HandOff):
         for stream, entries in reply:
             lane = by_stream.get(stream.decode())
             if lane is None:  # the inbox
-                launched += self._handed(qs, [inbox_row(e) for e in entries])
+                launched += self._handed(qs, [inbox_row(e) for e in entries], since)
             else:
                 got.append((lane, entries))
         if sum(len(entries) for _, entries in got) >= count:

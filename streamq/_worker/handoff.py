@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
 
 from .._core import telemetry as tel
-from .._core.config import QueueConfig
+from .._core.config import QueueConfig, WorkerConfig
 from .._core.keys import GROUP
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
+from .lease import LeaseKeeper
 from .state import QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
@@ -53,8 +55,10 @@ class HandOff:
 
     if TYPE_CHECKING:  # the Worker's state this part reads and writes
         consumer: str
+        config: WorkerConfig
         queue_config: QueueConfig
         stats: WorkerStats
+        _leases: LeaseKeeper
         _client: aredis.Redis | None
         _capacity: asyncio.Event
         _token_prefix: str
@@ -83,6 +87,7 @@ class HandOff:
         k = qs.keys
         qs.ticket = True
         acks, qs.inbox_acks = qs.inbox_acks, []
+        sent = time.monotonic()
         try:
             reply = await SCRIPTS["ticket"].run_async(
                 client, [k.tickets, k.inbox(self._token_prefix)],
@@ -100,14 +105,33 @@ class HandOff:
         if hold_ms == 0:
             qs.ticket = False
         flat = reply[1:]
-        return self._handed(qs, [flat[i:i + _ROW] for i in range(0, len(flat),
-                                                                         _ROW)])
+        return self._handed(qs, [flat[i:i + _ROW] for i in range(0, len(flat), _ROW)],
+                            self._inbox_answered(qs, sent))
 
-    def _handed(self, qs: QState, rows: list[Sequence[Any]]) -> int:
+    @staticmethod
+    def _inbox_answered(qs: QState, sent: float) -> float:
+        """A read of the inbox sent at ``sent`` was answered: returns since when the jobs it
+        brings may have been handed over (their leases begun). Each was handed over after the
+        previous answered read ran (or that read would have taken it), so after it was sent:
+        the worker's own clock bounds the age of a lease a producer started."""
+        since = sent if qs.inbox_read is None else qs.inbox_read
+        qs.inbox_read = sent
+        return since
+
+    def _handed(self, qs: QState, rows: list[Sequence[Any]], since: float) -> int:
         """Launch jobs a producer started for this worker (enqueue.lua's hand-off; each row:
-        inbox entry, then the start as claim.lua gives it without the level); returns how
-        many were launched."""
+        inbox entry, then the start as claim.lua gives it without the level), handed over
+        no earlier than ``since`` (time.monotonic); returns how many were launched.
+
+        A lease a producer started counts from the hand-off, which the worker learns of
+        later (at once, unless its event loop was stalled). Learnt within a renewal period
+        (a third of the visibility timeout), the job runs at once, its lease renewed as if
+        it had begun at ``since``. Learnt later, the lease may be half spent, or lapsed and
+        taken over: the job is started again as this worker's own pending entry (start.lua:
+        the same lease and attempt, its idle time reset; or left alone if another worker
+        took it over), as a job it had read itself would be (invariant 13)."""
         launched = 0
+        late = time.monotonic() - since >= self.config.renew_every_s
         for inbox_entry, eid, jid, code, token, attempt, data, deadline, wait_ms, age_ms in rows:
             qs.inbox_acks.append(_text(inbox_entry))
             if code == b"own":  # a malformed entry: start.lua settles it with our own ones
@@ -118,14 +142,19 @@ class HandOff:
             entry = _text(eid)
             if self._busy(qs, entry):
                 continue
+            if late:  # start.lua makes its lease fresh (or finds it taken over)
+                qs.own_cursor = "0"
+                continue
             try:
                 job_id = _text(jid)
             except UnicodeDecodeError:
                 qs.own_cursor = "0"
                 continue
             launched += 1
-            qs.handed.append(self._launch(qs, entry, job_id, _text(token), int(attempt), data,
+            tok = _text(token)
+            qs.handed.append(self._launch(qs, entry, job_id, tok, int(attempt), data,
                                           (int(deadline), int(wait_ms), int(age_ms))))
+            self._leases.backdate(qs.keys.tag, entry, tok, since)
         if launched:
             self.stats.started += launched
             self.stats.handed_over += launched

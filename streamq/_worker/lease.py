@@ -67,6 +67,14 @@ class LeaseKeeper:
         with self._lock:
             self._leases[(lease.keys.tag, lease.entry)] = lease
 
+    def backdate(self, queue: str, entry: str, token: str, since: float) -> None:
+        """The lease of (entry, token) may have begun as early as ``since`` (a hand-off:
+        started by a producer before this worker learnt of it): it is renewed as if it had."""
+        with self._lock:
+            lease = self._leases.get((queue, entry))
+            if lease is not None and lease.token == token and since < lease.started:
+                lease.started = since
+
     def remove(self, queue: str, entry: str) -> None:
         with self._lock:
             self._leases.pop((queue, entry), None)

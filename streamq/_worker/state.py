@@ -58,6 +58,9 @@ class QState:
     """Inbox entries read, acknowledged with the next ticket.lua call."""
     handed: list[asyncio.Task[None]] = attrs.field(factory=list)
     """Jobs just handed over, launched by the fetch loop (it lets them settle first)."""
+    inbox_read: float | None = None
+    """When (time.monotonic) the last read of the inbox that Redis answered was sent: a job
+    a later read brings was handed over (its lease begun) after that (handoff.py)."""
     settle_calls: int = 0
     """finish.lua calls the settling loop has sent (settle.py counts them)."""
     settled: asyncio.Event = attrs.field(factory=asyncio.Event)
