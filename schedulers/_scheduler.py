@@ -414,6 +414,6 @@ async def _close(pubsub: Any) -> None:
 
 
 async def _shards_ok(client: aredis.Redis, keys: Keys, shards: int, _retried: bool) -> None:
-    from streamq.admin import adrive
+    from streamq._core.driver import adrive
 
     await adrive(client, _check_shards(keys, shards))

@@ -13,23 +13,19 @@ from typing import Any, TypeVar
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import MovedError, NoScriptError
 
-from ._core import nodes as _nodes
 from ._core.config import GroupRate, QueueConfig
 from ._core.conn import (
     as_cluster_url,
     async_client,
     averify,
-    is_cluster,
-    standalone_on_cluster,
     sync_client,
     verify,
 )
+from ._core.driver import Op, adrive, drive
 from ._core.errors import JobNotFound, ServerTooOld
 from ._core.keys import Keys, queues_key
 from ._core.model import CancelResult, JobInfo
-from ._core.scripts import SCRIPTS
 from ._core.timeseries import Point
 from ._ops import browse as _browse
 from ._ops import groups as _groups
@@ -57,94 +53,6 @@ __all__ = ["Admin", "AsyncAdmin", "ConsumerInfo", "CronInfo", "DeadEntry", "Dead
 
 def _who() -> str:
     return f"admin:{socket.gethostname()}:{os.getpid()}"
-
-
-def _raw_pipe(client: Any) -> Any:
-    """A pipeline without redis-py's reply callbacks: the operations parse raw RESP2."""
-    return type(client.pipeline())(client.connection_pool, {}, False, None)
-
-
-def _queue_pipe(pipe: Any, step: _ops.Step) -> None:
-    for c in step:
-        if isinstance(c, _ops.Call):
-            s = SCRIPTS[c.script]
-            pipe.evalsha(s.sha, len(c.keys), *c.keys, *c.args)
-        else:
-            pipe.execute_command(*c.args)
-
-
-def _commands(step: _ops.Step) -> list[tuple[Any, ...]]:
-    return [("EVALSHA", SCRIPTS[c.script].sha, len(c.keys), *c.keys, *c.args)
-            if isinstance(c, _ops.Call) else tuple(c.args) for c in step]
-
-
-def _send(client: Any, step: _ops.Step) -> list[Any]:
-    """One step's calls in one round trip (on a cluster: one pipeline per node)."""
-    if is_cluster(client):
-        return _nodes.run(client, _commands(step))
-    pipe = _raw_pipe(client)
-    _queue_pipe(pipe, step)
-    replies: list[Any] = pipe.execute(raise_on_error=False)
-    return _not_moved(replies)
-
-
-async def _asend(client: Any, step: _ops.Step) -> list[Any]:
-    if is_cluster(client):
-        return await _nodes.arun(client, _commands(step))
-    pipe = _raw_pipe(client)
-    _queue_pipe(pipe, step)
-    replies: list[Any] = await pipe.execute(raise_on_error=False)
-    return _not_moved(replies)
-
-
-def _not_moved(replies: list[Any]) -> list[Any]:
-    """A MOVED reply on a plain client: the URL names one node of a Redis Cluster."""
-    if any(isinstance(r, MovedError) for r in replies):
-        raise standalone_on_cluster(None)
-    return replies
-
-
-def _noscript(step: _ops.Step, replies: list[Any]) -> list[int]:
-    return [i for i, (c, r) in enumerate(zip(step, replies, strict=True))
-            if isinstance(c, _ops.Call) and isinstance(r, NoScriptError)]
-
-
-def drive(client: redis.Redis, op: _ops.Op[T]) -> T:
-    """Run an operation over a blocking client."""
-    try:
-        step = next(op)
-        while True:
-            replies = _send(client, step)
-            retry = _noscript(step, replies)
-            if retry:  # a restarted server lost its script cache: load and resend those
-                for name in {step[i].script for i in retry}:  # type: ignore[union-attr]
-                    client.script_load(SCRIPTS[name].source)
-                for i, rep in zip(retry, _send(client, [step[i] for i in retry]),
-                                  strict=True):
-                    replies[i] = rep
-            step = op.send(replies)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
-
-
-async def adrive(client: aredis.Redis, op: _ops.Op[T]) -> T:
-    """Run an operation over an asyncio client."""
-    try:
-        step = next(op)
-        while True:
-            replies = await _asend(client, step)
-            retry = _noscript(step, replies)
-            if retry:
-                for name in {step[i].script for i in retry}:  # type: ignore[union-attr]
-                    await client.script_load(SCRIPTS[name].source)
-                for i, rep in zip(retry, await _asend(client, [step[i] for i in retry]),
-                                  strict=True):
-                    replies[i] = rep
-            step = op.send(replies)
-    except StopIteration as stop:
-        result: T = stop.value
-        return result
 
 
 def _check_version(version: tuple[int, ...]) -> None:
@@ -277,7 +185,7 @@ class Admin:
     def resume_group(self, queue: str, group: str) -> None:
         drive(self.client, self._set(queue, "resume", group, ""))
 
-    def _set(self, queue: str, op: str, group: str, value: str) -> _ops.Op[tuple[int, int, int]]:
+    def _set(self, queue: str, op: str, group: str, value: str) -> Op[tuple[int, int, int]]:
         return self.ops.parts(queue, None, lambda ps: _groups.set_group(
             ps, self.config, op, group, value))
 
@@ -405,7 +313,7 @@ class AsyncAdmin:
         del queue
         return self.client
 
-    async def _run(self, queue: str, op: _ops.Op[T]) -> T:
+    async def _run(self, queue: str, op: Op[T]) -> T:
         return await adrive(self.client, op)
 
     async def close(self) -> None:
@@ -500,7 +408,7 @@ class AsyncAdmin:
     async def resume_group(self, queue: str, group: str) -> None:
         await self._run(queue, self._set(queue, "resume", group, ""))
 
-    def _set(self, queue: str, op: str, group: str, value: str) -> _ops.Op[tuple[int, int, int]]:
+    def _set(self, queue: str, op: str, group: str, value: str) -> Op[tuple[int, int, int]]:
         return self.ops.parts(queue, None, lambda ps: _groups.set_group(
             ps, self.config, op, group, value))
 

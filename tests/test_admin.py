@@ -27,9 +27,10 @@ from streamq import (
     UnknownQueue,
     Worker,
 )
+from streamq._core.driver import drive
 from streamq._core.keys import GROUP
 from streamq._ops.browse import count_dead, timeline
-from streamq.admin import Admin, AsyncAdmin, DeadFilter, ListFilter, drive
+from streamq.admin import Admin, AsyncAdmin, DeadFilter, ListFilter
 
 TESTS = Path(__file__).parent
 

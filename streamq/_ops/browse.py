@@ -16,6 +16,7 @@ from typing import Any, Literal
 import attrs
 
 from .._core.config import QueueConfig
+from .._core.driver import Cmd, Op, Step, ok
 from .._core.errors import InvalidArgument, JobNotFound
 from .._core.keys import GROUP, Keys, check_job_id
 from .._core.model import BRIEF_FIELDS, CancelResult, brief, entry_id, record_state
@@ -23,19 +24,15 @@ from .._core.timeseries import Point, decode
 from .._producer.prepare import cancel_call, parse_cancel
 from .operations import (
     PAGE,
-    Cmd,
     DeadEntry,
     DeadFilter,
-    Op,
     Page,
-    Step,
     _dead_entry,
     _dict,
     _entry_ms,
     _s,
     _server_ms,
     level_of,
-    ok,
     over_levels,
     split_cursor,
 )
@@ -490,7 +487,7 @@ def run_now(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[str]:
 def cancel(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[CancelResult]:
     """Cancel a job (cancel.lua; a running one's worker is told to stop it), recording who
     did."""
-    from .operations import Call
+    from .._core.driver import Call
 
     ks, args = cancel_call(keys, cfg, job_id)
     (r,) = yield [Call("cancel", ks, args)]

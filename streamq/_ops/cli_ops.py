@@ -16,10 +16,11 @@ from urllib.parse import urlsplit, urlunsplit
 import attrs
 
 from .._core.config import QueueConfig
+from .._core.driver import drive
 from .._core.errors import InvalidArgument, ShardCountMismatch, UnknownQueue
 from .._core.keys import Keys, check_job_id, shard_keys
 from .._producer.queue import Queue
-from ..admin import Admin, DeadFilter, drive
+from ..admin import Admin, DeadFilter
 from . import operations as _ops
 from . import shards as _shards
 from .cli_groups import add_parser as _add_groups

@@ -86,7 +86,7 @@ class QueueGauges:
         return list(self._cache.items())
 
     async def refresh(self) -> None:
-        from ..admin import adrive
+        from .._core.driver import adrive
 
         for k in self.keys:
             try:

@@ -2,18 +2,19 @@
 
 Each operation yields a *step* (a list of commands and script calls, sent as one pipeline)
 and receives the replies (an exception object in place of a failed command). The sync and
-async drivers in ``admin.py`` run them; no operation touches a connection itself.
+async drivers in ``_core/driver.py`` run them; no operation touches a connection itself.
 Every listing works in pages of at most ``PAGE`` entries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
 
 from .._core.config import QueueConfig
+from .._core.driver import Call, Cmd, Op, ok
 from .._core.errors import InvalidArgument, JobNotFound, UnknownQueue
 from .._core.keys import (
     DEFAULT_PRIORITY,
@@ -29,32 +30,6 @@ from .._core.scripts import Arg
 
 T = TypeVar("T")
 PAGE = 1000
-
-
-@attrs.frozen
-class Cmd:
-    args: tuple[Any, ...]
-
-    @classmethod
-    def of(cls, *args: Any) -> Cmd:
-        return cls(args)
-
-
-@attrs.frozen
-class Call:
-    script: str
-    keys: list[str]
-    args: list[Arg]
-
-
-Step = list[Cmd | Call]
-Op = Generator[Step, list[Any], T]
-
-
-def ok(reply: Any) -> Any:
-    if isinstance(reply, Exception):
-        raise reply
-    return reply
 
 
 def _s(v: Any) -> str:

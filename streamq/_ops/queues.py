@@ -13,8 +13,8 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError
 
+from .._core.driver import adrive, drive
 from .._core.keys import Keys, queues_key
-from ..admin import adrive, drive
 from . import operations as _ops
 
 

@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._core.config import QueueConfig
+from .._core.driver import Cmd, Op, ok
 from .._core.errors import InvalidArgument, ShardCountMismatch, UnknownQueue
 from .._core.keys import Keys, check_job_id, shard_keys, shard_of
 from . import browse as _browse
 from . import operations as _ops
-from .operations import Cmd, DeadEntry, DeadFilter, LevelStats, Op, Page, QueueStats, ok
+from .operations import DeadEntry, DeadFilter, LevelStats, Page, QueueStats
 
 T = TypeVar("T")
 SHARDS_FIELD = "shards"

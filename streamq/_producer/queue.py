@@ -16,6 +16,7 @@ from .._core import durable
 from .._core import telemetry as tel
 from .._core.config import QueueConfig
 from .._core.conn import async_client, sync_client
+from .._core.driver import adrive, drive
 from .._core.errors import (
     JobNotFound,
     ReplicationTimeout,
@@ -29,7 +30,6 @@ from .._core.retry import acall, call
 from .._core.scripts import SCRIPTS
 from .._ops import queues as _queues
 from .._ops import shards as _shards
-from ..admin import adrive, drive
 from . import prepare as prod
 from .autobatch import AsyncBatcher, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake

@@ -106,7 +106,7 @@ class Housekeeper:
         return self.config.gauges_interval_s
 
     async def refresh_gauges(self) -> None:
-        from ..admin import adrive
+        from .._core.driver import adrive
 
         for qs in self.queues:
             st = await adrive(self.client, _ops.stats(qs.keys))

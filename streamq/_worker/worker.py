@@ -481,7 +481,7 @@ class Worker(Fetching):
 
 async def _shard_check(client: aredis.Redis, keys: Keys, shards: int, _retried: bool
                        ) -> None:
-    from ..admin import adrive
+    from .._core.driver import adrive
 
     await adrive(client, _check_shards(keys, shards))
 

@@ -12,13 +12,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
+from .._core.driver import adrive
 from .._core.errors import InvalidArgument
 from .._core.keys import check_job_id, check_queue_name
 from .._ops import operations as _ops
 from .._ops.browse import now_ms, recent
 from .._ops.operations import PAGE
 from .._ops.shards import check_cursor
-from ..admin import DeadFilter, ListFilter, QueueStats, adrive
+from ..admin import DeadFilter, ListFilter, QueueStats
 from ._app import Dashboard
 from ._charts import charts
 from ._live import gather_bounded, stats_cells

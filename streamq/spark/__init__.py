@@ -25,6 +25,7 @@ from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql import types as t
 
 from .._core.config import QueueConfig
+from .._core.driver import drive
 from .._core.errors import InvalidArgument
 from .._core.keys import Keys, shard_keys, shard_of
 from .._core.model import decode_record, normalize_record
@@ -32,7 +33,6 @@ from .._core.retry import call
 from .._core.scripts import SCRIPTS
 from .._ops import shards as _shards
 from .._producer import prepare as prod
-from ..admin import drive
 from ._enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
 from ._read import ReadTask, plan
 
