@@ -28,8 +28,8 @@ from streamq._core.conn import async_client, averify
 from streamq._core.keys import DEFAULT_PRIORITY, GROUP, PRIORITIES, Keys, queues_key, shard_keys
 from streamq._core.retry import acall
 from streamq._core.scripts import SCRIPTS
+from streamq._core.shards import check as _check_shards
 from streamq._core.supervise import LoopHealth, Outage, Supervised
-from streamq._ops.shards import check as _check_shards
 from streamq._worker.promote import Promoter
 
 from ._entries import Cron

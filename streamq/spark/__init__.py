@@ -24,6 +24,7 @@ from pyspark.sql import Column, DataFrame, Observation, Row, SparkSession
 from pyspark.sql import functions as F  # noqa: N812
 from pyspark.sql import types as t
 
+from .._core import shards as _shards
 from .._core.config import QueueConfig
 from .._core.driver import drive
 from .._core.errors import InvalidArgument
@@ -31,7 +32,6 @@ from .._core.keys import Keys, shard_keys, shard_of
 from .._core.model import decode_record, normalize_record
 from .._core.retry import call
 from .._core.scripts import SCRIPTS
-from .._ops import shards as _shards
 from .._producer import prepare as prod
 from ._enqueue import COUNTS_SCHEMA, EnqueueTask, client_for
 from ._read import ReadTask, plan
