@@ -19,7 +19,8 @@ import redis
 
 from schedulers import Cron, Scheduler, SchedulerConfig
 from streamq import InvalidArgument, Queue, QueueConfig, UnknownJobType
-from streamq._ops.queues import forget, publish_types, registered_types
+from streamq._core.queues import publish_types, registered_types
+from streamq._ops.queues import forget
 
 TESTS = Path(__file__).parent
 DOCS = TESTS.parent / "docs"

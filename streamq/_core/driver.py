@@ -50,6 +50,23 @@ def ok(reply: Any) -> Any:
     return reply
 
 
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _dict(reply: Any) -> dict[str, Any]:
+    """A flat [k, v, k, v] reply, or a dict from a redis-py callback, with str keys."""
+    if isinstance(reply, dict):
+        return {_s(k): v for k, v in reply.items()}
+    it = iter(reply)
+    return {_s(k): v for k, v in zip(it, it, strict=True)}
+
+
+def _server_ms(t: Any) -> int:
+    sec, usec = t
+    return int(sec) * 1000 + int(usec) // 1000
+
+
 def _raw_pipe(client: Any) -> Any:
     """A pipeline without redis-py's reply callbacks: the operations parse raw RESP2."""
     return type(client.pipeline())(client.connection_pool, {}, False, None)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import attrs
 
 from .._core.config import QueueConfig
-from .._core.driver import Cmd, Op, Step, ok
+from .._core.driver import Cmd, Op, Step, _dict, _s, _server_ms, ok
 from .._core.errors import InvalidArgument, JobNotFound
 from .._core.keys import GROUP, Keys, check_job_id
 from .._core.model import BRIEF_FIELDS, CancelResult, brief, entry_id, record_state
@@ -28,10 +28,7 @@ from .operations import (
     DeadFilter,
     Page,
     _dead_entry,
-    _dict,
     _entry_ms,
-    _s,
-    _server_ms,
     level_of,
     over_levels,
     split_cursor,

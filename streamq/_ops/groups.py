@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import attrs
 
 from .._core.config import GroupRate, QueueConfig
-from .._core.driver import Call, Cmd, Op, ok
+from .._core.driver import Call, Cmd, Op, _s, ok
 from .._core.errors import InvalidArgument
 from .._core.keys import Keys, check_group
-from .operations import PAGE, _s
+from .operations import PAGE
 
 
 @attrs.frozen

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import attrs
 
 from .._core.config import QueueConfig
-from .._core.driver import Call, Cmd, Op, ok
+from .._core.driver import Call, Cmd, Op, _dict, _s, _server_ms, ok
 from .._core.errors import InvalidArgument, JobNotFound, UnknownQueue
 from .._core.keys import (
     DEFAULT_PRIORITY,
@@ -30,23 +30,6 @@ from .._core.scripts import Arg
 
 T = TypeVar("T")
 PAGE = 1000
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _dict(reply: Any) -> dict[str, Any]:
-    """A flat [k, v, k, v] reply, or a dict from a redis-py callback, with str keys."""
-    if isinstance(reply, dict):
-        return {_s(k): v for k, v in reply.items()}
-    it = iter(reply)
-    return {_s(k): v for k, v in zip(it, it, strict=True)}
-
-
-def _server_ms(t: Any) -> int:
-    sec, usec = t
-    return int(sec) * 1000 + int(usec) // 1000
 
 
 def _entry_ms(entry_id: str) -> int:
@@ -529,26 +512,6 @@ def forget(keys: Keys, force: bool) -> Op[bool]:
                     " or forget it anyway with --force (its keys stay)")
     (n,) = yield [Cmd.of("SREM", queues_key(keys.prefix), keys.queue)]
     return bool(ok(n))
-
-
-def publish_types(keys: Keys, names: Sequence[str]) -> Op[None]:
-    """Record that a worker of this queue has handlers for these job types (server time)."""
-    if not names:
-        return None
-    (t,) = yield [Cmd.of("TIME")]
-    now = _server_ms(ok(t))
-    args: list[Any] = []
-    for n in names:
-        args += [n, now]
-    (r,) = yield [Cmd.of("HSET", keys.types, *args)]
-    ok(r)
-    return None
-
-
-def registered_types(keys: Keys) -> Op[dict[str, int]]:
-    """Job type -> when a worker of the queue last published a handler for it (epoch ms)."""
-    (h,) = yield [Cmd.of("HGETALL", keys.types)]
-    return {_s(k): int(v) for k, v in _dict(ok(h)).items()}
 
 
 def unknown_queue(keys: Keys, known: Sequence[str]) -> UnknownQueue:

@@ -13,6 +13,7 @@ import redis
 import redis.asyncio as aredis
 
 from .._core import durable
+from .._core import queues as _queues
 from .._core import shards as _shards
 from .._core import telemetry as tel
 from .._core.config import QueueConfig
@@ -29,7 +30,6 @@ from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, call
 from .._core.scripts import SCRIPTS
-from .._ops import queues as _queues
 from . import prepare as prod
 from .autobatch import AsyncBatcher, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake

@@ -29,11 +29,11 @@ from .._core.args import check_queue_list
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.conn import async_client, averify, sync_client
 from .._core.keys import DEFAULT_PRIORITY, Keys, queues_key, shard_keys
+from .._core.queues import publish_types
 from .._core.retry import acall
 from .._core.sends import Kept, inline_sends
 from .._core.shards import check as _check_shards
 from .._core.supervise import LoopHealth, Outage, Supervised
-from .._ops.queues import publish_types
 from .attempt import Attempts
 from .cancel import CancelWatch
 from .fetch import Fetching
