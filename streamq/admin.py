@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import redis
 import redis.asyncio as aredis
 
+from ._core.cancel import await_cancel, check_cancel_wait, wait_cancel
 from ._core.config import GroupRate, QueueConfig
 from ._core.conn import (
     as_cluster_url,
@@ -41,7 +42,6 @@ from ._ops.operations import (
     PendingEntry,
     QueueStats,
 )
-from ._producer.prepare import await_cancel, check_cancel_wait, wait_cancel
 
 T = TypeVar("T")
 MIN_VERSION = (6, 2)

@@ -15,13 +15,13 @@ from typing import Any, Literal
 
 import attrs
 
+from .._core.cancel import cancel_call, parse_cancel
 from .._core.config import QueueConfig
 from .._core.driver import Cmd, Op, Step, _dict, _s, _server_ms, ok
 from .._core.errors import InvalidArgument, JobNotFound
 from .._core.keys import GROUP, Keys, check_job_id
 from .._core.model import BRIEF_FIELDS, CancelResult, brief, entry_id, record_state
 from .._core.timeseries import Point, decode
-from .._producer.prepare import cancel_call, parse_cancel
 from .operations import (
     PAGE,
     DeadEntry,

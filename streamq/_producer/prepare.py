@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import binascii
 import datetime as dt
 import math
 import os
 import re
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-import attrs
-
 from .._core import telemetry as tel
+from .._core.args import seconds as _seconds
 from .._core.config import QueueConfig
 from .._core.errors import (
     InvalidArgument,
@@ -26,7 +23,6 @@ from .._core.errors import (
 )
 from .._core.keys import (
     DEFAULT_PRIORITY,
-    GROUP,
     Keys,
     check_group,
     check_job_id,
@@ -35,7 +31,6 @@ from .._core.keys import (
 )
 from .._core.model import (
     TERMINAL,
-    CancelResult,
     EnqueueResult,
     JobInfo,
     decode_record,
@@ -53,11 +48,6 @@ ENQUEUE_KEYS = ("type", "payload", "job_id", "delay", "run_at", "deadline", "max
                 "result_ttl", "idempotency_key", "headers", "version", "group", "priority")
 
 
-MAX_SECONDS = 100 * 365 * 24 * 3600
-"""Longest delay, relative deadline or result TTL (100 years): beyond it a due time no longer
-fits a datetime or an exact Lua number, and Redis's EXPIRE refuses the TTL."""
-
-
 def new_job_id() -> str:
     """22 characters of URL-safe base64 over 16 random bytes (128 bits, like a UUID, in
     10 fewer bytes than hex: the id is stored in the record's key and its stream entry). A
@@ -69,20 +59,6 @@ def new_job_id() -> str:
 
 _b2a = binascii.b2a_base64
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
-
-
-def _seconds(name: str, v: Any, *, allow_zero: bool) -> float:
-    if isinstance(v, dt.timedelta):
-        v = v.total_seconds()
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise InvalidArgument(f"{name} must be a finite number of seconds, got {v!r}")
-    if v < 0 or (v == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise InvalidArgument(f"{name} must be {bound} seconds, got {v!r}")
-    if v > MAX_SECONDS:
-        raise InvalidArgument(f"{name} must be at most {MAX_SECONDS} seconds (100 years),"
-                              f" got {v!r}")
-    return float(v)
 
 
 def _epoch_ms(name: str, v: Any) -> int:
@@ -442,86 +418,6 @@ def single(queue: str, r: EnqueueResult) -> EnqueueResult:
     if r.status == "rejected":
         raise QueueFull(queue, r.job_id)
     return r
-
-
-def cancel_call(keys: Keys, cfg: QueueConfig, job_id: str) -> tuple[list[str], list[Arg]]:
-    check_job_id(job_id)
-    keys = keys.for_job(job_id, cfg.shards)
-    return ([keys.job(job_id), keys.stream, keys.delayed, keys.stats, keys.events,
-             *keys.group_keys, keys.levels, *keys.level_streams],
-            [GROUP, job_id, cfg.events_arg, keys.cancel_channel, cfg.group_arg])
-
-
-def parse_cancel(job_id: str, reply: list[bytes], *, retried: bool) -> CancelResult:
-    code, state = reply[0].decode(), reply[1].decode()
-    if code == "cancelled":
-        return CancelResult(job_id, True, state, code=code, final_state="cancelled")
-    if code == "cancel_requested":
-        return CancelResult(job_id, False, state, "job is running: its worker was asked to"
-                            " stop it", code=code, final_state="active")
-    if code == "not_found":
-        return CancelResult(job_id, False, "", "job not found (never enqueued, or expired)",
-                            code=code)
-    if retried and state == "cancelled":
-        return CancelResult(job_id, True, state, code="cancelled", final_state=state)
-    return CancelResult(job_id, False, state, f"job is {state}; only scheduled, queued,"
-                        " retrying or active jobs can be cancelled", code=code,
-                        final_state=state)
-
-
-def check_cancel_wait(wait_s: float | None) -> None:
-    if wait_s is not None:
-        _seconds("wait_s", wait_s, allow_zero=True)
-
-
-def cancel_settled(res: CancelResult, state: str) -> CancelResult | None:
-    """The result of a cancel of a running job once it settled in ``state`` (``cancel(wait_s=)``),
-    or None while it still runs ('' = its record is gone: expired or deleted)."""
-    if state and state not in TERMINAL:
-        return None
-    if state == "cancelled":
-        return attrs.evolve(res, cancelled=True, reason="", final_state=state)
-    if not state:
-        return attrs.evolve(res, reason="job finished and its record is gone (result_ttl=0:"
-                            " it completed before the cancel reached it)", final_state="")
-    return attrs.evolve(res, reason=f"job {state} before the cancel reached its handler",
-                        final_state=state)
-
-
-_CANCEL_POLL_S = 0.05
-
-
-def wait_cancel(res: CancelResult, wait_s: float | None, state: Callable[[], str]
-                ) -> CancelResult:
-    """``cancel(wait_s=)`` of a running job: poll its state (``state()``; '' = no record)
-    until it settles or ``wait_s`` passes."""
-    if not wait_s or res.code != "cancel_requested":
-        return res
-    end = time.monotonic() + wait_s
-    while True:
-        now = state()
-        done = cancel_settled(res, now)
-        if done is not None:
-            return done
-        if time.monotonic() >= end:
-            return attrs.evolve(res, final_state=now)
-        time.sleep(min(_CANCEL_POLL_S, max(0.0, end - time.monotonic())))
-
-
-async def await_cancel(res: CancelResult, wait_s: float | None,
-                       state: Callable[[], Awaitable[str]]) -> CancelResult:
-    """:func:`wait_cancel`, awaitable."""
-    if not wait_s or res.code != "cancel_requested":
-        return res
-    end = time.monotonic() + wait_s
-    while True:
-        now = await state()
-        done = cancel_settled(res, now)
-        if done is not None:
-            return done
-        if time.monotonic() >= end:
-            return attrs.evolve(res, final_state=now)
-        await asyncio.sleep(min(_CANCEL_POLL_S, max(0.0, end - time.monotonic())))
 
 
 def inline_result(raw: bytes, serde: Any) -> Any:

@@ -12,10 +12,12 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
+from .._core import cancel as _cancel
 from .._core import durable
 from .._core import queues as _queues
 from .._core import shards as _shards
 from .._core import telemetry as tel
+from .._core.args import seconds
 from .._core.config import QueueConfig
 from .._core.conn import async_client, sync_client
 from .._core.driver import adrive, drive
@@ -265,16 +267,16 @@ class Queue(_Base):
         with ``wait_s`` the call waits (at most that long) until it settles and says how
         (``cancelled``, or ``final_state='completed'`` when it finished first)."""
         self._check()
-        prod.check_cancel_wait(wait_s)
-        keys, args = prod.cancel_call(self.keys, self.config, job_id)
-        res = call(lambda retried: prod.parse_cancel(
+        _cancel.check_cancel_wait(wait_s)
+        keys, args = _cancel.cancel_call(self.keys, self.config, job_id)
+        res = call(lambda retried: _cancel.parse_cancel(
             job_id, SCRIPTS["cancel"](self.client, keys, args), retried=retried))
 
         def state() -> str:
             info = self.get(job_id)
             return info.state if info is not None else ""
 
-        return prod.wait_cancel(res, wait_s, state)
+        return _cancel.wait_cancel(res, wait_s, state)
 
     def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                          on_progress: Callable[[Any], None] | None = None,
@@ -282,7 +284,7 @@ class Queue(_Base):
         """Enqueue, then wait for the result; raises JobFailed or WaitTimeout (job goes on).
         ``on_progress(value)`` is called with each new ``job.progress(...)`` value seen.
         Every waiter of this queue object shares one subscriber connection."""
-        prod._seconds("timeout", timeout, allow_zero=False)
+        seconds("timeout", timeout, allow_zero=False)
         prod.check_waitable(options)
         job_id = options.pop("job_id", None) or prod.new_job_id()
         waiters = self._started_waiters()
@@ -479,23 +481,23 @@ class AsyncQueue(_Base):
     async def cancel(self, job_id: str, *, wait_s: float | None = None) -> CancelResult:
         """Cancel a job (see ``Queue.cancel``)."""
         await self._check()
-        prod.check_cancel_wait(wait_s)
-        keys, args = prod.cancel_call(self.keys, self.config, job_id)
+        _cancel.check_cancel_wait(wait_s)
+        keys, args = _cancel.cancel_call(self.keys, self.config, job_id)
 
         async def once(retried: bool) -> CancelResult:
             reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
-            return prod.parse_cancel(job_id, reply, retried=retried)
+            return _cancel.parse_cancel(job_id, reply, retried=retried)
 
         async def state() -> str:
             info = await self.get(job_id)
             return info.state if info is not None else ""
 
-        return await prod.await_cancel(await acall(once), wait_s, state)
+        return await _cancel.await_cancel(await acall(once), wait_s, state)
 
     async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                                on_progress: Callable[[Any], None] | None = None,
                                **options: Any) -> Any:
-        prod._seconds("timeout", timeout, allow_zero=False)
+        seconds("timeout", timeout, allow_zero=False)
         prod.check_waitable(options)
         job_id = options.pop("job_id", None) or prod.new_job_id()
         if self._waiters is None:
