@@ -12,7 +12,7 @@ import pytest
 from helpers import wait_until
 
 from streamq import ALL_EVENTS, DEFAULT_EVENTS, Queue
-from streamq._ops.cli import build_parser, queue_config
+from streamq.cli.main import build_parser, queue_config
 
 TESTS = Path(__file__).parent
 

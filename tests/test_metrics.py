@@ -148,7 +148,7 @@ def test_scheduler_serves_queue_gauges_and_its_counters(
 
 def test_metrics_refused_without_the_extra_or_with_the_port_taken(url: str) -> None:
     blocked = ("import sys; sys.modules['opentelemetry.exporter.prometheus'] = None;"
-               " from streamq._ops.cli import main;"
+               " from streamq.cli.main import main;"
                f" main(['worker', 'cli_jobs:registry', '--queue', 'x', '--url', '{url}',"
                " '--metrics-port', '0'])")
     proc = subprocess.run([sys.executable, "-c", blocked], cwd=TESTS, capture_output=True,

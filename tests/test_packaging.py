@@ -41,3 +41,14 @@ def test_the_readme_names_every_extra() -> None:
     extras = set(_pyproject()["project"]["optional-dependencies"]) - {"dev"}
     missing = sorted(e for e in extras if f"streamq[{e}]" not in readme)
     assert not missing, f"README.md does not name the extras {missing}"
+
+
+def test_the_console_script_names_a_function_that_exists() -> None:
+    """`[project.scripts]` is read at install: a module moved without it breaks `streamq`."""
+    import importlib
+
+    target = _pyproject()["project"]["scripts"]["streamq"]
+    module, _, attr = target.partition(":")
+    assert callable(getattr(importlib.import_module(module), attr))
+    main_py = (ROOT / "streamq" / "__main__.py").read_text(encoding="utf-8")
+    assert f"from {module.removeprefix('streamq')} import {attr}" in main_py

@@ -17,8 +17,8 @@ from helpers import eventually, fast
 
 from streamq import InvalidArgument, Job, Queue, Registry, Worker
 from streamq._core.scripts import SCRIPTS, Script
-from streamq._ops.cli import main as cli
 from streamq.admin import Admin
+from streamq.cli.main import main as cli
 
 
 async def test_progress_and_log_lines_are_visible_while_the_job_runs(url: str, q: Queue,

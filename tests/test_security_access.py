@@ -40,8 +40,8 @@ from streamq import InvalidArgument, Queue, ScriptError, Worker
 from streamq._core.keys import Keys
 from streamq._core.scripts import SCRIPTS
 from streamq._core.server import RedisServer
-from streamq._ops.cli_ops import redact
 from streamq.admin import Admin
+from streamq.cli.ops import redact
 
 TESTS = Path(__file__).resolve().parent
 

@@ -50,7 +50,7 @@ def test_the_package_source_never_loads_code_from_data() -> None:
                     top = alias.name.split(".")[0]
                     if top in FORBIDDEN_MODULES:
                         problems.append(f"{rel}:{node.lineno} imports {alias.name}")
-                    if top == "importlib" and rel != "streamq/_ops/cli.py":
+                    if top == "importlib" and rel != "streamq/cli/main.py":
                         problems.append(f"{rel}:{node.lineno} imports {alias.name}")
             elif isinstance(node, ast.ImportFrom):
                 top = (node.module or "").split(".")[0]
@@ -71,14 +71,14 @@ def test_the_package_source_never_loads_code_from_data() -> None:
                     if kw.arg in ("object_hook", "object_pairs_hook", "ext_hook", "cls"):
                         problems.append(f"{rel}:{node.lineno} passes {kw.arg}=")
     assert problems == []
-    assert import_module_sites and set(import_module_sites) == {"streamq/_ops/cli.py"}
+    assert import_module_sites and set(import_module_sites) == {"streamq/cli/main.py"}
     assert _import_module_reached_only_from({"load_registry", "_load_cron"})
 
 
 def _import_module_reached_only_from(entry_points: set[str]) -> bool:
-    """In cli.py, every function that calls importlib.import_module is one of the entry points
+    """In cli/main.py, every function that calls importlib.import_module is one of the entry points
     or a helper called only by them (walking up the module's own call graph)."""
-    tree = ast.parse((ROOT / "streamq" / "_ops" / "cli.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "streamq" / "cli" / "main.py").read_text(encoding="utf-8"))
     functions = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
 
     def calls(f: ast.FunctionDef, name: str) -> bool:

@@ -19,13 +19,13 @@ from .._core.config import QueueConfig
 from .._core.driver import drive
 from .._core.errors import InvalidArgument, ShardCountMismatch, UnknownQueue
 from .._core.keys import Keys, check_job_id, shard_keys
+from .._ops import operations as _ops
+from .._ops import shards as _shards
+from .._ops.queues import check_queue, forget
 from .._producer.queue import Queue
 from ..admin import Admin, DeadFilter
-from . import operations as _ops
-from . import shards as _shards
-from .cli_groups import add_parser as _add_groups
-from .cli_groups import cmd_groups
-from .queues import check_queue, forget
+from .groups import add_parser as _add_groups
+from .groups import cmd_groups
 
 
 def _plain(obj: Any) -> Any:

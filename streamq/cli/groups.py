@@ -10,7 +10,7 @@ from .._core.config import GroupRate
 from .._core.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from .cli_ops import Ctx
+    from .ops import Ctx
 
 _COLUMNS = ["group", "waiting", "in_flight", "limit", "rate", "paused", "parked_ms"]
 
@@ -21,7 +21,7 @@ def _rate_text(rate: GroupRate | None) -> str:
 
 def parse_rate(text: str) -> GroupRate | None:
     """'10/1s', '5/2m', '100/1h' or '10' (per second); 'default' -> None."""
-    from .cli_ops import _duration
+    from .ops import _duration
 
     if text == "default":
         return None
@@ -34,7 +34,7 @@ def parse_rate(text: str) -> GroupRate | None:
 
 
 def cmd_groups(ctx: Ctx) -> None:
-    from .cli_ops import _plain, _table
+    from .ops import _plain, _table
 
     a = ctx.args
     queue = ctx.queue(a.queue)

@@ -77,7 +77,7 @@ def _serve_metrics(args: argparse.Namespace, service: str) -> None:
     if args.metrics_interval <= 0:
         raise SystemExit("streamq: --metrics-interval must be more than 0 seconds")
     if args.metrics_port is not None:
-        from .metrics import serve
+        from .._ops.metrics import serve
 
         serve(args.metrics_host, args.metrics_port, service)
 
@@ -128,7 +128,7 @@ def _load_cron(spec: str, debug: bool = False) -> list[Any]:
 def _scheduler(args: argparse.Namespace) -> int:
     from schedulers import Scheduler, SchedulerConfig
 
-    from .metrics import run_scheduler
+    from .._ops.metrics import run_scheduler
 
     _serve_metrics(args, "streamq-scheduler")
     cron = [e for spec in args.cron or [] for e in _load_cron(spec, args.debug)]
@@ -173,10 +173,10 @@ def _export(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if args.web:
-        from .demo_web import run_web_demo
+        from .._ops.demo_web import run_web_demo
 
         return run_web_demo(args.url, args.host, args.port, args.prefix)
-    from .demo import run_demo
+    from .._ops.demo import run_demo
 
     return run_demo(args.url, args.jobs)
 
@@ -281,10 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="--web: address to bind")
     d.add_argument("--port", type=int, default=8080, help="--web: port (default 8080)")
     d.set_defaults(func=_demo)
-    from .cli_dashboard import add_parser as add_dashboard
+    from .dashboard import add_parser as add_dashboard
 
     add_dashboard(sub, common)
-    from .cli_ops import add_parsers
+    from .ops import add_parsers
 
     add_parsers(sub, common)
     return p
@@ -295,7 +295,7 @@ def _explain(exc: BaseException, url: str) -> str:
     from redis import exceptions as rx
 
     from .._core.errors import StreamqError
-    from .cli_ops import redact
+    from .ops import redact
 
     where = redact(url)
     text = str(exc)
@@ -339,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hasattr(args, "func"):
             rc: int = args.func(args)
             return rc
-        from .cli_ops import COMMANDS, Ctx
+        from .ops import COMMANDS, Ctx
 
         ctx = Ctx(args)
         try:
