@@ -16,8 +16,8 @@ from test_dashboard_browser import browser, shot, wait_text  # noqa: F401 - the 
 
 from streamq import Keys
 from streamq._core.server import RedisServer
-from streamq._ops.demo_web import QUEUE
-from streamq.dashboard._demo_panel import demo_app
+from streamq.cli.demo_panel import demo_app
+from streamq.cli.demo_web import QUEUE
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -173,10 +173,10 @@ def _export(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     if args.web:
-        from .._ops.demo_web import run_web_demo
+        from .demo_web import run_web_demo
 
         return run_web_demo(args.url, args.host, args.port, args.prefix)
-    from .._ops.demo import run_demo
+    from .demo import run_demo
 
     return run_demo(args.url, args.jobs)
 

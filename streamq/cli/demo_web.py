@@ -98,7 +98,7 @@ class Pool:
         s = self.settings
         env = {**os.environ, ENV: f"{s.latency_ms},{s.failure},{s.hang}"}
         return subprocess.Popen(
-            [sys.executable, "-m", "streamq", "worker", "streamq._ops.demo_web:registry",
+            [sys.executable, "-m", "streamq", "worker", "streamq.cli.demo_web:registry",
              "--queue", QUEUE, "--url", self.url, "--prefix", self.prefix,
              "--concurrency", "4", "--visibility-timeout", str(VISIBILITY_S),
              "--grace-period", "2", "--log-level", "ERROR", "--events", "all"],
@@ -161,7 +161,7 @@ def run_web_demo(url: str | None, host: str, port: int, prefix: str = "streamq")
     try:
         import uvicorn
 
-        from ..dashboard._demo_panel import demo_app
+        from .demo_panel import demo_app
     except ImportError as exc:
         raise SystemExit(f"streamq demo --web needs the dashboard extra: pip install"
                          f" 'streamq[dashboard]' ({exc})") from None

@@ -17,10 +17,10 @@ from starlette.routing import Mount, Route
 
 from .._core.config import ALL_EVENTS
 from .._core.errors import InvalidArgument
-from .._ops.demo_web import KINDS, QUEUE, VISIBILITY_S, Pool, PoolSettings
 from .._producer.queue import AsyncQueue
-from ._actions import _done, _field
-from ._app import Dashboard, DashboardConfig, create_app, guarded
+from ..dashboard._actions import _done, _field
+from ..dashboard._app import Dashboard, DashboardConfig, create_app, guarded
+from .demo_web import KINDS, QUEUE, VISIBILITY_S, Pool, PoolSettings
 
 MAX_BATCH = 20_000
 

@@ -86,7 +86,7 @@ async def _run(url: str, n: int) -> int:
     t0 = time.perf_counter()
     await q.enqueue_many(jobs)
     print(f"  enqueued in {time.perf_counter() - t0:.2f}s")
-    workers = [_spawn(url, "worker", "streamq._ops.demo:registry", "--queue", qname,
+    workers = [_spawn(url, "worker", "streamq.cli.demo:registry", "--queue", qname,
                       "--concurrency", "8", "--visibility-timeout", str(VISIBILITY_S),
                       "--no-promote")
                for _ in range(3)]
