@@ -5,7 +5,8 @@ handlers take a configurable time, fail at a configurable rate (retried, then de
 and hang at a configurable rate: a hang freezes the whole worker process (SIGSTOP), as a stuck
 or partitioned host would, so its jobs come back only when another worker takes them over
 after the visibility timeout (or at once with "reclaim now"). The pool kills processes that
-stay frozen and starts new ones, as an orchestrator's liveness probe would.
+stay frozen and starts new ones, as an orchestrator's liveness probe would. This module is the
+pool and its handlers; ``demo_panel.py`` is the panel, ``main.py`` serves both.
 """
 
 from __future__ import annotations
@@ -155,25 +156,3 @@ class Pool:
                 await self._task
         await self._stop(self.procs)
         self.procs = []
-
-
-def run_web_demo(url: str | None, host: str, port: int, prefix: str = "streamq") -> int:
-    try:
-        import uvicorn
-
-        from .demo_panel import demo_app
-    except ImportError as exc:
-        raise SystemExit(f"streamq demo --web needs the dashboard extra: pip install"
-                         f" 'streamq[dashboard]' ({exc})") from None
-    from .._core.server import RedisServer
-
-    server = RedisServer().start() if url is None else None
-    try:
-        app = demo_app(server.url if server else url or "", prefix)
-        print(f"streamq web demo: open http://{host}:{port}/demo (Ctrl-C stops it)",
-              file=sys.stderr)
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-    finally:
-        if server is not None:
-            server.close()
-    return 0

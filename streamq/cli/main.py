@@ -171,10 +171,30 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_web_demo(url: str | None, host: str, port: int, prefix: str = "streamq") -> int:
+    try:
+        import uvicorn
+
+        from .demo_panel import demo_app
+    except ImportError as exc:
+        raise SystemExit(f"streamq demo --web needs the dashboard extra: pip install"
+                         f" 'streamq[dashboard]' ({exc})") from None
+    from .._core.server import RedisServer
+
+    server = RedisServer().start() if url is None else None
+    try:
+        app = demo_app(server.url if server else url or "", prefix)
+        print(f"streamq web demo: open http://{host}:{port}/demo (Ctrl-C stops it)",
+              file=sys.stderr)
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        if server is not None:
+            server.close()
+    return 0
+
+
 def _demo(args: argparse.Namespace) -> int:
     if args.web:
-        from .demo_web import run_web_demo
-
         return run_web_demo(args.url, args.host, args.port, args.prefix)
     from .demo import run_demo
 
