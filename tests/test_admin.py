@@ -224,7 +224,7 @@ def test_redrive_matching_pages_past_non_matching_entries(url: str, qname: str,
 
 
 def test_redact_hides_passwords() -> None:
-    from streamq.cli.ops import redact
+    from streamq.cli.common import redact
 
     assert redact("redis://user:s3cret@h:1/0") == "redis://user:***@h:1/0"
     assert "s3cret" not in redact("unix:///tmp/r.sock?db=0&password=s3cret")

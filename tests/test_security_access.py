@@ -41,7 +41,7 @@ from streamq._core.keys import Keys
 from streamq._core.scripts import SCRIPTS
 from streamq._core.server import RedisServer
 from streamq.admin import Admin
-from streamq.cli.ops import redact
+from streamq.cli.common import redact
 
 TESTS = Path(__file__).resolve().parent
 

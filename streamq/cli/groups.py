@@ -4,13 +4,11 @@ a group's limit, rate or pause state at run time (docs/fairness.md, docs/operati
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._core.config import GroupRate
 from .._core.errors import InvalidArgument
-
-if TYPE_CHECKING:
-    from .ops import Ctx
+from .common import Ctx, _duration, _plain, _table
 
 _COLUMNS = ["group", "waiting", "in_flight", "limit", "rate", "paused", "parked_ms"]
 
@@ -21,8 +19,6 @@ def _rate_text(rate: GroupRate | None) -> str:
 
 def parse_rate(text: str) -> GroupRate | None:
     """'10/1s', '5/2m', '100/1h' or '10' (per second); 'default' -> None."""
-    from .ops import _duration
-
     if text == "default":
         return None
     n, _, per = text.partition("/")
@@ -34,8 +30,6 @@ def parse_rate(text: str) -> GroupRate | None:
 
 
 def cmd_groups(ctx: Ctx) -> None:
-    from .ops import _plain, _table
-
     a = ctx.args
     queue = ctx.queue(a.queue)
     admin = ctx.admin

@@ -315,7 +315,7 @@ def _explain(exc: BaseException, url: str) -> str:
     from redis import exceptions as rx
 
     from .._core.errors import StreamqError
-    from .ops import redact
+    from .common import redact
 
     where = redact(url)
     text = str(exc)
@@ -359,7 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if hasattr(args, "func"):
             rc: int = args.func(args)
             return rc
-        from .ops import COMMANDS, Ctx
+        from .common import Ctx
+        from .ops import COMMANDS
 
         ctx = Ctx(args)
         try:
