@@ -19,7 +19,8 @@ from .._core.config import ALL_EVENTS
 from .._core.errors import InvalidArgument
 from .._producer.queue import AsyncQueue
 from ..dashboard._actions import _done, _field
-from ..dashboard._app import Dashboard, DashboardConfig, create_app, guarded
+from ..dashboard._app import Dashboard, DashboardConfig, guarded
+from ..dashboard._asgi import create_app
 from .demo_web import KINDS, QUEUE, VISIBILITY_S, Pool, PoolSettings
 
 MAX_BATCH = 20_000

@@ -6,7 +6,8 @@ mount it in FastAPI / Starlette under a path prefix. See docs/dashboard.md.
 
 from __future__ import annotations
 
-from ._app import Dashboard, DashboardConfig, create_app
+from ._app import Dashboard, DashboardConfig
+from ._asgi import create_app
 from ._security import ACTIONS, Authorize, Identify
 
 __all__ = ["ACTIONS", "Authorize", "Dashboard", "DashboardConfig", "Identify", "create_app"]

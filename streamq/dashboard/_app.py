@@ -1,4 +1,5 @@
-"""The ASGI application: configuration, shared state, rendering and error pages."""
+"""The dashboard's configuration, shared state, rendering and error pages (``_asgi.py`` builds
+the ASGI app over them, with the routes of ``_views.py`` and ``_actions.py``)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,16 @@ from typing import Any
 import attrs
 import jinja2
 from redis import exceptions as rx
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
-from starlette.routing import BaseRoute, Mount, Route
-from starlette.staticfiles import StaticFiles
 
 from .._core.config import QueueConfig
 from .._core.errors import InvalidArgument, JobNotFound, StreamqError, UnknownQueue
 from .._version import VERSION
 from ..admin import AsyncAdmin
 from ._live import BulkTask, Hub
-from ._security import Authorize, Csrf, Identify, SecurityHeaders, allowed, default_identify
+from ._security import Authorize, Csrf, Identify, allowed, default_identify
 
 log = logging.getLogger("streamq.dashboard")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -175,44 +172,3 @@ def guarded(dash: Dashboard, fn: Callable[[Dashboard, Request], Awaitable[Respon
             return dash.error(request, 503, f"Redis answered with an error: {exc}")
 
     return handler
-
-
-def create_app(url: str | None = None, *, read_only: bool = False,
-               authorize: Authorize | None = None, prefix: str | None = None,
-               config: DashboardConfig | None = None, admin: AsyncAdmin | None = None,
-               cluster: bool = False, **client_kwargs: Any) -> Starlette:
-    """The dashboard as an ASGI app: run it with uvicorn, or mount it under a path.
-
-    Give ``url`` in any form (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
-    ``redis+sentinel://``; ``cluster=True`` turns one node's ``redis://`` URL into the
-    ``redis+cluster://`` form) or an ``AsyncAdmin`` of your own. ``read_only`` and
-    ``authorize`` override the same fields of ``config``; ``prefix`` is the key prefix."""
-    from . import _actions, _views
-
-    cfg = config or DashboardConfig()
-    if read_only:
-        cfg = attrs.evolve(cfg, read_only=True)
-    if authorize is not None:
-        cfg = attrs.evolve(cfg, authorize=authorize)
-    if prefix is not None:
-        cfg = attrs.evolve(cfg, queue_config=attrs.evolve(cfg.queue_config, key_prefix=prefix))
-    if admin is None:
-        if url is None:
-            raise InvalidArgument("create_app needs url= or admin=")
-        admin = (AsyncAdmin.for_cluster if cluster else AsyncAdmin.from_url)(
-            url, cfg.queue_config, **client_kwargs)
-    dash = Dashboard(admin, cfg)
-    routes: list[BaseRoute] = [Route(path, guarded(dash, fn), methods=[method])
-                               for path, method, fn in [*_views.ROUTES, *_actions.ROUTES]]
-    routes.append(Route("/live", _views.live(dash), methods=["GET"]))
-    static = StaticFiles(packages=[("streamq.dashboard", "static")])
-    routes.append(Mount("/static", app=static, name="static"))
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        code = exc.status_code if isinstance(exc, HTTPException) else 500
-        return dash.error(request, code, "no such page" if code == 404 else "error")
-
-    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)],
-                    exception_handlers={404: not_found, 405: not_found})
-    app.state.dashboard = dash
-    return app
