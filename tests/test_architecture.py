@@ -12,8 +12,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 TOPS = ("streamq", "schedulers")
 
@@ -141,7 +139,6 @@ def test_every_module_has_a_part() -> None:
     assert "streamq._core.keys" in modules() and part_of("streamq._core.keys") == "core"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: arrows still run up; the moves follow")
 def test_no_part_imports_a_part_above_it() -> None:
     wrong = sorted(
         f"{module} ({part_of(module)}) imports {target} ({part_of(target)}), line {line}"
@@ -150,7 +147,6 @@ def test_no_part_imports_a_part_above_it() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 28: arrows still run up; the moves follow")
 def test_no_import_cycles() -> None:
     assert cycles(imports()) == []
 
