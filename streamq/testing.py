@@ -31,6 +31,7 @@ import attrs
 
 from ._core.config import QueueConfig, WorkerConfig
 from ._core.conn import sync_client
+from ._core.context import Context
 from ._core.errors import WaitTimeout
 from ._core.keys import Keys, shard_keys
 from ._core.model import Job, JobInfo
@@ -79,18 +80,19 @@ test_config.__test__ = False  # type: ignore[attr-defined]  # not a test for pyt
 def make_job(payload: Any = None, *, type: str = "test", id: str = "job-1", attempt: int = 1,
              max_attempts: int = 3, queue: str = "test", version: int = 1,
              idempotency_key: str | None = None, headers: Mapping[str, str] | None = None,
-             deadline_ms: int = 0, priority: int = 2, cancel_requested: bool = False
-             ) -> Job:
+             deadline_ms: int = 0, priority: int = 2, cancel_requested: bool = False,
+             ctx: Mapping[str, Any] | None = None) -> Job:
     """A ``Job`` as a worker would hand it to a handler: call the handler with it directly,
     without Redis (``await send_email(make_job({"to": "a@b"}))``). ``cancel_requested=True``:
-    ``job.cancel_requested`` is True, as for a job whose cancel was requested while it runs."""
+    ``job.cancel_requested`` is True, as for a job whose cancel was requested while it runs.
+    ``ctx``: what the startup hooks would have put in ``job.ctx`` (``ctx={"db": fake_db}``)."""
     cancel = threading.Event()
     if cancel_requested:
         cancel.set()
     return Job(id=id, type=type, payload=payload, attempt=attempt, max_attempts=max_attempts,
                queue=queue, version=version, idempotency_key=idempotency_key or id,
                headers=dict(headers or {}), deadline_ms=deadline_ms, priority=priority,
-               cancel=cancel)
+               cancel=cancel, ctx=Context(ctx or {}))
 
 
 def fast_forward(queue: Queue, seconds: float | None = None) -> int:

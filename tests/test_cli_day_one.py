@@ -291,6 +291,8 @@ def test_documented_error_lines_are_what_users_get(url: str, qname: str) -> None
         "bad JSON payload for `enqueue`": cli("enqueue", qname, "t", "{not json", "--url", url),
         "an invalid job id": cli("job", qname, "bad id!", "--url", url),
         "no such job": cli("job", qname, "invoice-42", "--url", url),
+        "a file path where a module belongs (`streamq worker myapp/tasks.py:registry`)": cli(
+            "worker", "myapp/tasks.py:registry", "--queue", qname, "--url", url),
     }
     untested = {"the ACL user may not run a command", "Redis older than 6.2",
                 "a registry module that fails to import"}

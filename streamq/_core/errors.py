@@ -147,6 +147,22 @@ class RegistryError(StreamqError):
     """A handler was registered twice, under an invalid name, or cannot take a Job."""
 
 
+class InvalidPayload(InvalidArgument):
+    """A typed task's payload does not match its parameters (a missing or unknown argument, a
+    value of the wrong type): the job is dead-lettered at once with this message as its
+    reason, never retried (retrying the same payload fails the same way)."""
+
+
+class StartupFailed(StreamqError):
+    """A startup hook (``@registry.on_startup``) raised: the worker did not start, nothing
+    was fetched. ``hook`` names the hook; the hook's exception is the ``__cause__``."""
+
+    def __init__(self, hook: str, exc: BaseException) -> None:
+        super().__init__(f"startup hook {hook} failed: {type(exc).__name__}: {exc}; the"
+                         " worker did not start")
+        self.hook = hook
+
+
 class ScriptError(StreamqError):
     """A streamq Lua script failed on the server (a bug or a corrupted key).
 

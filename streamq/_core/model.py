@@ -12,6 +12,7 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
+from .context import Context
 from .errors import SerializationError
 
 State = Literal["scheduled", "queued", "active", "retrying", "completed", "failed", "cancelled"]
@@ -188,6 +189,10 @@ class Job:
         default=None, repr=False, eq=False)
     _cancel: CancelFlag | threading.Event | None = attrs.field(default=None, repr=False,
                                                                eq=False)
+    ctx: Context = attrs.field(factory=Context, repr=False, eq=False)
+    """The worker context: the shared resources the startup hooks built
+    (``@registry.on_startup``), e.g. ``job.ctx.db``; the same object for every job of the
+    process."""
 
     @property
     def cancel_requested(self) -> bool:

@@ -259,6 +259,8 @@ _meter.create_observable_gauge("streamq.worker.in_flight", [_in_flight], unit="{
 JOB: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("streamq_job",
                                                                             default=None)
 _JOB_FIELDS = ("job_id", "job_type", "queue", "attempt", "trace_id")
+_EXTRA_FIELDS = ("stats",)
+"""Structured values a log record may carry (``extra=``) that JSON lines keep as fields."""
 
 
 class JobContextFilter(logging.Filter):
@@ -287,6 +289,10 @@ class JsonFormatter(logging.Formatter):
         for name in _JOB_FIELDS:
             value = getattr(record, name, None) or (ctx.get(name) if ctx else None)
             if value not in (None, ""):
+                out[name] = value
+        for name in _EXTRA_FIELDS:  # structured extras (``extra={"stats": {...}}``)
+            value = getattr(record, name, None)
+            if value is not None:
                 out[name] = value
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)

@@ -18,6 +18,7 @@ from .._core.errors import (
     MAX_RETRY_AFTER_S,
     Fail,
     InvalidArgument,
+    InvalidPayload,
     PayloadTooLarge,
     RateLimited,
     Retry,
@@ -35,11 +36,27 @@ from .state import Finish, QState, WorkerStats
 log = logging.getLogger("streamq.worker")
 _JOB_FIELDS = ("id", "type", "payload", "attempt", "max_attempts", "queue", "version",
                "idempotency_key", "headers", "trace", "deadline_ms", "priority", "_reporter",
-               "_cancel")
+               "_cancel", "ctx")
 if tuple(a.name for a in attrs.fields(Job)) != _JOB_FIELDS:  # Job(...) below is positional
     raise ImportError("streamq: Job's fields changed order; update Attempts.attempt")
 _last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
     "streamq_last_exc", default=None)
+_deliberate: contextvars.ContextVar[bool] = contextvars.ContextVar("streamq_deliberate",
+                                                                   default=False)
+"""The attempt's dead letter was asked for (Fail, fail_on, an invalid payload): one WARNING
+line, no traceback."""
+
+
+def by_rule(spec: HandlerSpec, exc: BaseException) -> str | None:
+    """The dead-letter reason when the handler's retry rules say ``exc`` fails the job at
+    once (``fail_on`` first, then ``retry_on``), else None (retried while attempts last)."""
+    if spec.fail_on and isinstance(exc, spec.fail_on):
+        _deliberate.set(True)
+        return f"{type(exc).__name__} is in fail_on"
+    if spec.retry_on is not None and not isinstance(exc, spec.retry_on):
+        names = ", ".join(t.__name__ for t in spec.retry_on)
+        return f"{type(exc).__name__} is not in retry_on ({names})"[:500]
+    return None
 
 
 class Attempts:
@@ -112,11 +129,12 @@ class Attempts:
         queue = qs.keys.queue
         # positional (Job's field order: id, type, payload, attempt, max_attempts, queue,
         # version, idempotency_key, headers, trace, deadline_ms, priority, reporter,
-        # cancel): a third cheaper than by keyword, once per job. A job's priority is the
-        # level of the ready stream it was read from (each level has its own).
+        # cancel, ctx): a third cheaper than by keyword, once per job. A job's priority is
+        # the level of the ready stream it was read from (each level has its own).
         job = Job(lease.job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
                   headers, carrier, deadline_ms, qs.keys.level,
-                  self.progress.reporter(lease) if self.progress else None, lease.cancel)
+                  self.progress.reporter(lease) if self.progress else None, lease.cancel,
+                  self.registry.lifecycle.ctx)
         span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
                            self.config.trace_parent) if tel.tracing() else None
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
@@ -135,6 +153,7 @@ class Attempts:
                     lease.task = task
                 timeout = spec.timeout_s or self.config.default_timeout_s
                 _last_exc.set(None)
+                _deliberate.set(False)
                 try:
                     try:
                         if spec.is_async:  # without a limit: no Timeout context, no extra task
@@ -211,8 +230,12 @@ class Attempts:
             log.warning("job %s (%s) attempt %d%s failed: %s; retrying in %.1f s", job_id,
                         jtype, attempt, of, what, after / 1000, extra=extra)
             return
-        tb = exc if exc is not None and self.config.log_dead_tracebacks else None
         why = "" if after == message else f" ({after})"  # a Fail's reason is its message
+        if exc is not None and _deliberate.get():  # asked for: the handler's own decision
+            log.warning("job %s (%s) attempt %d%s failed: %s; dead-lettered%s", job_id, jtype,
+                        attempt, of, what, why, extra=extra)
+            return
+        tb = exc if exc is not None and self.config.log_dead_tracebacks else None
         log.error("job %s (%s) attempt %d%s failed: %s; dead-lettered%s", job_id, jtype,
                   attempt, of, what, why, exc_info=tb, extra=extra)
 
@@ -221,8 +244,13 @@ class Attempts:
         """The outcome of a handler that raised (not the worker's own cancellation)."""
         _last_exc.set(exc)
         if isinstance(exc, Fail):
+            _deliberate.set(True)
             return (*ident, "dead", self.queue_config.serde.dumps(error_info(exc)),
                     exc.reason[:500], "Fail")
+        if isinstance(exc, InvalidPayload):  # the same payload fails the same way again
+            _deliberate.set(True)
+            return (*ident, "dead", self.queue_config.serde.dumps(error_info(exc)),
+                    str(exc)[:500], "InvalidPayload")
         if isinstance(exc, Retry):
             return self._retry_or_bury(ident, spec, attempt, max_attempts, exc, exc.delay_s)
         if isinstance(exc, RateLimited):
@@ -232,10 +260,15 @@ class Attempts:
                 self.stats.stuck_threads = len(self.runner.stuck())
             ours = TimeoutError(f"handler timed out after {timeout:g} s")
             ours.__cause__ = None
-            return self._retry_or_bury(ident, spec, attempt, max_attempts, ours, None)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            _last_exc.set(ours)
+            exc = ours
+        elif isinstance(exc, (KeyboardInterrupt, SystemExit)):
             log.warning("handler of job %s raised %s; treated as a job failure",
                         job.id, type(exc).__name__)
+        rule = by_rule(spec, exc)
+        if rule is not None:
+            return (*ident, "dead", self.queue_config.serde.dumps(error_info(exc)), rule,
+                    type(exc).__name__)
         return self._retry_or_bury(ident, spec, attempt, max_attempts, exc, None)
 
     def _succeeded(self, spec: HandlerSpec, ident: tuple[str, str, str], attempt: int,

@@ -13,9 +13,14 @@ if TYPE_CHECKING:
 import attrs
 
 from .._core.config import RetryPolicy
-from .._core.errors import InvalidArgument, RegistryError
+from .._core.context import Context
+from .._core.errors import Fail, InvalidArgument, RateLimited, RegistryError, Retry
+from .lifecycle import Hook, Lifecycle, check_hook
 
 F = TypeVar("F", bound=Callable[..., Any])
+H = TypeVar("H", bound=Hook)
+Errors = type[BaseException] | tuple[type[BaseException], ...]
+"""An exception type or a tuple of them (``retry_on=``, ``fail_on=``)."""
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,199}")
 
 
@@ -29,6 +34,29 @@ class HandlerSpec:
     max_attempts: int | None = None
     timeout_s: float | None = None
     retry: RetryPolicy | None = None
+    retry_on: tuple[type[BaseException], ...] | None = None
+    """Only these exceptions retry (None: any); another one dead-letters the job at once."""
+    fail_on: tuple[type[BaseException], ...] = ()
+    """These exceptions dead-letter the job at once (checked before ``retry_on``)."""
+
+
+def error_types(what: str, value: Any) -> tuple[type[BaseException], ...] | None:
+    """``retry_on=`` / ``fail_on=``: an exception class or a non-empty tuple (or list) of
+    them, as ``except`` takes; None stays None. Raises InvalidArgument."""
+    if value is None:
+        return None
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    if not items:
+        raise InvalidArgument(f"{what} needs at least one exception class, got {value!r}"
+                              " (for no retries at all, give max_attempts=1)")
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise InvalidArgument(f"{what} takes exception classes (ConnectionError or"
+                                  f" (ConnectionError, TimeoutError)), got {item!r}")
+        if issubclass(item, (Retry, Fail, RateLimited)):
+            raise InvalidArgument(f"{what}: {item.__name__} already says what happens to the"
+                                  " job; leave it out")
+    return items
 
 
 def check_handler(name: str, fn: Any) -> None:
@@ -60,6 +88,31 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, int | None], HandlerSpec] = {}
+        self.lifecycle = Lifecycle()
+        """The startup and shutdown hooks, and the context they build (lifecycle.py)."""
+
+    @property
+    def ctx(self) -> Context:
+        """The worker context the startup hooks fill; handlers read it as ``job.ctx``."""
+        return self.lifecycle.ctx
+
+    def on_startup(self, fn: H) -> H:
+        """Decorate a function ``(ctx: Context) -> None`` (sync or async) that builds shared
+        resources into ``ctx`` once per process, before the first job of its first worker
+        (``streamq worker`` and an embedded Worker alike). One that raises stops the worker's
+        start with :class:`~streamq.StartupFailed`. Hooks run in the order registered."""
+        check_hook("on_startup", fn)
+        self.lifecycle.startup.append(fn)
+        return fn
+
+    def on_shutdown(self, fn: H) -> H:
+        """Decorate a function ``(ctx: Context) -> None`` (sync or async) that releases what
+        the startup hooks built: it runs once per process, when its last worker stops, after
+        that worker's last job was settled or handed back. Every shutdown hook runs, even
+        when an earlier one raised (logged)."""
+        check_hook("on_shutdown", fn)
+        self.lifecycle.shutdown.append(fn)
+        return fn
 
     def register(
         self,
@@ -70,7 +123,13 @@ class Registry:
         max_attempts: int | None = None,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        retry_on: Errors | None = None,
+        fail_on: Errors | None = None,
     ) -> HandlerSpec:
+        """Register ``fn`` for jobs of type ``name``. ``retry_on``: only these exceptions
+        retry, any other one dead-letters the job at once; ``fail_on``: these dead-letter it
+        at once (checked first). Both take an exception class or a tuple of them; a timeout
+        is a ``TimeoutError``."""
         if callable(name) and isinstance(fn, str):
             raise RegistryError(
                 f"register() takes the job type first: write registry.register({fn!r},"
@@ -85,8 +144,15 @@ class Registry:
             raise InvalidArgument(f"max_attempts must be a positive integer, got {max_attempts!r}")
         if timeout is not None and (not isinstance(timeout, (int, float)) or not timeout > 0):
             raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+        retrying = error_types("retry_on", retry_on)
+        failing = error_types("fail_on", fail_on) or ()
+        both = set(retrying or ()) & set(failing)
+        if both:
+            raise InvalidArgument(f"{', '.join(sorted(t.__name__ for t in both))} in both"
+                                  " retry_on and fail_on: give each exception one rule")
         spec = HandlerSpec(name, fn, inspect.iscoroutinefunction(fn), version, max_attempts,
-                           float(timeout) if timeout is not None else None, retry)
+                           float(timeout) if timeout is not None else None, retry, retrying,
+                           failing)
         self._handlers[(name, version)] = spec
         return spec
 
@@ -98,6 +164,8 @@ class Registry:
         max_attempts: int | None = None,
         timeout: float | None = None,
         retry: RetryPolicy | None = None,
+        retry_on: Errors | None = None,
+        fail_on: Errors | None = None,
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`; async functions run on the loop, sync in threads."""
         if callable(name):
@@ -108,15 +176,19 @@ class Registry:
         if not isinstance(name, str):
             raise RegistryError(f"@registry.handler takes the job type (a str), got {name!r}")
 
+        error_types("retry_on", retry_on)  # bad rules fail here, not at decoration
+        error_types("fail_on", fail_on)
+
         def deco(fn: F) -> F:
             self.register(name, fn, version=version, max_attempts=max_attempts, timeout=timeout,
-                          retry=retry)
+                          retry=retry, retry_on=retry_on, fail_on=fail_on)
             return fn
 
         return deco
 
     def task(self, name: str, *, version: int | None = None, max_attempts: int | None = None,
-             timeout: float | None = None, retry: RetryPolicy | None = None) -> TaskDecorator:
+             timeout: float | None = None, retry: RetryPolicy | None = None,
+             retry_on: Errors | None = None, fail_on: Errors | None = None) -> TaskDecorator:
         """Register a function with typed parameters as a typed task (``Task``): enqueue it
         with its own arguments, get its return type back. A parameter annotated ``Job`` (or
         named ``job``) receives the Job."""
@@ -126,8 +198,11 @@ class Registry:
             fn_name = getattr(name, "__name__", "task")
             raise RegistryError(f"@registry.task needs the job type: write"
                                 f" @registry.task({fn_name!r})")
+        error_types("retry_on", retry_on)
+        error_types("fail_on", fail_on)
         return TaskDecorator(self, name, {"version": version, "max_attempts": max_attempts,
-                                          "timeout": timeout, "retry": retry})
+                                          "timeout": timeout, "retry": retry,
+                                          "retry_on": retry_on, "fail_on": fail_on})
 
     def get(self, name: str, version: int = 1) -> HandlerSpec | None:
         return self._handlers.get((name, version)) or self._handlers.get((name, None))

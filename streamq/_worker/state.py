@@ -96,3 +96,12 @@ class WorkerStats:
     """Attempts that raised RateLimited (back later, no attempt counted)."""
     stuck_threads: int = 0
     """Sync handlers that outlived their timeout and still hold a thread (a gauge)."""
+
+    def fields(self) -> dict[str, int]:
+        """Every counter by name (the JSON ``stopped`` log line carries them as ``stats``)."""
+        return {a.name: getattr(self, a.name) for a in attrs.fields(WorkerStats)}
+
+    def summary(self) -> str:
+        """'12 started, 11 completed, 1 retried': the counters that are not 0."""
+        parts = [f"{n} {name.replace('_', ' ')}" for name, n in self.fields().items() if n]
+        return ", ".join(parts) or "no jobs"

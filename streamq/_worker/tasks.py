@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar,
 import attrs
 import cattrs
 
-from .._core.errors import InvalidArgument
+from .._core.errors import InvalidArgument, InvalidPayload
 from .._core.model import EnqueueResult, Job
 
 if TYPE_CHECKING:
@@ -89,6 +89,9 @@ class Task(Generic[P, R]):
         self._job_param = first.name if first is not None and (
             self._hints.get(first.name) is Job or first.name == "job") else None
         """The first parameter, when it is annotated Job (or named job): it gets the Job."""
+        self._params = {n: p for n, p in self._sig.parameters.items()
+                        if n != self._job_param}
+        """The parameters that come from the payload."""
         self._options = dict(options or {})
 
     def options(self, **options: Any) -> Task[P, R]:
@@ -97,8 +100,7 @@ class Task(Generic[P, R]):
 
     def payload(self, *args: P.args, **kwargs: P.kwargs) -> dict[str, Any]:
         """The arguments, checked against the signature and annotations, as plain data."""
-        params = [p for n, p in self._sig.parameters.items() if n != self._job_param]
-        sig = self._sig.replace(parameters=params)
+        sig = self._sig.replace(parameters=list(self._params.values()))
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as exc:
@@ -153,11 +155,28 @@ class Task(Generic[P, R]):
     # the handler the registry runs
 
     def _arguments(self, job: Job) -> dict[str, Any]:
-        if not isinstance(job.payload, dict):
-            raise InvalidArgument(f"{self.name}: the payload must be a mapping of arguments")
-        kwargs = {name: _structure(value, self._hints.get(name, Any),
-                                   f"{self.name}: argument {name!r}")
-                  for name, value in job.payload.items()}
+        """The function's arguments from the payload. Raises InvalidPayload (the job is
+        dead-lettered at once: the same payload would fail every attempt)."""
+        payload = job.payload
+        if not isinstance(payload, dict):
+            raise InvalidPayload(f"{self.name}: the payload must be a mapping of arguments,"
+                                 f" got {type(payload).__name__}")
+        kinds = {p.kind for p in self._params.values()}
+        if inspect.Parameter.VAR_KEYWORD not in kinds:
+            unknown = sorted(str(k) for k in payload if k not in self._params)
+            if unknown:
+                raise InvalidPayload(f"{self.name}: unexpected argument(s) {', '.join(unknown)}"
+                                     f" (it takes {', '.join(self._params) or 'none'})")
+        missing = [n for n, p in self._params.items() if n not in payload
+                   and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if missing:
+            raise InvalidPayload(f"{self.name}: missing argument(s) {', '.join(missing)}")
+        try:
+            kwargs = {name: _structure(value, self._hints.get(name, Any),
+                                       f"{self.name}: argument {name!r}")
+                      for name, value in payload.items()}
+        except InvalidArgument as exc:
+            raise InvalidPayload(str(exc)) from None
         if self._job_param:
             kwargs[self._job_param] = job
         return kwargs

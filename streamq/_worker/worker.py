@@ -196,6 +196,7 @@ class Worker(Fetching):
                 client, [q.keys for q in queues if q.keys.shard == 0], self.registry.names()))
             # never fetch from a queue that is already paused
             await acall(lambda _retried: hk.refresh_paused())
+            await self.registry.lifecycle.start()  # startup hooks (once per process)
         except BaseException:
             await client.aclose()
             raise
@@ -327,8 +328,12 @@ class Worker(Fetching):
                 await self._client.aclose()
             except Exception as exc:  # noqa: BLE001 - closing a broken connection
                 log.debug("closing the client: %s", exc)
-            self._stopped.set()
-        log.info("worker %s stopped: %s", self.consumer, self.stats)
+            try:  # shutdown hooks, after the last job was settled or handed back
+                await self.registry.lifecycle.stop()
+            finally:
+                self._stopped.set()
+        log.info("worker %s stopped: %s", self.consumer, self.stats.summary(),
+                 extra={"stats": self.stats.fields()})
 
     async def _grace(self) -> None:
         """Wait for the running jobs, at most the grace period or until ``hurry()``."""

@@ -9,6 +9,7 @@ from typing import Any
 from .._core.config import GroupRate
 from .._core.errors import InvalidArgument
 from .common import Ctx, _duration, _plain, _table
+from .hints import page_limit
 
 _COLUMNS = ["group", "waiting", "in_flight", "limit", "rate", "paused", "parked_ms"]
 
@@ -67,7 +68,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    choices=["list", "show", "limit", "rate", "pause", "resume"])
     p.add_argument("group", nargs="?")
     p.add_argument("value", nargs="?", help="limit: N | default; rate: N/PERIOD | default")
-    p.add_argument("--limit", type=int, default=100, help="list: groups per page (<= 1000)")
+    p.add_argument("--limit", type=page_limit, default=100,
+                   help="list: groups per page (<= 1000)")
     p.add_argument("--cursor", help="list: the page after this group name")
     p.add_argument("--shard", type=int, default=None, metavar="I",
                    help="list: only shard I of a sharded queue")

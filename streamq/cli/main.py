@@ -33,6 +33,13 @@ def _where(exc: BaseException) -> str:
 def _import_attr(spec: str, what: str, debug: bool = False) -> Any:
     """Import ``module:attribute`` named on the command line (code comes from code, never from
     data in Redis). Errors name the module, the file and line (the traceback with --debug)."""
+    from .hints import module_hint
+
+    hint = module_hint(spec)
+    if hint is not None:
+        raise SystemExit(f"streamq: {what} must be given as module:attribute, not a file"
+                         f" path: write {hint} (run from the directory that holds the"
+                         f" package), got {spec!r}")
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SystemExit(f"streamq: {what} must be given as module:attribute (e.g."
@@ -82,9 +89,20 @@ def _serve_metrics(args: argparse.Namespace, service: str) -> None:
         serve(args.metrics_host, args.metrics_port, service)
 
 
+def _reloading(args: argparse.Namespace, specs: list[str], what: str) -> int | None:
+    """--reload: run the command in a child process that restarts on code changes."""
+    from .reload import is_child, run_reloading
+
+    if not args.reload or is_child():
+        return None
+    return run_reloading(args.argv, specs, what)
+
+
 def _worker(args: argparse.Namespace) -> int:
     from .._worker import Worker
 
+    if (rc := _reloading(args, [args.registry], "worker")) is not None:
+        return rc
     _serve_metrics(args, "streamq-worker")
     registry = load_registry(args.registry, args.debug)
     cfg = WorkerConfig(concurrency=args.concurrency, visibility_timeout_s=args.visibility_timeout,
@@ -130,6 +148,8 @@ def _scheduler(args: argparse.Namespace) -> int:
 
     from .._ops.metrics import run_scheduler
 
+    if (rc := _reloading(args, list(args.cron or []), "scheduler")) is not None:
+        return rc
     _serve_metrics(args, "streamq-scheduler")
     cron = [e for spec in args.cron or [] for e in _load_cron(spec, args.debug)]
     if not args.queue and not cron:
@@ -262,6 +282,12 @@ def _metrics_options(parser: argparse.ArgumentParser) -> None:
                         " scraped (default 10)")
 
 
+def _reload_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reload", action="store_true",
+                        help="development: restart (with a graceful stop) when a .py file under"
+                        " the current directory or the app's package changes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     _common_options(common, suppress=True)
@@ -277,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-promote", action="store_true",
                    help="leave promotion of delayed jobs to a scheduler daemon")
     _metrics_options(w)
+    _reload_option(w)
     w.set_defaults(func=_worker)
     s = sub.add_parser("scheduler", parents=[common],
                        help="run the scheduler daemon (delayed jobs, cron, sweeps)")
@@ -285,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--poll-interval", type=float, default=30.0, help="seconds")
     s.add_argument("--visibility-timeout", type=float, default=30.0, help="seconds")
     _metrics_options(s)
+    _reload_option(s)
     s.set_defaults(func=_scheduler)
     e = sub.add_parser("export", parents=[common],
                        help="append new lifecycle events to Parquet (needs the spark extra)")
@@ -346,7 +374,17 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit:  # --help, a usage error: flushed here, so a closed pipe is quiet
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            from .hints import quiet_broken_pipe
+
+            quiet_broken_pipe()
+        raise
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # --reload runs it again
     if args.url is None:  # demo starts a private server when neither is given
         args.url = os.environ.get("STREAMQ_URL") or (
             None if args.command == "demo" else "redis://localhost:6379/0")
@@ -358,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.url = as_cluster_url(args.url)
         if hasattr(args, "func"):
             rc: int = args.func(args)
+            sys.stdout.flush()  # (a closed pipe: below)
             return rc
         from .common import Ctx
         from .ops import COMMANDS
@@ -367,7 +406,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             COMMANDS[args.command](ctx)
         finally:
             ctx.admin.close()
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return 0
+    except BrokenPipeError:  # streamq ... | head: the reader has what it wanted
+        from .hints import quiet_broken_pipe
+
+        return quiet_broken_pipe()
     except KeyboardInterrupt:
         return 130
     except SystemExit:

@@ -21,6 +21,7 @@ from ..admin import Admin, DeadFilter
 from .common import Ctx, _duration, _plain, _table
 from .groups import add_parser as _add_groups
 from .groups import cmd_groups
+from .hints import page_limit
 
 
 def cmd_stats(ctx: Ctx) -> None:
@@ -356,7 +357,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("queue")
     p.add_argument("--idle", type=_duration, help="only entries idle at least this long")
     p.add_argument("--consumer")
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=page_limit, default=100, help="items per page (<= 1000)")
     p.add_argument("--cursor")
     _shard_option(p)
     p = sub.add_parser("job", parents=[common], help="a job's whole record and error history")
@@ -370,7 +371,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--error", help="only this error class (e.g. TimeoutError)")
     p.add_argument("--older-than", type=_duration)
     p.add_argument("--newer-than", type=_duration)
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=page_limit, default=100, help="items per page (<= 1000)")
     p.add_argument("--cursor")
     _shard_option(p)
     for name, text in [("requeue", "hand a stuck pending job back now"),
