@@ -194,24 +194,32 @@ class Settler:
             log.warning("job %s: lease lost before settling; result discarded", job_id,
                         extra=extra)
 
-    async def hand_back(self, queues: list[QState], token_prefix: str) -> None:
+    async def hand_back(self, queues: list[QState], token_prefix: str,
+                        unleased_only: bool = False) -> None:
         """Release jobs this worker started but did not finish, and entries it never started
         (its whole pending list, page by page), without consuming an attempt (release.lua:
-        token_prefix marks the starts of this run of the worker). A transient error is
-        tried again for a few seconds (release.lua is safe to repeat): a hand-back that does
-        not happen leaves the job to lapse, and a lapsed lease counts its attempt. Never
-        raises: what cannot be handed back recovers after the visibility timeout."""
+        token_prefix marks the starts of this run of the worker). unleased_only: only the
+        pending entries of no lease this worker holds (delivered, or started without the
+        worker reading the reply: nothing renews them, so they go back before the grace
+        period, not after it). A transient error is tried again for a few seconds
+        (release.lua is safe to repeat): a hand-back that does not happen leaves the job to
+        lapse, and a lapsed lease counts its attempt. Never raises: what cannot be handed
+        back recovers after the visibility timeout."""
         for qs in queues:
             k = qs.keys
             items: dict[str, tuple[str, str]] = {}
+            leased: set[str] = set()
             for lease in self.leases.snapshot():
                 if lease.keys.tag == k.tag:
-                    items[lease.entry] = (lease.job_id, lease.token)
+                    if unleased_only:
+                        leased.add(lease.entry)
+                    else:
+                        items[lease.entry] = (lease.job_id, lease.token)
             sup = Supervised(f"hand-back on {k.tag}", log, max_backoff_s=0.5)
             deadline = asyncio.get_running_loop().time() + _HAND_BACK_S
             while True:
                 try:
-                    await self._hand_back(k, items, token_prefix)
+                    await self._hand_back(k, items, token_prefix, leased)
                     break
                 except Exception as exc:  # noqa: BLE001 - stop() must end whatever Redis says
                     if (not transient(exc)
@@ -225,8 +233,9 @@ class Settler:
                 self.leases.remove(k.tag, eid)
 
     async def _hand_back(self, k: Keys, items: dict[str, tuple[str, str]],
-                         token_prefix: str) -> None:
-        """One try of hand_back for one lane: its pending list read, then released."""
+                         token_prefix: str, leased: set[str]) -> None:
+        """One try of hand_back for one lane: its pending list read (but the entries in
+        leased), then released."""
         after = "0"
         while True:
             reply: Any = await self.client.xreadgroup(
@@ -234,8 +243,9 @@ class Settler:
             page = reply[0][1] if reply else []
             for eid, fields in page:
                 jid = (fields or {}).get(b"id")
-                if jid and eid.decode() not in items:
-                    items[eid.decode()] = (jid.decode(errors="replace"), "")
+                e = eid.decode()
+                if jid and e not in items and e not in leased:
+                    items[e] = (jid.decode(errors="replace"), "")
             if len(page) < _BATCH:
                 break
             after = page[-1][0].decode()

@@ -285,6 +285,9 @@ class Worker(Fetching):
             for t in starting:
                 t.cancel()
             await asyncio.gather(*starting, return_exceptions=True)
+        if self._settler is not None:  # nothing renews what runs no handler: back at once
+            await self._settler.hand_back(list(self._qs.values()), self._token_prefix,
+                                          unleased_only=True)
         if self._tasks and not self._hurry.is_set():
             log.info("worker %s stopping: waiting up to %g s for %d running jobs (a second"
                      " SIGINT/SIGTERM stops at once and hands them back)", self.consumer,
