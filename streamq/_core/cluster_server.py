@@ -270,6 +270,35 @@ class ClusterServer:
                     c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
         self.wait_healthy()
 
+    def add_primary(self, timeout_s: float = 30.0) -> int:
+        """Start one more node and join it to the cluster (CLUSTER MEET) as a primary that
+        owns no slot yet (what ``redis-cli --cluster add-node`` does); returns its port once
+        every node knows it and the cluster is healthy."""
+        while True:
+            (port,) = cluster_ports(1)
+            if port not in self.ports:
+                break
+        self._start_node(port)
+        self._wait_ping(port)
+        self.ports.append(port)
+        new_id = self.node_id(port)
+        with self.node(port) as c:
+            c.execute_command("CLUSTER", "MEET", "127.0.0.1", self.ports[0])
+
+        def known() -> bool:
+            for p in self.ports:
+                if p in self.down:
+                    continue
+                with self.node(p) as c:
+                    raw: Any = c.execute_command("CLUSTER", "NODES")
+                    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+                    if new_id not in text:
+                        return False
+            return True
+        wait_for(known, timeout_s, f"every node to know node {port}")
+        self.wait_healthy(timeout_s)
+        return port
+
     def kill(self, port: int) -> None:
         """SIGKILL one node (no shutdown, no save): its replica takes over once the others
         have not heard from it for ``node_timeout_ms``."""

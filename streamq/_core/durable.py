@@ -17,14 +17,21 @@ primary and is lost only if that primary dies before it replicates. The caller d
 that means (the producer raises :class:`~streamq.ReplicationTimeout`; a worker logs it).
 
 Redis Cluster: the calls are grouped by the primary that owns each call's slot, one pipeline
-per node (``nodes.run_tailed``), and each pipeline ends with the barrier and a WAIT of its own,
+per node (``nodes.run_tailed``), and each pipeline ends with barriers and a WAIT of its own,
 on that node's connection, after its calls. There ``PUBLISH`` is not replicated (it travels
-over the cluster bus), so the barrier is a keyed write in the slot of the pipeline's first call
-(``SET <prefix>:{<tag>}:barrier 1 PX 60000``). Every call gets the replica count of the WAIT
-that followed it, so a producer is told which jobs sat on a node whose replicas fell short. A
-call redirected (MOVED, ASK, TRYAGAIN: it did not run) goes with the next round's pipeline of
-its new node, behind that pipeline's own WAIT; a call is never sent twice blindly (the
-scripts are repeat-safe, and only calls that did not run, or met NOSCRIPT, are sent again).
+over the cluster bus), so the barrier is a keyed write (``SET <prefix>:{<tag>}:barrier 1 PX
+60000``) in the slot of each call of the pipeline (one per slot): with a stale slot map
+(after a reshard) some of those slots may have left the node, and their calls and barriers
+meet MOVED, but one barrier in a slot the node still owns is enough for the WAIT to cover
+every call that ran there. Every call gets the replica count of the WAIT that followed it, so
+a producer is told which jobs sat on a node whose replicas fell short. A call redirected
+(MOVED, ASK, TRYAGAIN: it did not run) goes with the next round's pipeline of its new node,
+behind that pipeline's own WAIT; a call is never sent twice blindly (the scripts are
+repeat-safe, and only calls that did not run, or met NOSCRIPT, are sent again).
+
+:func:`run_each` answers per call: a call whose node failed, or that the server refused, gets
+its own error in place of its reply, and the other calls keep theirs (a bulk enqueue answers
+per job: DESIGN.md invariant 16).
 """
 
 from __future__ import annotations
@@ -34,7 +41,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    MovedError,
+    NoScriptError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 
 from . import nodes
 from .config import QueueConfig
@@ -59,80 +73,143 @@ def _wait_cmds(config: QueueConfig, barrier: str | None) -> list[tuple[Any, ...]
 
 
 def _cluster_tail(config: QueueConfig, barrier: str | None) -> nodes.Tail:
-    """A node's pipeline tail on a Redis Cluster: the keyed barrier in the slot of the
-    group's first call (behind ASKING when that call is), then WAIT."""
+    """A node's pipeline tail on a Redis Cluster: a keyed barrier in the slot of each of the
+    group's calls (behind ASKING when that call is; one per slot), then WAIT."""
     wait = ("WAIT", config.min_replicas, config.min_replicas_timeout_ms)
 
-    def tail(first: nodes.Command, ask: bool) -> list[tuple[nodes.Command, bool]]:
+    def tail(cmds: Sequence[nodes.Command], asking: Sequence[bool]
+             ) -> list[tuple[nodes.Command, bool]]:
         out: list[tuple[nodes.Command, bool]] = []
-        key = nodes.key_of(first)
-        if barrier and key is not None:
-            key = key.decode() if isinstance(key, bytes) else str(key)
-            out.append((("SET", barrier_key(key), "1", "PX", BARRIER_TTL_MS), ask))
+        if barrier:
+            seen: set[str] = set()
+            for cmd, ask in zip(cmds, asking, strict=True):
+                key = nodes.key_of(cmd)
+                if key is None:
+                    continue
+                bk = barrier_key(key.decode() if isinstance(key, bytes) else str(key))
+                if bk not in seen:
+                    seen.add(bk)
+                    out.append((("SET", bk, "1", "PX", BARRIER_TTL_MS), ask))
         out.append((wait, False))
         return out
     return tail
 
 
 def _acked(tail: list[Any]) -> int:
-    """The replicas a node's WAIT counted; 0 when the barrier or the WAIT failed (then
-    nothing is confirmed: the caller is told, never reassured)."""
-    if not tail or any(isinstance(x, BaseException) for x in tail):
+    """The replicas a node's WAIT counted; 0 when the WAIT failed, or every barrier before it
+    did (then nothing is confirmed: the caller is told, never reassured). One barrier that
+    was written is enough: the WAIT covers everything the node had written by then."""
+    if not tail or isinstance(tail[-1], BaseException):
+        return 0
+    barriers = tail[:-1]
+    if barriers and all(isinstance(x, BaseException) for x in barriers):
         return 0
     return int(tail[-1])
 
 
 def _cluster_file(script: Script, calls: Sequence[Call], got: list[Any],
                   tails: list[list[Any]], replies: list[Any], acks: list[int],
-                  todo: list[int]) -> list[int]:
+                  todo: list[int], each: bool = False) -> list[int]:
     """File a cluster round's replies of the calls ``todo``; return those that met NOSCRIPT
     (they did not run: load the script, send them again). A redirect still standing after
-    ``nodes`` followed it is raised as itself (transient: the call did not run)."""
+    ``nodes`` followed it is raised as itself (transient: the call did not run); ``each``:
+    every error is filed as the call's reply instead (a failed node's error as it is, an
+    error reply as a ScriptError, a redirect as itself)."""
     again: list[int] = []
     for i, rep, tail in zip(todo, got, tails, strict=True):
         if isinstance(rep, NoScriptError):
             again.append(i)
-        elif isinstance(rep, MovedError | AskError | TryAgainError):
-            raise rep
+        elif isinstance(rep, MovedError | AskError | TryAgainError) or (
+                each and not isinstance(rep, ResponseError) and isinstance(rep, Exception)):
+            if not each:
+                raise rep
+            replies[i] = rep
         elif isinstance(rep, BaseException):
-            raise ScriptError(f"{script.name}.lua failed: {rep}") from rep
+            err = ScriptError(f"{script.name}.lua failed: {rep}")
+            if not each:
+                raise err from rep
+            err.__cause__ = rep
+            replies[i] = err
         else:
             replies[i], acks[i] = rep, _acked(tail)
     return again
 
 
 def _cluster_waited(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
-                    barrier: str | None) -> tuple[list[Any], list[int]]:
+                    barrier: str | None, each: bool = False) -> tuple[list[Any], list[int]]:
     replies: list[Any] = [None] * len(calls)
     acks = [0] * len(calls)
     todo = list(range(len(calls)))
-    tail = _cluster_tail(config, barrier)
+    tail = _cluster_tail(config, barrier) if config.min_replicas else None
     for attempt in range(2):
-        got, tails = nodes.run_tailed(client, script._commands([calls[i] for i in todo]), tail)
-        todo = _cluster_file(script, calls, got, tails, replies, acks, todo)
+        got, tails = nodes.run_tailed(client, script._commands([calls[i] for i in todo]), tail,
+                                      each=each)
+        todo = _cluster_file(script, calls, got, tails, replies, acks, todo, each)
         if not todo:
             return replies, acks
         if attempt == 0:
-            client.script_load(script.source)  # every primary
+            try:
+                client.script_load(script.source)  # every primary
+            except Exception as exc:
+                if not each:
+                    raise
+                return _unloaded(exc, todo, replies), acks
     raise ScriptError(f"{script.name}.lua: NOSCRIPT after loading it")
 
 
+def _unloaded(exc: Exception, todo: list[int], replies: list[Any]) -> list[Any]:
+    """``each``: the calls that met NOSCRIPT get the error of loading the script."""
+    for i in todo:
+        replies[i] = exc
+    return replies
+
+
 async def _acluster_waited(script: Script, client: Any, calls: Sequence[Call],
-                           config: QueueConfig, barrier: str | None
+                           config: QueueConfig, barrier: str | None, each: bool = False
                            ) -> tuple[list[Any], list[int]]:
     replies: list[Any] = [None] * len(calls)
     acks = [0] * len(calls)
     todo = list(range(len(calls)))
-    tail = _cluster_tail(config, barrier)
+    tail = _cluster_tail(config, barrier) if config.min_replicas else None
     for attempt in range(2):
         got, tails = await nodes.arun_tailed(
-            client, script._commands([calls[i] for i in todo]), tail)
-        todo = _cluster_file(script, calls, got, tails, replies, acks, todo)
+            client, script._commands([calls[i] for i in todo]), tail, each=each)
+        todo = _cluster_file(script, calls, got, tails, replies, acks, todo, each)
         if not todo:
             return replies, acks
         if attempt == 0:
-            await client.script_load(script.source)
+            try:
+                await client.script_load(script.source)
+            except Exception as exc:
+                if not each:
+                    raise
+                return _unloaded(exc, todo, replies), acks
     raise ScriptError(f"{script.name}.lua: NOSCRIPT after loading it")
+
+
+def run_each(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
+             barrier: str | None = None) -> tuple[list[Any], list[int]]:
+    """:func:`run`, answering per call: (each call's reply, or its own error as an
+    exception object; the replicas that confirmed it). On a Redis Cluster a node that fails
+    (down, stalled past the socket timeout) or a refusal fails only its own calls; on one
+    server every call shares the server's fate."""
+    if is_cluster(client):
+        return _cluster_waited(script, client, calls, config, barrier, each=True)
+    try:
+        return run(script, client, calls, config, barrier)
+    except (RedisError, ScriptError) as exc:  # one server: its error is every call's own
+        return [exc] * len(calls), [0] * len(calls)
+
+
+async def arun_each(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
+                    barrier: str | None = None) -> tuple[list[Any], list[int]]:
+    """:func:`run_each` for an asyncio client."""
+    if is_cluster(client):
+        return await _acluster_waited(script, client, calls, config, barrier, each=True)
+    try:
+        return await arun(script, client, calls, config, barrier)
+    except (RedisError, ScriptError) as exc:
+        return [exc] * len(calls), [0] * len(calls)
 
 
 def _packable(script: Script, client: Any) -> bool:

@@ -11,11 +11,21 @@ A reply of ``MOVED`` (the slot has a new owner: failover or resharding) or ``ASK
 being migrated and the key is already on the target) means the call did not run, so it is sent
 again to the named node (``ASK`` behind ``ASKING``); following a redirect is never a repeat.
 ``TRYAGAIN`` (a multi-key call during a migration) did not run either and is sent again after a
-pause. A connection error is raised (the caller's retry policy decides; it marks the slot map
-for a refresh first, as the node may be gone).
+pause. A redirect that still stands after a slot-map refresh (a failover the nodes do not agree
+on yet) is followed again after a growing pause; one still standing after ``_ROUNDS`` is handed
+back as the call's reply (a transient error: ``retry.transient``). An ``ASK`` to a node the
+client does not know (a new primary that owns no slot yet: the target of its first reshard is
+in no slot map) adds that node to the client's nodes.
+
+The nodes' pipelines of a round are all sent before any is read (asyncio: run together), so the
+calls of several nodes run at the same time and a slow or stalled node delays only its own
+calls. A connection error of one node (down, stalled past the socket timeout) marks the slot
+map for a refresh; :func:`run` raises it once every other node's replies are read, while
+``run_tailed(..., each=True)`` hands it back as the reply of each of that node's calls only
+(the calls of the other nodes keep their own replies: a bulk write answers per job).
 
 ``run_tailed`` appends commands to each node's pipeline, after its calls on the same
-connection (``durable.py``: a barrier write and ``WAIT`` for ``QueueConfig.min_replicas``),
+connection (``durable.py``: barrier writes and ``WAIT`` for ``QueueConfig.min_replicas``),
 and tells each call the tail replies of the pipeline that ran it.
 """
 
@@ -33,6 +43,11 @@ from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 _KEYLESS = frozenset({"TIME", "ECHO", "INFO", "PING", "SCRIPT"})
 _ROUNDS = 5
 """Redirects followed per call before its MOVED/ASK reply is handed back as an error."""
+_PAUSE_S = 0.05
+"""The first pause before a round that follows a redirect standing after a refresh (or a
+TRYAGAIN); it doubles each round (at most 0.05 + 0.1 + 0.2 + 0.4 s in all)."""
+_DOWN = (redis.ConnectionError, redis.TimeoutError)
+"""A node's pipeline failed as a whole: its node is down, stalled or unreachable."""
 
 Command = tuple[Any, ...]
 
@@ -84,8 +99,8 @@ def _plan(client: Any, commands: Sequence[Command], todo: dict[int, Any]
 def _file(replies: list[Any], idx: list[int], got: list[Any], client: Any,
           todo: dict[int, Any], asked: dict[int, Any]) -> tuple[bool, bool]:
     """File ``got`` into ``replies``; put redirected calls back in ``todo`` (an ASK goes to
-    its named node; one the client does not know yet is routed again after a refresh; a
-    TRYAGAIN goes back where it was sent, behind ASKING again if it was).
+    its named node, added to the client's nodes when it knows none there; a TRYAGAIN goes
+    back where it was sent, behind ASKING again if it was).
     Returns (slot map stale, a TRYAGAIN seen)."""
     stale = again = False
     for i, rep in zip(idx, got, strict=True):
@@ -93,52 +108,129 @@ def _file(replies: list[Any], idx: list[int], got: list[Any], client: Any,
         if isinstance(rep, MovedError):
             stale, todo[i] = True, None
         elif isinstance(rep, AskError):
-            todo[i] = client.get_node(host=rep.host, port=rep.port)
-            stale = stale or todo[i] is None
+            todo[i] = (client.get_node(host=rep.host, port=rep.port)
+                       or _new_node(client, rep.host, rep.port))
         elif isinstance(rep, TryAgainError):
             again, todo[i] = True, asked.get(i)
     return stale, again
 
 
-def _node_pipeline(client: Any, node: Any, commands: Sequence[Command], asking: list[bool]
-                   ) -> list[Any]:
-    """One pipeline on one of ``node``'s connections; every reply read raw."""
-    pool = client.get_redis_connection(node).connection_pool
-    conn = pool.get_connection()
+def _new_node(client: Any, host: str, port: int) -> Any:
+    """A primary the client's slot map does not name (it owns no slot yet: an ASK sent the
+    client there), added to its nodes (a refresh of the map drops it again)."""
+    from redis.asyncio.cluster import RedisCluster as AsyncCluster
+
+    mgr = client.nodes_manager
+    node: Any
+    if isinstance(client, AsyncCluster):
+        from redis.asyncio.cluster import ClusterNode as AsyncNode
+        node = AsyncNode(host, port, "primary", **mgr.connection_kwargs)
+        return mgr.nodes_cache.setdefault(node.name, node)
+    from redis.cluster import ClusterNode
+
+    node = ClusterNode(host, port, "primary")  # type: ignore[no-untyped-call]
+    with mgr._lock:
+        return mgr.nodes_cache.setdefault(node.name, node)
+
+
+def _asked(commands: Sequence[Command], asking: list[bool]) -> list[Command]:
+    sent: list[Command] = []
+    for cmd, ask in zip(commands, asking, strict=True):
+        if ask:
+            sent.append(("ASKING",))
+        sent.append(cmd)
+    return sent
+
+
+class _Sent:
+    """One node's pipeline written on one of its connections, its replies not read yet."""
+
+    __slots__ = ("asking", "conn", "pool")
+
+    def __init__(self, client: Any, node: Any, commands: Sequence[Command],
+                 asking: list[bool]) -> None:
+        self.asking = asking
+        self.pool = client.get_redis_connection(node).connection_pool
+        self.conn = self.pool.get_connection()
+        try:
+            self.conn.send_packed_command(_packed(self.conn, _asked(commands, asking)))
+        except BaseException:
+            self.drop()
+            raise
+
+    def drop(self) -> None:
+        """Replies may be left unread: never reuse the connection."""
+        try:
+            self.conn.disconnect()
+        finally:
+            self.pool.release(self.conn)
+
+    def read(self) -> list[Any]:
+        """Every reply, read raw (error replies as exception objects)."""
+        conn = self.conn
+        try:
+            out: list[Any] = []
+            for ask in self.asking:
+                if ask:
+                    with contextlib.suppress(ResponseError):
+                        conn.read_response()
+                try:
+                    out.append(conn.read_response())
+                except ResponseError as exc:  # read whole: read on
+                    out.append(exc)
+        except BaseException:
+            self.drop()
+            raise
+        self.pool.release(conn)
+        return out
+
+
+def _node_pipelines(client: Any, groups: Sequence[tuple[Any, list[Command], list[bool]]]
+                    ) -> list[list[Any] | BaseException]:
+    """Every node's pipeline written first, then each one's replies read: the nodes run
+    their calls at the same time. A node whose pipeline fails as a whole (``_DOWN``) gets
+    its error in place of its replies; the others' replies are read all the same."""
+    sent: list[_Sent | BaseException] = []
+    read = 0
     try:
-        out: list[Any] = []
-        sent: list[Command] = []
-        for cmd, ask in zip(commands, asking, strict=True):
-            if ask:
-                sent.append(("ASKING",))
-            sent.append(cmd)
-        conn.send_packed_command(_packed(conn, sent))
-        for ask in asking:
-            if ask:
-                with contextlib.suppress(ResponseError):
-                    conn.read_response()
+        for node, cmds, asking in groups:
             try:
-                out.append(conn.read_response())
-            except ResponseError as exc:  # read whole: read on
+                sent.append(_Sent(client, node, cmds, asking))
+            except _DOWN as exc:
+                sent.append(exc)
+        out: list[list[Any] | BaseException] = []
+        for s in sent:
+            read += 1  # (read() releases or drops its connection itself)
+            if isinstance(s, BaseException):
+                out.append(s)
+                continue
+            try:
+                out.append(s.read())
+            except _DOWN as exc:
                 out.append(exc)
         return out
-    except BaseException:  # replies may be left unread: never reuse it
-        conn.disconnect()
+    except BaseException:  # what was written and not read yet: never reuse it
+        for s in sent[read:]:
+            if isinstance(s, _Sent):
+                s.drop()
         raise
-    finally:
-        pool.release(conn)
 
 
 async def _anode_pipeline(node: Any, commands: Sequence[Command], asking: list[bool]
-                          ) -> list[Any]:
+                          ) -> list[Any] | BaseException:
+    """One pipeline on one of ``node``'s connections; every reply read raw (a node whose
+    pipeline fails as a whole: ``_DOWN``, returned)."""
+    try:
+        return await _anode_pipeline_raw(node, commands, asking)
+    except _DOWN as exc:
+        return exc
+
+
+async def _anode_pipeline_raw(node: Any, commands: Sequence[Command], asking: list[bool]
+                              ) -> list[Any]:
     conn = node.acquire_connection()
     try:
-        sent: list[Command] = []
-        for cmd, ask in zip(commands, asking, strict=True):
-            if ask:
-                sent.append(("ASKING",))
-            sent.append(cmd)
-        packed = _packed(conn, sent)
+        packed = _packed(conn, _asked(commands, asking))
         await conn.send_packed_command(b"".join(packed) if _pack is not None else packed)
         out: list[Any] = []
         for ask in asking:
@@ -169,10 +261,10 @@ async def _arefresh(client: Any) -> None:
         await client.nodes_manager.initialize()
 
 
-Tail = Callable[[Command, bool], list[tuple[Command, bool]]]
-"""Commands to append to one node's pipeline, after its calls: given the group's first call
-and whether it goes behind ASKING, (command, behind ASKING) pairs (``durable.py``: a barrier
-write in that call's slot, then WAIT)."""
+Tail = Callable[[Sequence[Command], Sequence[bool]], list[tuple[Command, bool]]]
+"""Commands to append to one node's pipeline, after its calls: given the group's calls and
+whether each goes behind ASKING, (command, behind ASKING) pairs (``durable.py``: a barrier
+write in each call's slot, then WAIT)."""
 
 
 def _sendable(commands: Sequence[Command], idx: list[int], asked: dict[int, Any],
@@ -180,7 +272,7 @@ def _sendable(commands: Sequence[Command], idx: list[int], asked: dict[int, Any]
     cmds = [commands[i] for i in idx]
     asking = [i in asked for i in idx]
     if tail is not None:
-        for cmd, ask in tail(commands[idx[0]], idx[0] in asked):
+        for cmd, ask in tail(list(cmds), list(asking)):
             cmds.append(cmd)
             asking.append(ask)
     return cmds, asking
@@ -188,40 +280,75 @@ def _sendable(commands: Sequence[Command], idx: list[int], asked: dict[int, Any]
 
 def run(client: Any, commands: Sequence[Command]) -> list[Any]:
     """Send ``commands`` over a cluster client, pipelined per node; replies in order, error
-    replies as exception objects (raw: no reply callbacks)."""
+    replies as exception objects (raw: no reply callbacks). A node that fails as a whole
+    raises its error (after every other node's replies are read)."""
     return run_tailed(client, commands, None)[0]
 
 
-def run_tailed(client: Any, commands: Sequence[Command], tail: Tail | None
-               ) -> tuple[list[Any], list[list[Any]]]:
+class _Round:
+    """What a round's replies left to do."""
+
+    __slots__ = ("again", "down", "stale", "todo")
+
+    def __init__(self) -> None:
+        self.todo: dict[int, Any] = {}
+        self.stale = self.again = False
+        self.down: BaseException | None = None
+
+
+def _filed(client: Any, commands: Sequence[Command], groups: list[tuple[Any, list[int]]],
+           got: list[list[Any] | BaseException], asked: dict[int, Any], replies: list[Any],
+           tails: list[list[Any]]) -> _Round:
+    r = _Round()
+    for (_, idx), g in zip(groups, got, strict=True):
+        if isinstance(g, BaseException):  # the node failed as a whole: its calls only
+            r.down = r.down or g
+            for i in idx:
+                replies[i], tails[i] = g, [g]
+            continue
+        for i in idx:
+            tails[i] = g[len(idx):]
+        s, a = _file(replies, idx, g[:len(idx)], client, r.todo, asked)
+        r.stale, r.again = r.stale or s, r.again or a
+    return r
+
+
+def _pause(r: _Round, round_: int) -> float:
+    """The pause before the next round: after a TRYAGAIN, or a redirect still standing
+    after the slot map was refreshed (the nodes do not agree on it yet)."""
+    if (r.again or (r.stale and round_ > 0)) and round_ < _ROUNDS - 1:
+        return float(_PAUSE_S * 2 ** round_)
+    return 0.0
+
+
+def run_tailed(client: Any, commands: Sequence[Command], tail: Tail | None, *,
+               each: bool = False) -> tuple[list[Any], list[list[Any]]]:
     """:func:`run`, each node's pipeline followed by ``tail``'s commands on the same
     connection: (replies, for each call the tail's replies of the pipeline that ran it).
-    A redirected call is sent again with the next round's pipeline (and its own tail)."""
+    A redirected call is sent again with the next round's pipeline (and its own tail).
+    ``each``: a node that fails as a whole gives its error as the reply (and tail) of each
+    of its calls, instead of raising it."""
     replies: list[Any] = [None] * len(commands)
     tails: list[list[Any]] = [[] for _ in commands]
     todo: dict[int, Any] = dict.fromkeys(range(len(commands)))
     for round_ in range(_ROUNDS):
-        groups = _plan(client, commands, todo)
+        groups = list(_plan(client, commands, todo).values())
         asked = {i: ask for i, ask in todo.items() if ask is not None}
-        todo = {}
-        stale = again = False
-        for node, idx in groups.values():
-            cmds, asking = _sendable(commands, idx, asked, tail)
-            try:
-                got = _node_pipeline(client, node, cmds, asking)
-            except (redis.ConnectionError, redis.TimeoutError):
-                _refresh(client)
-                raise
-            for i in idx:
-                tails[i] = got[len(idx):]
-            s, a = _file(replies, idx, got[:len(idx)], client, todo, asked)
-            stale, again = stale or s, again or a
+        got = _node_pipelines(client, [(node, *_sendable(commands, idx, asked, tail))
+                                       for node, idx in groups])
+        r = _filed(client, commands, groups, got, asked, replies, tails)
+        if r.down is not None:
+            _refresh(client)  # the node may be gone: its slots may have a new owner
+            if not each:
+                raise r.down
+        todo = r.todo
         if not todo:
             break
-        if stale:
+        if r.stale:
             _refresh(client)
-        if again and round_ < _ROUNDS - 1:
-            time.sleep(0.05)
+        pause = _pause(r, round_)
+        if pause:
+            time.sleep(pause)
     return replies, tails
 
 
@@ -230,33 +357,30 @@ async def arun(client: Any, commands: Sequence[Command]) -> list[Any]:
     return (await arun_tailed(client, commands, None))[0]
 
 
-async def arun_tailed(client: Any, commands: Sequence[Command], tail: Tail | None
-                      ) -> tuple[list[Any], list[list[Any]]]:
-    """:func:`run_tailed` for an asyncio cluster client."""
+async def arun_tailed(client: Any, commands: Sequence[Command], tail: Tail | None, *,
+                      each: bool = False) -> tuple[list[Any], list[list[Any]]]:
+    """:func:`run_tailed` for an asyncio cluster client (the nodes' pipelines run together)."""
     await client.initialize()
     replies: list[Any] = [None] * len(commands)
     tails: list[list[Any]] = [[] for _ in commands]
     todo: dict[int, Any] = dict.fromkeys(range(len(commands)))
     for round_ in range(_ROUNDS):
-        groups = _plan(client, commands, todo)
+        groups = list(_plan(client, commands, todo).values())
         asked = {i: ask for i, ask in todo.items() if ask is not None}
-        todo = {}
-        stale = again = False
-        for node, idx in groups.values():
-            cmds, asking = _sendable(commands, idx, asked, tail)
-            try:
-                got = await _anode_pipeline(node, cmds, asking)
-            except (redis.ConnectionError, redis.TimeoutError):
-                await _arefresh(client)
-                raise
-            for i in idx:
-                tails[i] = got[len(idx):]
-            s, a = _file(replies, idx, got[:len(idx)], client, todo, asked)
-            stale, again = stale or s, again or a
+        got = list(await asyncio.gather(*(
+            _anode_pipeline(node, *_sendable(commands, idx, asked, tail))
+            for node, idx in groups)))
+        r = _filed(client, commands, groups, got, asked, replies, tails)
+        if r.down is not None:
+            await _arefresh(client)
+            if not each:
+                raise r.down
+        todo = r.todo
         if not todo:
             break
-        if stale:
+        if r.stale:
             await _arefresh(client)
-        if again and round_ < _ROUNDS - 1:
-            await asyncio.sleep(0.05)
+        pause = _pause(r, round_)
+        if pause:
+            await asyncio.sleep(pause)
     return replies, tails

@@ -2,27 +2,34 @@
 
 A transient error says "not now": the connection dropped or timed out, or the server answered
 OOM (``maxmemory``), READONLY (a failover in progress), BUSY (a slow script), LOADING (a
-restart), MISCONF, TRYAGAIN, CLUSTERDOWN or MASTERDOWN, or redis-py's cluster client gave up
-following redirects (``TTL exhausted``: a slot mid-migration). The same call may succeed later, so
+restart), MISCONF, TRYAGAIN, CLUSTERDOWN or MASTERDOWN, or a Redis Cluster redirect (``MOVED``,
+``ASK``) still stood after the client followed it (the slot map is changing: a failover or a
+reshard; the call did not run), or redis-py's cluster client gave up following redirects
+(``TTL exhausted``: a slot mid-migration). The same call may succeed later, so
 callers retry it (idempotent calls) or keep what they hold and try again (background loops).
 Every other error is permanent for that call: a bug, a corrupted key, a refused permission.
 
 ``call``/``acall`` retry an idempotent call across transient errors with tenacity. The first try
 runs directly (no retry machinery on the hot path); only after a transient failure does tenacity
 take over, telling the call it is a retry so it can recognise its own earlier write (see the
-enqueue and cancel reply parsing).
+enqueue and cancel reply parsing). ``each``/``aeach`` do the same for a call made of several
+independent parts (a bulk enqueue's script calls, one per shard): only the parts that failed
+transiently are tried again, and each part keeps its own outcome.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from redis.exceptions import (
+    AskError,
     ClusterDownError,
     ClusterError,
     MasterDownError,
+    MovedError,
     OutOfMemoryError,
     ReadOnlyError,
     ResponseError,
@@ -43,7 +50,11 @@ TRANSIENT = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError (LOADI
 """Errors that are transient by their type alone (connection level). Use :func:`transient`
 to classify any exception, server replies included."""
 _TRANSIENT_REPLIES = (OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError,
-                      MasterDownError)
+                      MasterDownError, MovedError, AskError)
+"""Server replies that say "not now". A MOVED or ASK that reaches a caller stood after the
+client followed it (``nodes.py`` follows each a few rounds, refreshing the slot map): the slot
+map is changing (a failover not yet agreed on, a reshard in progress) and the call did not
+run, so the same call may succeed later."""
 _TRANSIENT_CODES = frozenset({"OOM", "READONLY", "BUSY", "LOADING", "MISCONF", "TRYAGAIN",
                               "CLUSTERDOWN", "MASTERDOWN", "NOREPLICAS", "UNBLOCKED"})
 _CODE_RE = re.compile(r"(?:^|-|caused error: \(?'?)(" + "|".join(sorted(_TRANSIENT_CODES))
@@ -106,3 +117,49 @@ async def acall(fn: Callable[[bool], Awaitable[T]]) -> T:
         with attempt:
             return await fn(True)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Again(Exception):
+    """Some parts of an ``each`` call failed transiently (the first such error is the cause)."""
+
+
+def _step(out: list[T | Exception], todo: list[int], got: Sequence[T | Exception]) -> None:
+    """File ``got`` (the outcomes of the parts ``todo``) into ``out``; keep in ``todo`` the
+    parts to try again (a transient error); raise _Again while there are some."""
+    again: list[int] = []
+    first: Exception | None = None
+    for i, x in zip(list(todo), got, strict=True):
+        out[i] = x
+        if isinstance(x, Exception) and transient(x):
+            again.append(i)
+            first = first or x
+    todo[:] = again
+    if first is not None:
+        raise _Again() from first
+
+
+def each(fn: Callable[[list[int], bool], Sequence[T | Exception]], n: int
+         ) -> list[T | Exception]:
+    """Parts ``0..n-1`` of an idempotent call: ``fn(parts, retried)`` runs the given parts and
+    returns each one's outcome (its value, or its own error). The parts that failed
+    transiently are run again (with ``retried=True``) on :func:`call`'s policy, the others are
+    kept; returns every part's last outcome."""
+    out: list[T | Exception] = [_Again()] * n
+    todo = list(range(n))
+    with contextlib.suppress(_Again):
+        call(lambda retried: _step(out, todo, fn(list(todo), retried)))
+    return out
+
+
+async def aeach(fn: Callable[[list[int], bool], Awaitable[Sequence[T | Exception]]], n: int
+                ) -> list[T | Exception]:
+    """:func:`each` for an awaitable ``fn``."""
+    out: list[T | Exception] = [_Again()] * n
+    todo = list(range(n))
+
+    async def once(retried: bool) -> None:
+        _step(out, todo, await fn(list(todo), retried))
+
+    with contextlib.suppress(_Again):
+        await acall(once)
+    return out
