@@ -109,6 +109,46 @@ class ReplicationTimeout(StreamqError):
         """The EnqueueResult of every job of the call (accepted, duplicate or rejected)."""
 
 
+class PartialEnqueueError(StreamqError):
+    """A multi-job enqueue (``enqueue_many``) of which some script calls failed while others
+    were answered: on a Redis Cluster a sharded queue's shards live on several nodes, and one
+    node can be down or stalled while the others take their jobs. Nothing is hidden: every
+    job has its own outcome, in the caller's order.
+
+    ``results`` holds one ``EnqueueResult`` per job: ``queued``, ``scheduled``, ``duplicate``
+    and ``rejected`` as ``enqueue_many`` returns them, and ``error`` for a job whose own
+    shard's call failed (its ``exception`` is that error; the job may or may not have been
+    written, as after any failed call). ``errors`` maps each such job id to its error,
+    ``job_ids`` lists them. A job that was written is never among them. With
+    ``QueueConfig.min_replicas``, ``replication`` is the ReplicationTimeout of the written
+    jobs whose replicas fell short (None when every written job was confirmed).
+
+    Enqueueing the failed jobs again (or the whole list: the written ones answer
+    ``duplicate``) with the same job ids is safe. A call where no job was answered at all
+    raises the error itself, as before."""
+
+    def __init__(self, queue: str, results: list[Any], errors: dict[str, BaseException],
+                 replication: ReplicationTimeout | None = None) -> None:
+        failed = [r.job_id for r in results if r.job_id in errors]
+        shown = ", ".join(repr(j) for j in failed[:5]) + (" …" if len(failed) > 5 else "")
+        first = next(iter(errors.values()), None)
+        kinds = sorted({type(e).__name__ for e in errors.values()})
+        super().__init__(
+            f"queue {queue!r}: {len(failed)} of {len(results)} job(s) ({shown}) not enqueued:"
+            f" their shard's call failed ({', '.join(kinds)}: {first}); every other job was"
+            " answered (see .results); enqueueing the failed ones again with the same job ids"
+            " is safe")
+        self.queue = queue
+        self.results = results
+        """One EnqueueResult per job, in the caller's order (status 'error' for a failed one)."""
+        self.errors = errors
+        """Job id -> the error of its own shard's call."""
+        self.job_ids = failed
+        """The jobs whose call failed, in the caller's order."""
+        self.replication = replication
+        """With min_replicas: the written jobs not confirmed in time (or None)."""
+
+
 class ConnectionSetupError(StreamqError):
     """The URL's form does not match the server: a cluster URL that reaches a standalone
     server (or the reverse), or a Sentinel primary name that no sentinel knows."""

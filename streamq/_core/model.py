@@ -223,14 +223,18 @@ class Job:
 @attrs.frozen
 class EnqueueResult:
     job_id: str
-    status: Literal["queued", "scheduled", "duplicate", "rejected"]
+    status: Literal["queued", "scheduled", "duplicate", "rejected", "error"]
+    """``error`` only inside a PartialEnqueueError's results: the job's own shard's call
+    failed (``exception``); enqueue and enqueue_many never return it."""
     state: str
     """For a duplicate: the existing job's state."""
     result: Any = None
     """For a duplicate that completed: its result."""
     error: dict[str, Any] | None = None
     reason: str = ""
-    """For a rejected job in a bulk enqueue: why."""
+    """For a rejected job in a bulk enqueue: why (for an ``error`` one: its error's text)."""
+    exception: BaseException | None = attrs.field(default=None, eq=False, repr=False)
+    """For an ``error`` one: the error of its shard's call."""
 
 
 @attrs.frozen

@@ -1,11 +1,15 @@
 """Concurrent single enqueues batch themselves (like ioredis' auto-pipelining).
 
-One enqueue.lua call is in flight per queue object at a time. A lone call goes out at once (no
-added latency); calls that arrive while one is in flight wait for it and then go out together,
-as one script call of up to ``MAX_BATCH`` jobs. Each caller gets its own job's result (or its
-own exception: a refusal of one job never fails another). A batch that meets an error fails
-every caller in it with that error, exactly as their single calls would have (the retries of
-idempotent calls happen inside ``send``).
+One enqueue.lua call is in flight per queue shard at a time. A lone call goes out at once (no
+added latency); calls that arrive while one is in flight for their shard wait for it and then
+go out together, as one script call of up to ``MAX_BATCH`` jobs. Each caller gets its own
+job's result (or its own exception: a refusal of one job never fails another). A batch holds
+the jobs of one shard only (``ShardedSync``/``ShardedAsync``: one batcher per shard), so a
+caller's answer comes from its own shard's call alone: a shard whose node is down or stalled
+fails (or delays) only its own callers, and the shards' calls run at the same time, each on
+its own node (DESIGN.md invariant 16). A batch that meets an error fails every caller in it
+with that error, exactly as their single calls would have (the retries of idempotent calls
+happen inside ``send``).
 """
 
 from __future__ import annotations
@@ -122,3 +126,36 @@ class SyncBatcher(Generic[P, R]):
         else:
             self._busy = False
         self._cond.notify_all()
+
+
+class ShardedSync(Generic[P, R]):
+    """A :class:`SyncBatcher` per shard (``shard(item)``), made on first use."""
+
+    def __init__(self, send: Callable[[list[P]], list[R]], shard: Callable[[P], int]) -> None:
+        self._send, self._shard = send, shard
+        self._by: dict[int, SyncBatcher[P, R]] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, item: P) -> R:
+        k = self._shard(item)
+        b = self._by.get(k)
+        if b is None:
+            with self._lock:
+                b = self._by.setdefault(k, SyncBatcher(self._send))
+        return b.submit(item)
+
+
+class ShardedAsync(Generic[P, R]):
+    """An :class:`AsyncBatcher` per shard (``shard(item)``), made on first use."""
+
+    def __init__(self, send: Callable[[list[P]], Awaitable[list[R]]],
+                 shard: Callable[[P], int]) -> None:
+        self._send, self._shard = send, shard
+        self._by: dict[int, AsyncBatcher[P, R]] = {}
+
+    async def submit(self, item: P) -> R:
+        k = self._shard(item)
+        b = self._by.get(k)
+        if b is None:
+            b = self._by[k] = AsyncBatcher(self._send)
+        return await b.submit(item)

@@ -10,14 +10,17 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from .._core import durable
 from .._core import telemetry as tel
 from .._core.args import seconds as _seconds
 from .._core.config import QueueConfig
 from .._core.errors import (
     InvalidArgument,
     JobFailed,
+    PartialEnqueueError,
     PayloadTooLarge,
     QueueFull,
+    ReplicationTimeout,
     ResultNotReady,
     SerializationError,
 )
@@ -390,6 +393,57 @@ def parse_enqueue(
         err = cfg.serde.loads(error) if error else None
         out.append(EnqueueResult(p.job_id, st, state.decode(), res, err))
     return out
+
+
+Part = tuple[list[EnqueueResult], int]
+"""One enqueue script call's results, with the replicas that confirmed it."""
+
+
+def parsed_each(cfg: QueueConfig, batches: Sequence[Sequence[Prepared]], replies: Sequence[Any],
+                acks: Sequence[int], retried: bool) -> list[Part | Exception]:
+    """Each call's results (and confirming replicas), or its own error (``durable.run_each``)."""
+    out: list[Part | Exception] = []
+    for b, reply, n in zip(batches, replies, acks, strict=True):
+        out.append(reply if isinstance(reply, Exception) else
+                   (parse_enqueue(cfg, b, reply, retried=retried), n))
+    return out
+
+
+def answered_many(queue: str, cfg: QueueConfig, prepared: Sequence[Prepared],
+                  batches: Sequence[Sequence[Prepared]], outcomes: Sequence[Part | Exception]
+                  ) -> list[EnqueueResult]:
+    """enqueue_many's answer from each call's outcome: every job's EnqueueResult in the
+    caller's order; ReplicationTimeout as ``durable.confirm`` says. When some calls failed
+    (their errors, after the retries) and others were answered: PartialEnqueueError, every
+    job's outcome in it (the written jobs counted in the metrics); when none was answered:
+    the first error itself."""
+    flat: list[EnqueueResult] = []
+    parts: list[Part] = []
+    errors: dict[str, BaseException] = {}
+    first: Exception | None = None
+    for b, o in zip(batches, outcomes, strict=True):
+        if isinstance(o, Exception):
+            first = first or o
+            why = str(o) or type(o).__name__
+            for p in b:
+                errors[p.job_id] = o
+                flat.append(EnqueueResult(p.job_id, "error", "", reason=why, exception=o))
+        else:
+            flat.extend(o[0])
+            parts.append(o)
+    out = in_order(prepared, batches, flat)
+    if first is None:
+        durable.confirm(cfg, out, parts)
+        return out
+    if not parts:
+        raise first
+    replication: ReplicationTimeout | None = None
+    try:
+        durable.confirm(cfg, [r for r in out if r.status != "error"], parts)
+    except ReplicationTimeout as exc:
+        replication = exc
+    count(queue, [r for r in out if r.status != "error"])
+    raise PartialEnqueueError(queue, out, errors, replication) from first
 
 
 def count(queue: str, results: list[EnqueueResult]) -> list[EnqueueResult]:

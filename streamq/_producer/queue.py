@@ -30,16 +30,19 @@ from .._core.errors import (
 )
 from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
-from .._core.retry import acall, call
+from .._core.retry import acall, aeach, call, each
 from .._core.scripts import SCRIPTS
 from . import prepare as prod
-from .autobatch import AsyncBatcher, SyncBatcher
+from .autobatch import ShardedAsync, ShardedSync
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake
 
 Answer = EnqueueResult | ReplicationTimeout
 """An auto-batched enqueue's answer to one caller."""
-Parts = list[tuple[list[EnqueueResult], int]]
-"""Each script call's results with the replicas that confirmed it (see durable.confirm)."""
+
+
+def _shard(p: prod.Prepared) -> int:
+    """A job's shard: the self-batching producer gathers each shard's jobs apart."""
+    return p.shard
 
 
 def _answered(answer: Answer) -> EnqueueResult:
@@ -53,18 +56,6 @@ def _counted(queue: str, answers: list[Answer]) -> list[Answer]:
     answer is a ReplicationTimeout is not counted: its call raises)."""
     prod.count(queue, [a for a in answers if not isinstance(a, ReplicationTimeout)])
     return answers
-
-
-def _parsed(config: QueueConfig, batches: Sequence[Sequence[prod.Prepared]],
-            replies: Sequence[Any], acks: Sequence[int], retried: bool
-            ) -> tuple[list[EnqueueResult], Parts]:
-    out: list[EnqueueResult] = []
-    parts: Parts = []
-    for b, reply, n in zip(batches, replies, acks, strict=True):
-        results = prod.parse_enqueue(config, b, reply, retried=retried)
-        out.extend(results)
-        parts.append((results, n))
-    return out, parts
 
 
 _TYPES_TTL_S = 30.0
@@ -124,7 +115,8 @@ class Queue(_Base):
         self.client = client
         self._waiters: SyncWaiters | None = None
         self._waiters_lock = threading.Lock()
-        self._batcher: SyncBatcher[prod.Prepared, Answer] = SyncBatcher(self._enqueue_each)
+        self._batcher: ShardedSync[prod.Prepared, Answer] = ShardedSync(self._enqueue_each,
+                                                                        _shard)
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
@@ -220,17 +212,20 @@ class Queue(_Base):
         calls = [prod.enqueue_call(self.keys, self.config, b, handoff=self.config.handoff)
                  for b in batches]
 
-        def once(retried: bool) -> tuple[list[EnqueueResult], Parts]:
-            replies, acks = durable.run(SCRIPTS["enqueue"], self.client, calls, self.config,
-                                        self._barrier)  # min_replicas: WAIT (per node)
-            return _parsed(self.config, batches, replies, acks, retried)
+        def once(todo: list[int], retried: bool) -> list[prod.Part | Exception]:
+            # per call: a failed node fails only its own calls (retried alone, then given
+            # to their jobs); min_replicas: a WAIT per node
+            replies, acks = durable.run_each(SCRIPTS["enqueue"], self.client,
+                                             [calls[i] for i in todo], self.config,
+                                             self._barrier)
+            return prod.parsed_each(self.config, [batches[i] for i in todo], replies, acks,
+                                    retried)
 
         self._check()
-        out, parts = call(once)
-        self._note()
-        out = prod.in_order(prepared, batches, out)
-        durable.confirm(self.config, out, parts)
-        return out
+        outcomes = each(once, len(calls))
+        if any(not isinstance(o, Exception) for o in outcomes):
+            self._note()
+        return prod.answered_many(self.name, self.config, prepared, batches, outcomes)
 
     def get(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (never enqueued, or expired)."""
@@ -351,7 +346,8 @@ class AsyncQueue(_Base):
         super().__init__(name, config)
         self.client = client
         self._waiters: AsyncWaiters | None = None
-        self._batcher: AsyncBatcher[prod.Prepared, Answer] = AsyncBatcher(self._enqueue_each)
+        self._batcher: ShardedAsync[prod.Prepared, Answer] = ShardedAsync(self._enqueue_each,
+                                                                          _shard)
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
@@ -438,17 +434,18 @@ class AsyncQueue(_Base):
         calls = [prod.enqueue_call(self.keys, self.config, b, handoff=self.config.handoff)
                  for b in batches]
 
-        async def once(retried: bool) -> tuple[list[EnqueueResult], Parts]:
-            replies, acks = await durable.arun(SCRIPTS["enqueue"], self.client, calls,
-                                               self.config, self._barrier)  # + WAIT per node
-            return _parsed(self.config, batches, replies, acks, retried)
+        async def once(todo: list[int], retried: bool) -> list[prod.Part | Exception]:
+            replies, acks = await durable.arun_each(SCRIPTS["enqueue"], self.client,
+                                                    [calls[i] for i in todo], self.config,
+                                                    self._barrier)  # + WAIT per node
+            return prod.parsed_each(self.config, [batches[i] for i in todo], replies, acks,
+                                    retried)
 
         await self._check()
-        out, parts = await acall(once)
-        await self._note()
-        out = prod.in_order(prepared, batches, out)
-        durable.confirm(self.config, out, parts)
-        return out
+        outcomes = await aeach(once, len(calls))
+        if any(not isinstance(o, Exception) for o in outcomes):
+            await self._note()
+        return prod.answered_many(self.name, self.config, prepared, batches, outcomes)
 
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
