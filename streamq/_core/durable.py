@@ -190,12 +190,15 @@ async def _acluster_waited(script: Script, client: Any, calls: Sequence[Call],
 def run_each(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
              barrier: str | None = None) -> tuple[list[Any], list[int]]:
     """:func:`run`, answering per call: (each call's reply, or its own error as an
-    exception object; the replicas that confirmed it). On a Redis Cluster a node that fails
-    (down, stalled past the socket timeout) or a refusal fails only its own calls; on one
-    server every call shares the server's fate."""
+    exception object; the replicas that confirmed it). A call the server refused (a
+    ScriptError) fails alone; on a Redis Cluster so do the calls of a node that fails as a
+    whole (down, stalled past the socket timeout), while on one server a connection error is
+    every call's own."""
     if is_cluster(client):
         return _cluster_waited(script, client, calls, config, barrier, each=True)
     try:
+        if _packable(script, client):
+            return run_waited(script, client, calls, config, barrier, each=True)
         return run(script, client, calls, config, barrier)
     except (RedisError, ScriptError) as exc:  # one server: its error is every call's own
         return [exc] * len(calls), [0] * len(calls)
@@ -207,6 +210,8 @@ async def arun_each(script: Script, client: Any, calls: Sequence[Call], config: 
     if is_cluster(client):
         return await _acluster_waited(script, client, calls, config, barrier, each=True)
     try:
+        if _packable(script, client):
+            return await arun_waited(script, client, calls, config, barrier, each=True)
         return await arun(script, client, calls, config, barrier)
     except (RedisError, ScriptError) as exc:
         return [exc] * len(calls), [0] * len(calls)
@@ -216,14 +221,35 @@ def _packable(script: Script, client: Any) -> bool:
     return script._plain(client)
 
 
+def _sorted(script: Script, todo: list[int], got: list[Any], replies: list[Any], each: bool
+            ) -> tuple[list[int], ResponseError | None]:
+    """``scripts._sort``; ``each``: every other error reply is filed as its call's reply (a
+    ScriptError naming the script), and none is returned to raise."""
+    if not each:
+        return _sort(todo, got, replies)
+    again: list[int] = []
+    for i, x in zip(todo, got, strict=True):
+        if isinstance(x, NoScriptError):
+            again.append(i)
+        elif isinstance(x, ResponseError):
+            err = ScriptError(f"{script.name}.lua failed: {x}")
+            err.__cause__ = x
+            replies[i] = err
+        else:
+            replies[i] = x
+    return again, None
+
+
 def run_waited(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
-               barrier: str | None = None) -> tuple[list[Any], list[int]]:
+               barrier: str | None = None, each: bool = False) -> tuple[list[Any], list[int]]:
     """Run ``calls`` of ``script`` pipelined, then WAIT on the same connection: (replies in
     order, for each call the replicas that acknowledged it). NOSCRIPT is handled as in
     ``Script.run_many``: the script is loaded and only the calls that met it are sent again
-    (with a WAIT again). On a Redis Cluster: one pipeline and one WAIT per node."""
+    (with a WAIT again). On a Redis Cluster: one pipeline and one WAIT per node. ``each``:
+    an error reply is filed as that call's reply (a ScriptError) instead of raised, and with
+    ``min_replicas`` 0 no WAIT is sent (``run_each``)."""
     if is_cluster(client):
-        return _cluster_waited(script, client, calls, config, barrier)
+        return _cluster_waited(script, client, calls, config, barrier, each)
     if not _packable(script, client):
         return _run_pipeline(script, client, calls, config, barrier)
     pool: Any = client.connection_pool
@@ -232,7 +258,7 @@ def run_waited(script: Script, client: Any, calls: Sequence[Call], config: Queue
     for attempt in range(2):
         conn = pool.get_connection()
         try:
-            tail = _wait_cmds(config, barrier)
+            tail = _wait_cmds(config, barrier) if config.min_replicas else []
             conn.send_packed_command([*script._packed([calls[i] for i in todo]),
                                       *(_pack(c) for c in tail)])
             got: list[Any] = []
@@ -243,8 +269,8 @@ def run_waited(script: Script, client: Any, calls: Sequence[Call], config: Queue
                     got.append(exc)
             for _ in tail[1:]:
                 conn.read_response()  # the barrier's PUBLISH
-            acked = int(conn.read_response())
-            todo, failed = _sort(todo, got, replies)
+            acked = int(conn.read_response()) if tail else 0
+            todo, failed = _sorted(script, todo, got, replies, each)
         except BaseException:  # replies may be left unread: never reuse it
             conn.disconnect()
             raise
@@ -260,10 +286,11 @@ def run_waited(script: Script, client: Any, calls: Sequence[Call], config: Queue
 
 
 async def arun_waited(script: Script, client: Any, calls: Sequence[Call], config: QueueConfig,
-                      barrier: str | None = None) -> tuple[list[Any], list[int]]:
+                      barrier: str | None = None, each: bool = False
+                      ) -> tuple[list[Any], list[int]]:
     """:func:`run_waited` for an asyncio client."""
     if is_cluster(client):
-        return await _acluster_waited(script, client, calls, config, barrier)
+        return await _acluster_waited(script, client, calls, config, barrier, each)
     if not _packable(script, client):
         return await _arun_pipeline(script, client, calls, config, barrier)
     pool: Any = client.connection_pool
@@ -272,7 +299,7 @@ async def arun_waited(script: Script, client: Any, calls: Sequence[Call], config
     for attempt in range(2):
         conn = await pool.get_connection()
         try:
-            tail = _wait_cmds(config, barrier)
+            tail = _wait_cmds(config, barrier) if config.min_replicas else []
             await conn.send_packed_command(b"".join(
                 [*script._packed([calls[i] for i in todo]), *(_pack(c) for c in tail)]))
             got: list[Any] = []
@@ -283,8 +310,8 @@ async def arun_waited(script: Script, client: Any, calls: Sequence[Call], config
                     got.append(exc)
             for _ in tail[1:]:
                 await conn.read_response()
-            acked = int(await conn.read_response())
-            todo, failed = _sort(todo, got, replies)
+            acked = int(await conn.read_response()) if tail else 0
+            todo, failed = _sorted(script, todo, got, replies, each)
         except BaseException:
             await conn.disconnect()
             raise

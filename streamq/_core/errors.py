@@ -112,7 +112,8 @@ class ReplicationTimeout(StreamqError):
 class PartialEnqueueError(StreamqError):
     """A multi-job enqueue (``enqueue_many``) of which some script calls failed while others
     were answered: on a Redis Cluster a sharded queue's shards live on several nodes, and one
-    node can be down or stalled while the others take their jobs. Nothing is hidden: every
+    node can be down or stalled while the others take their jobs; on any server one shard's
+    call can be refused (a damaged key) while the others' are not. Nothing is hidden: every
     job has its own outcome, in the caller's order.
 
     ``results`` holds one ``EnqueueResult`` per job: ``queued``, ``scheduled``, ``duplicate``
