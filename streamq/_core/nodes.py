@@ -21,8 +21,9 @@ The nodes' pipelines of a round are all sent before any is read (asyncio: run to
 calls of several nodes run at the same time and a slow or stalled node delays only its own
 calls. A connection error of one node (down, stalled past the socket timeout) marks the slot
 map for a refresh; :func:`run` raises it once every other node's replies are read, while
-``run_tailed(..., each=True)`` hands it back as the reply of each of that node's calls only
-(the calls of the other nodes keep their own replies: a bulk write answers per job).
+``run_tailed(..., each=True)`` hands it back as the reply of each of that node's calls that
+were not answered (the calls answered before it, and those of the other nodes, keep their own
+replies: a bulk write answers per job).
 
 ``run_tailed`` appends commands to each node's pipeline, after its calls on the same
 connection (``durable.py``: barrier writes and ``WAIT`` for ``QueueConfig.min_replicas``),
@@ -166,10 +167,12 @@ class _Sent:
             self.pool.release(self.conn)
 
     def read(self) -> list[Any]:
-        """Every reply, read raw (error replies as exception objects)."""
+        """Every reply, read raw (error replies as exception objects). When the connection
+        fails midway (``_DOWN``), the replies read so far are kept and each command not
+        answered gets that error."""
         conn = self.conn
+        out: list[Any] = []
         try:
-            out: list[Any] = []
             for ask in self.asking:
                 if ask:
                     with contextlib.suppress(ResponseError):
@@ -178,6 +181,9 @@ class _Sent:
                     out.append(conn.read_response())
                 except ResponseError as exc:  # read whole: read on
                     out.append(exc)
+        except _DOWN as exc:
+            self.drop()
+            return out + [exc] * (len(self.asking) - len(out))
         except BaseException:
             self.drop()
             raise
@@ -204,10 +210,7 @@ def _node_pipelines(client: Any, groups: Sequence[tuple[Any, list[Command], list
             if isinstance(s, BaseException):
                 out.append(s)
                 continue
-            try:
-                out.append(s.read())
-            except _DOWN as exc:
-                out.append(exc)
+            out.append(s.read())
         return out
     except BaseException:  # what was written and not read yet: never reuse it
         for s in sent[read:]:
@@ -233,14 +236,18 @@ async def _anode_pipeline_raw(node: Any, commands: Sequence[Command], asking: li
         packed = _packed(conn, _asked(commands, asking))
         await conn.send_packed_command(b"".join(packed) if _pack is not None else packed)
         out: list[Any] = []
-        for ask in asking:
-            if ask:
-                with contextlib.suppress(ResponseError):
-                    await conn.read_response()
-            try:
-                out.append(await conn.read_response())
-            except ResponseError as exc:
-                out.append(exc)
+        try:
+            for ask in asking:
+                if ask:
+                    with contextlib.suppress(ResponseError):
+                        await conn.read_response()
+                try:
+                    out.append(await conn.read_response())
+                except ResponseError as exc:
+                    out.append(exc)
+        except _DOWN as exc:  # keep what was read; the rest get the error
+            await conn.disconnect()
+            return out + [exc] * (len(asking) - len(out))
         return out
     except BaseException:
         await conn.disconnect()
@@ -306,6 +313,8 @@ def _filed(client: Any, commands: Sequence[Command], groups: list[tuple[Any, lis
             for i in idx:
                 replies[i], tails[i] = g, [g]
             continue
+        if g and isinstance(g[-1], _DOWN):  # failed midway: the calls not answered only
+            r.down = r.down or g[-1]
         for i in idx:
             tails[i] = g[len(idx):]
         s, a = _file(replies, idx, g[:len(idx)], client, r.todo, asked)
