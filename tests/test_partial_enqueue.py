@@ -139,3 +139,31 @@ def test_each_retries_only_the_parts_that_failed_transiently() -> None:
     assert is_transient(RedisConnectionError("x")) and not is_transient(permanent)
     assert each(fn, 4) == [0, permanent, 20, 30]
     assert calls == [([0, 1, 2, 3], False), ([2], True), ([2], True)]
+
+
+def test_a_partial_answer_keeps_the_unconfirmed_jobs_apart() -> None:
+    """With min_replicas: a failed call's jobs are 'error', the written jobs of a call whose
+    replicas fell short are in ``replication`` (written, not failed), the confirmed ones
+    neither."""
+    from streamq._core.model import EnqueueResult
+    from streamq._producer import prepare as prod
+
+    cfg = QueueConfig(shards=SHARDS, min_replicas=1)
+    keys = Keys("partial")
+    prepared = [prod.prepare(keys, cfg, "ok", None, job_id=j) for j in ids("p", 12)]
+    batches = prod.chunks(prepared)
+    assert len(batches) == SHARDS
+    down = RedisConnectionError("node down")
+    outcomes: list[prod.Part | Exception] = [
+        ([EnqueueResult(p.job_id, "queued", "queued") for p in batches[0]], 1),
+        down,
+        ([EnqueueResult(p.job_id, "queued", "queued") for p in batches[2]], 0)]
+    with pytest.raises(PartialEnqueueError) as told:
+        prod.answered_many("partial", cfg, prepared, batches, outcomes)
+    exc = told.value
+    assert [r.job_id for r in exc.results] == [p.job_id for p in prepared]
+    assert exc.job_ids == [p.job_id for p in prepared if p.shard == batches[1][0].shard]
+    assert all(exc.errors[j] is down for j in exc.job_ids)
+    assert exc.replication is not None
+    assert set(exc.replication.job_ids) == {p.job_id for p in batches[2]}
+    assert not set(exc.replication.job_ids) & set(exc.job_ids)

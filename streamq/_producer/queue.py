@@ -199,7 +199,9 @@ class Queue(_Base):
         """Enqueue many jobs in pipelined batches; each dict takes enqueue's argument names.
 
         A job the queue has no room for comes back with status 'rejected' (no exception),
-        so one full queue never hides which jobs were accepted.
+        so one full queue never hides which jobs were accepted. When the calls of some shards
+        fail (their node down, or the call refused) while others are answered, raises
+        PartialEnqueueError with every job's outcome (status 'error' for the failed ones).
         """
         jobs = list(jobs)
         self._before([j.get("type") for j in jobs if isinstance(j, Mapping)])
