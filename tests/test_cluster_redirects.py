@@ -178,8 +178,8 @@ def grown_cluster() -> Iterator[tuple[ClusterServer, int]]:
 async def test_ask_to_a_primary_that_owns_no_slot_yet(
         grown_cluster: tuple[ClusterServer, int]) -> None:
     """A queue's slot half moved to a new primary (in no slot map: it owns nothing yet), its
-    keys already there: reads pipelined per node follow the ASK to it; a bulk enqueue sent
-    meanwhile lands once the slot is handed over."""
+    keys already there: reads pipelined per node and single reads follow the ASK to it; a bulk
+    enqueue sent meanwhile lands once the slot is handed over."""
     cluster, new = grown_cluster
     name = f"n-{uuid.uuid4().hex[:10]}"
     k = Keys(name)
@@ -197,6 +197,10 @@ async def test_ask_to_a_primary_that_owns_no_slot_yet(
                 assert admin.dead(name).items == []
                 assert [p.job_id for p in (await aadmin.pending(name)).items] == []
                 assert (await aadmin.job(name, "later")).state == "scheduled"
+                # a single read through redis-py's own routing (it followed the ASK to a
+                # node it did not know into an AttributeError)
+                info = q.get("b1")
+                assert info is not None and info.state == "queued"
             finally:
                 admin.close()
                 await aadmin.close()

@@ -198,12 +198,14 @@ def sync_client(url: str | Target, *, socket_timeout_s: float = 30.0, **extra: A
                                     **_kwargs(socket_timeout_s, extra))
     kw, sentinel_kw = _split(target, socket_timeout_s, extra)
     if target.kind == "cluster":
-        from redis.cluster import ClusterNode, RedisCluster
+        from redis.cluster import ClusterNode
+
+        from .nodes import cluster_class
 
         kw.pop("health_check_interval", None)
         try:
             nodes = [ClusterNode(h, p) for h, p in target.nodes]  # type: ignore[no-untyped-call]
-            return RedisCluster(startup_nodes=nodes, retry=no_retry, **kw)
+            return cluster_class()(startup_nodes=nodes, retry=no_retry, **kw)
         except (redis.RedisError, RedisClusterException) as exc:
             raise _setup_error(target, exc) from exc
     sentinels = _sentinels(target, False)(list(target.nodes), sentinel_kwargs=sentinel_kw)

@@ -134,6 +134,32 @@ def _new_node(client: Any, host: str, port: int) -> Any:
         return mgr.nodes_cache.setdefault(node.name, node)
 
 
+_CLUSTER: Any = None
+
+
+def cluster_class() -> Any:
+    """redis-py's blocking ``RedisCluster``, following an ``ASK`` to a primary its slot map
+    does not name: a new primary owns no slot until its first reshard completes, and
+    redis-py, finding no node of that name, fails the call with an AttributeError (its
+    asyncio client follows it). Made on first use (redis.cluster is imported lazily)."""
+    global _CLUSTER
+    if _CLUSTER is None:
+        from redis.cluster import RedisCluster
+
+        class StreamqCluster(RedisCluster):
+            def get_node(self, host: Any = None, port: Any = None,
+                         node_name: Any = None) -> Any:
+                node = super().get_node(host, port, node_name)  # type: ignore[no-untyped-call]
+                if node is None and node_name and not host:  # redis-py's ASK: by name only
+                    h, _, p = str(node_name).rpartition(":")
+                    if h and p.isdigit():
+                        return _new_node(self, h, int(p))
+                return node
+
+        _CLUSTER = StreamqCluster
+    return _CLUSTER
+
+
 def _asked(commands: Sequence[Command], asking: list[bool]) -> list[Command]:
     sent: list[Command] = []
     for cmd, ask in zip(commands, asking, strict=True):
