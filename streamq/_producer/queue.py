@@ -33,7 +33,7 @@ from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, aeach, call, each
 from .._core.scripts import SCRIPTS
 from . import prepare as prod
-from .autobatch import ShardedAsync, ShardedSync
+from .autobatch import AsyncBatcher, ShardedAsync, ShardedSync, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake
 
 Answer = EnqueueResult | ReplicationTimeout
@@ -115,8 +115,10 @@ class Queue(_Base):
         self.client = client
         self._waiters: SyncWaiters | None = None
         self._waiters_lock = threading.Lock()
-        self._batcher: ShardedSync[prod.Prepared, Answer] = ShardedSync(self._enqueue_each,
-                                                                        _shard)
+        # one batcher per shard: a caller is answered by its own shard's call only
+        self._batcher: SyncBatcher[prod.Prepared, Answer] | ShardedSync[prod.Prepared, Answer] = (
+            SyncBatcher(self._enqueue_each) if self.config.shards == 1
+            else ShardedSync(self._enqueue_each, _shard))
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
@@ -348,8 +350,10 @@ class AsyncQueue(_Base):
         super().__init__(name, config)
         self.client = client
         self._waiters: AsyncWaiters | None = None
-        self._batcher: ShardedAsync[prod.Prepared, Answer] = ShardedAsync(self._enqueue_each,
-                                                                          _shard)
+        self._batcher: (AsyncBatcher[prod.Prepared, Answer]
+                        | ShardedAsync[prod.Prepared, Answer]) = (
+            AsyncBatcher(self._enqueue_each) if self.config.shards == 1
+            else ShardedAsync(self._enqueue_each, _shard))
 
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
