@@ -85,8 +85,10 @@ def _serve_metrics(args: argparse.Namespace, service: str) -> None:
         raise SystemExit("streamq: --metrics-interval must be more than 0 seconds")
     if args.metrics_port is not None:
         from .._ops.metrics import serve
+        from .processes import report_metrics_port
 
-        serve(args.metrics_host, args.metrics_port, service)
+        if not report_metrics_port(lambda port: serve("127.0.0.1", port, service)[1]):
+            serve(args.metrics_host, args.metrics_port, service)
 
 
 def _reloading(args: argparse.Namespace, specs: list[str], what: str) -> int | None:
@@ -103,6 +105,14 @@ def _worker(args: argparse.Namespace) -> int:
 
     if (rc := _reloading(args, [args.registry], "worker")) is not None:
         return rc
+    if args.processes is not None:
+        from .processes import child_slot, run_processes
+
+        if child_slot() is None:
+            if args.metrics_interval <= 0:
+                raise SystemExit("streamq: --metrics-interval must be more than 0 seconds")
+            return run_processes(args.argv, args.processes, args.metrics_host,
+                                 args.metrics_port)
     _serve_metrics(args, "streamq-worker")
     registry = load_registry(args.registry, args.debug)
     cfg = WorkerConfig(concurrency=args.concurrency, visibility_timeout_s=args.visibility_timeout,
@@ -289,6 +299,8 @@ def _reload_option(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .processes import processes_count
+
     common = argparse.ArgumentParser(add_help=False)
     _common_options(common, suppress=True)
     p = argparse.ArgumentParser(prog="streamq", description="streamq job engine")
@@ -302,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--grace-period", type=float, default=10.0, help="seconds")
     w.add_argument("--no-promote", action="store_true",
                    help="leave promotion of delayed jobs to a scheduler daemon")
+    w.add_argument("--processes", type=processes_count, metavar="N",
+                   help="run N worker processes under a supervisor that restarts one that"
+                   " dies (auto: one per CPU); without it, one worker in this process")
     _metrics_options(w)
     _reload_option(w)
     w.set_defaults(func=_worker)
