@@ -347,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .dashboard import add_parser as add_dashboard
 
     add_dashboard(sub, common)
+    from .health import add_parser as add_health
+
+    add_health(sub, common)
     from .ops import add_parsers
 
     add_parsers(sub, common)

@@ -1,0 +1,1 @@
+"""The example app the deploy recipes run: replace it with your own package."""
