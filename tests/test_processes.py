@@ -143,8 +143,9 @@ def test_sigterm_stops_every_process_gracefully_and_dead_letters_nothing(
     q = Queue.from_url(url, qname)
     proc, lines = start(app, url, qname, "--processes", "2")
     lines.wait_for("started on", n=2)
-    ids = [q.enqueue("work", i, max_attempts=1).job_id for i in range(1000)]
-    wait_until(lambda: len(owners(q, ids)) == 2, what="both processes to run jobs")
+    ids = [q.enqueue("work", i, max_attempts=1).job_id for i in range(2000)]
+    # (about 5 s of work on 2 x 4 slots: the stop comes mid-drain)
+    wait_until(lambda: len(owners(q, ids[::10])) == 2, what="both processes to run jobs")
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=30)
     assert rc == 0, "".join(lines.seen)
