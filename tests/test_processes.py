@@ -112,27 +112,30 @@ def test_two_processes_drain_a_queue_and_serve_one_metrics_endpoint(app: Path, u
     assert rc == 0, "".join(lines.seen)
 
 
-def test_a_killed_process_is_restarted_and_the_drain_goes_on(app: Path, url: str,
-                                                            qname: str) -> None:
+def test_processes_killed_one_by_one_are_restarted_and_the_drain_goes_on(
+        app: Path, url: str, qname: str) -> None:
     q = Queue.from_url(url, qname)
     proc, lines = start(app, url, qname, "--processes", "2", "--visibility-timeout", "2")
     try:
         lines.wait_for("started on", n=2)
         ids = [q.enqueue("work", i).job_id for i in range(200)]
-        wait_until(lambda: owners(q, ids), what="the drain to begin")
-        first = child_pids(lines)
-        os.kill(first[0], signal.SIGKILL)
-        lines.wait_for("worker process 0 (pid"
-                       f" {first[0]}) died with signal SIGKILL")
-        lines.wait_for("started on", n=3)  # the new worker process 0 is up
-        new_pid = child_pids(lines)[0]
-        assert new_pid != first[0]
+        wait_until(lambda: owners(q, ids[::10]), what="the drain to begin")
+        pids = [child_pids(lines)]
+        # slot 0, slot 1, then slot 0 again: its second quick death waits twice as long
+        for n, (slot, wait) in enumerate([(0, "0.5"), (1, "0.5"), (0, "1.0")]):
+            victim = pids[-1][slot]
+            os.kill(victim, signal.SIGKILL)
+            lines.wait_for(f"worker process {slot} (pid {victim}) died with signal SIGKILL")
+            lines.wait_for(f"restarting it in {wait} s", n=2 if wait == "0.5" and n else 1)
+            lines.wait_for("started on", n=3 + n)  # the new worker process is up
+            pids.append(child_pids(lines))
+            assert pids[-1][slot] != victim
         later = [q.enqueue("work", i).job_id for i in range(100)]
-        # jobs the killed process held come back after the 2 s visibility timeout
+        # jobs the killed processes held come back after the 2 s visibility timeout
         wait_until(lambda: all(q.get(i).state == "completed"  # type: ignore[union-attr]
-                               for i in ids + later), timeout_s=60, what="every job to finish")
-        pids = {o.split(":")[1] for o in owners(q, ids + later)}
-        assert str(new_pid) in pids and str(first[1]) in pids
+                               for i in ids + later), timeout_s=90, what="every job to finish")
+        ran = {o.split(":")[1] for o in owners(q, later)}
+        assert ran <= {str(p) for p in pids[-1].values()}, (ran, pids)
     finally:
         rc = stop(proc, lines)
     assert rc == 0, "".join(lines.seen)
