@@ -94,17 +94,19 @@ class Slot:
     due: float | None = None
     """Monotonic time of a scheduled restart."""
     restarts: int = 0
+    signalled: int = 0
+    """Signals passed on to the current child (one that started as a signal came is caught
+    up by the loop)."""
 
 
 class Supervisor:
     """Runs ``argv`` (a ``python -m streamq worker`` command line) in ``n`` child processes."""
 
-    def __init__(self, argv: Sequence[str], n: int, env: Mapping[str, str] | None = None,
-                 on_start: Callable[[Slot], None] | None = None) -> None:
+    def __init__(self, argv: Sequence[str], n: int, env: Mapping[str, str] | None = None
+                 ) -> None:
         self.argv = list(argv)
         self.slots = [Slot(i) for i in range(n)]
         self.env = dict(env or {})
-        self.on_start = on_start
         self._signals: list[int] = []
         self._wake = threading.Event()
         self._first_start = 0.0
@@ -134,6 +136,7 @@ class Supervisor:
     def _forward(self, signum: int) -> None:
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
+                slot.signalled = len(self._signals)
                 with contextlib.suppress(ProcessLookupError):  # it just exited: reaped later
                     slot.proc.send_signal(signum)
 
@@ -145,9 +148,8 @@ class Supervisor:
         slot.proc = subprocess.Popen(self.argv, env=env, process_group=0)
         slot.started = time.monotonic()
         slot.due = None
+        slot.signalled = 0
         log.info("processes: worker process %d started (pid %d)", slot.index, slot.proc.pid)
-        if self.on_start is not None:
-            self.on_start(slot)
 
     def _reap(self, slot: Slot, now: float) -> int | None:
         """The exit status of the slot's child when it has exited (and schedule a restart
@@ -193,6 +195,12 @@ class Supervisor:
                 if rc is not None and self._signals:
                     worst = max(worst, shell_status(rc))
             if self._signals:
+                for slot in self.slots:  # a child started while the signal came
+                    if (slot.proc is not None and slot.signalled < len(self._signals)
+                            and slot.proc.poll() is None):
+                        slot.signalled = len(self._signals)
+                        with contextlib.suppress(ProcessLookupError):
+                            slot.proc.send_signal(self._signals[-1])
                 if all(s.proc is None for s in self.slots):
                     log.info("processes: every worker process stopped")
                     return worst if self._failed is None else self._failed
