@@ -158,11 +158,21 @@ def test_the_k8s_worker_waits_longer_than_its_grace_period() -> None:
     assert c["args"][0] == "worker"
     assert worker["terminationGracePeriodSeconds"] > float(option(c["args"], "--grace-period"))
     assert c["livenessProbe"]["exec"]["command"][:2] == ["streamq", "health"]
+    # the pods run as the image's user
+    uid = re.search(r"useradd .*--uid (\d+)", (DEPLOY / "Dockerfile").read_text())
+    assert uid is not None and worker["securityContext"]["runAsUser"] == int(uid[1])
     # the secret every container reads the URL from exists in the recipes
     secret = [d for d in k8s() if d["kind"] == "Secret"]
     refs = {e["valueFrom"]["secretKeyRef"]["name"] for d in k8s() for c in containers(d)
             for e in c["env"]}
     assert refs == {s["metadata"]["name"] for s in secret}
+
+
+@pytest.mark.parametrize("text", ["a: 'single'", "a: |\n  block", "a: *nothing",
+                                  "a:\n\tb: 1", "a: [1, 2", "a: 1\na: 2"])
+def test_the_yaml_subset_refuses_what_it_does_not_read(text: str) -> None:
+    with pytest.raises((ValueError, KeyError)):
+        load_all(text)
 
 
 def _subparser(command: str) -> Any:
