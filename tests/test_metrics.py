@@ -117,7 +117,9 @@ def test_worker_serves_prometheus_metrics_and_json_logs(
     lines = [json.loads(line) for line in log.read_text().splitlines()]  # every line is JSON
     assert lines[0]["logger"] == "streamq.metrics" and "/metrics" in lines[0]["message"]
     dead = next(rec for rec in lines if rec.get("job_id") == "bad-1")
-    assert dead["level"] == "ERROR" and "dead-lettered" in dead["message"]
+    # a deliberate Fail is one WARNING line, without a traceback (docs/production.md)
+    assert dead["level"] == "WARNING" and "dead-lettered" in dead["message"]
+    assert "exc_info" not in dead and "Traceback" not in json.dumps(dead)
 
 
 def test_scheduler_serves_queue_gauges_and_its_counters(
