@@ -32,6 +32,9 @@ shard; 256 shards already spread a queue over any cluster one would run (each sh
 slot), while keeping those costs bounded."""
 
 GROUP = "streamq"
+
+RECENT_KEEP = 100
+"""Entries of a shard's recent completions list (``Keys.recent``): a few KB per queue."""
 """The consumer group every worker of every queue reads with."""
 
 PRIORITIES = range(5)
@@ -334,6 +337,12 @@ class Keys:
         if self.level == DEFAULT_PRIORITY:
             return f"{self.base}:fin:{consumer}"
         return f"{self.base}:fin:p{self.level}:{consumer}"
+
+    @property
+    def recent(self) -> str:
+        """LIST, newest first: '<finish ms> <job id>' of recently completed jobs, up to 10 per
+        finish.lua call, trimmed to ``RECENT_KEEP`` entries (the dashboard's completed tab)."""
+        return f"{self.base}:recent"
 
     def job(self, job_id: str) -> str:
         return f"{self.base}:job:{job_id}"

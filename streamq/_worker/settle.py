@@ -14,7 +14,7 @@ import redis.asyncio as aredis
 from .._core import durable
 from .._core import telemetry as tel
 from .._core.config import QueueConfig
-from .._core.keys import GROUP, Keys
+from .._core.keys import GROUP, RECENT_KEEP, Keys
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
@@ -43,6 +43,8 @@ class _FinishCall:
     marker: str
     """This worker's finish marker on the lane (``Keys.finished``): a repeated call still
     answers 'completed' for a fire-and-forget job whose record its first run deleted."""
+    recent: str
+    """The recent completions list of the lane's shard (``Keys.recent``, dashboard)."""
 
 
 class Settler:
@@ -123,14 +125,15 @@ class Settler:
             call = self._calls[k.tag] = _FinishCall(
                 [k.stream, k.delayed, k.dead, k.stats, k.events], k.group_keys,
                 [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, k.wake_channel],
-                cfg.group_arg, k.job(""), k.finished(self.consumer))
+                cfg.group_arg, k.job(""), k.finished(self.consumer), k.recent)
         job = call.job
-        keys = [*call.keys, *[job + b[0] for b in batch], *call.group_keys, call.marker]
+        keys = [*call.keys, *[job + b[0] for b in batch], *call.group_keys, call.marker,
+                call.recent]
         # (a settled grouped job frees its group's slot: the group keys)
         args: list[Any] = [*call.args, len(batch)]
         for b in batch:
             args.extend(b)
-        args.append(call.group_arg)
+        args.extend((call.group_arg, RECENT_KEEP))
         qs.settle_calls += 1
         qs.sending = True
         try:

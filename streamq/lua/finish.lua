@@ -45,6 +45,11 @@
 --           or deleted. A worker sends one finish call at a time per stream and repeats a call
 --           before it sends the next, so the last call's tokens are all a repeat needs. It is
 --           written only by a call that deletes a record, and expires an hour later.
+-- KEYS[18+N] (optional, after the finish marker) the recent completions LIST (Keys.recent):
+--           '<finish ms> <job id>' of up to 10 of the jobs this call completed (the last ones),
+--           newest first, trimmed to ARGV[8 + 7*N] entries: one LPUSH and one LTRIM per call
+--           that completed a job, none per job (absent: an older worker; nothing is written)
+-- ARGV[8 + 7*N] (with KEYS[18+N]) how many entries the recent completions list keeps
 -- An applied outcome of a grouped job (record 'g') frees its slot and admits its group's next
 -- waiting job(s) (_lib.lua's g_release; a repeat frees nothing more).
 -- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed' |
@@ -65,6 +70,8 @@ local TTL = {}  -- tonumber of each 'x' value met
 local now_s, ev_completed = nstr(now), emit_on(events_maxlen, 'completed')
 local mark = KEYS[17 + n]
 local ff, ff_new = nil, false  -- tokens for the marker; whether this call deleted a record
+local recent = KEYS[18 + n]
+local done_ids = recent and {} or nil  -- ids this call completed (for the recent list)
 local MARKED = nil  -- ' <token> <token> ... ': the marker, read when a record is missing
 -- Whether the caller's last call completed this token's fire-and-forget job (deleted its
 -- record): a repeat of that call. The token is kept for the marker this call may write.
@@ -159,6 +166,7 @@ for i = 1, n do
         rcall('EXPIRE', jobkey, nstr(ttl))
       end
       completed = completed + 1
+      if done_ids then done_ids[#done_ids + 1] = id end
       if ev_completed then emit(events, events_maxlen, id, 'completed', now, '') end
       if r[4] then notify(r[4], 'completed', id, data) end
       out[i] = 'completed'
@@ -198,6 +206,14 @@ end
 if ff_new then  -- (errors ignored: the outcomes are written; a repeat would answer 'lost')
   rpcall('HSET', mark, 't', table.concat(ff, ' '))
   rpcall('EXPIRE', mark, 3600)
+end
+if done_ids and #done_ids > 0 then  -- (a repeated call completes nothing new: no entry)
+  local pushed, at = {}, string.format('%.0f', now)
+  for j = math.max(1, #done_ids - 9), #done_ids do
+    pushed[#pushed + 1] = at .. ' ' .. done_ids[j]
+  end
+  rcall('LPUSH', recent, unpack(pushed))
+  rcall('LTRIM', recent, 0, (tonumber(ARGV[8 + 7 * n]) or 100) - 1)
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)
