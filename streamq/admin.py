@@ -233,6 +233,10 @@ class Admin:
         """Completed and failed in the last full minute, from the time series."""
         return drive(self.client, _browse.last_minute(self._k(queue)))
 
+    def per_minute(self, queue: str) -> tuple[float, float] | None:
+        """Completed and failed per minute over the last 60 s, from the time series."""
+        return drive(self.client, _browse.per_minute(self._k(queue)))
+
     def series(self, queue: str, hours: bool = False) -> list[Point]:
         """The queue's time series: minute buckets (6 hours) or hour buckets (30 days)."""
         return drive(self.client, _browse.series(self._k(queue), hours))
@@ -450,6 +454,9 @@ class AsyncAdmin:
 
     async def last_minute(self, queue: str) -> tuple[int, int] | None:
         return await self._run(queue, _browse.last_minute(self._k(queue)))
+
+    async def per_minute(self, queue: str) -> tuple[float, float] | None:
+        return await self._run(queue, _browse.per_minute(self._k(queue)))
 
     async def series(self, queue: str, hours: bool = False) -> list[Point]:
         return await self._run(queue, _browse.series(self._k(queue), hours))

@@ -386,7 +386,7 @@ async def test_charts_from_the_workers_time_series(filled: Queue, c: httpx.Async
     # buckets (a line already), which made this check fail at a minute boundary
     r.delete(Keys(qname).series_minutes, Keys(qname).series_hours)
     empty = await c.get(f"/queue?q={qname}&tab=charts")
-    assert empty.status_code == 200 and "<svg" in empty.text and "<polyline" not in empty.text
+    assert empty.status_code == 200 and empty.text.count("<svg") == 4  # (drawn at zero)
     rec = SeriesRecorder()
     for i in range(20):
         rec.observe(qname, completed=i % 4 != 0, wait_ms=i, run_ms=10 * i)
@@ -395,11 +395,7 @@ async def test_charts_from_the_workers_time_series(filled: Queue, c: httpx.Async
         await rec.flush(client, Keys)
     finally:
         await client.aclose()
-    last = int(r.time()[0]) // 60 - 1  # the last full minute feeds the overview's rates
-    r.hset(Keys(qname).series_minutes, str(last), json.dumps({"c": 4321, "f": 12, "o": 0}))
-    home = (await c.get("/")).text
-    assert f'data-live="{qname}:completed_pm">4,321<' in home
-    assert f'data-live="{qname}:failed_pm">12<' in home
+    # (the overview's done/min: tests/test_dashboard_truth.py)
     for rng in ("", "&range=30d"):
         page = await c.get(f"/queue?q={qname}&tab=charts{rng}")
         assert page.status_code == 200

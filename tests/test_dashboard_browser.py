@@ -190,6 +190,67 @@ async def test_charts_tab(browser: Any, dashboard: str, url: str, qname: str,
     d.set_window_size(1360, 900)
 
 
+async def test_chart_windows_from_15_minutes(browser: Any, dashboard: str, url: str,
+                                            qname: str, r: Any) -> None:
+    """A new queue (a few busy minutes) opens on the 15-minute window, not as a sliver at the
+    right edge of 6 hours; the axis reads 200k, not 2e+05; the other windows are a click."""
+    import json
+
+    from selenium.webdriver.common.by import By
+
+    from streamq import Keys
+
+    k = Keys(qname)
+    now_min = int(r.time()[0]) // 60
+    r.hset(k.series_minutes, mapping={
+        str(now_min - 4): json.dumps({"c": 144721, "f": 12, "o": 1500, "w": {"9": 10}}),
+        str(now_min - 1): json.dumps({"c": 90000, "f": 0, "o": 0, "w": {"5": 10}})})
+    r.hset(k.stats, "enqueued", 1)
+    d = browser
+    d.get(f"{dashboard}/queue?q={qname}&tab=charts")
+    wait_text(d, ".windows a.on", "15 min")
+    ticks = [t.text for t in d.find_elements(By.CSS_SELECTOR, "svg.chart text.tick")]
+    assert "200k" in ticks and "100k" in ticks and not any("e+" in t for t in ticks), ticks
+    line = d.find_element(By.CSS_SELECTOR, "svg.chart polyline.s1").get_attribute("points")
+    assert len(line.split()) == 15
+    shot(d, "charts-15m")
+    d.find_element(By.CSS_SELECTOR, '.windows a[data-range="1h"]').click()
+    wait_text(d, ".windows a.on", "1 hour")
+    line = d.find_element(By.CSS_SELECTOR, "svg.chart polyline.s1").get_attribute("points")
+    assert len(line.split()) == 60
+    d.find_element(By.CSS_SELECTOR, '.windows a[data-range="30d"]').click()
+    wait_text(d, ".windows a.on", "30 days")
+    logs = [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not logs, logs
+
+
+async def test_cancel_asks_before_it_cancels(browser: Any, dashboard: str, url: str,
+                                            qname: str) -> None:
+    """A row's cancel button asks first: dismissed, nothing happens; accepted, cancelled."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from streamq.admin import Admin
+
+    await fill(url, qname)
+    d = browser
+    d.get(f"{dashboard}/queue?q={qname}&tab=ready")
+    wait_text(d, "td a", "r0")
+    button = 'form:has(input[name="id"][value="r0"]) button[data-action="cancel"]'
+    d.find_element(By.CSS_SELECTOR, button).click()
+    alert = WebDriverWait(d, WAIT_S).until(ec.alert_is_present())
+    assert alert.text == "Cancel job r0? It will not run."
+    alert.dismiss()
+    admin = Admin.from_url(url)
+    assert admin.job(qname, "r0").state == "queued"  # dismissed: nothing sent
+    d.find_element(By.CSS_SELECTOR, button).click()
+    WebDriverWait(d, WAIT_S).until(ec.alert_is_present()).accept()
+    wait_text(d, "#flash .flash", "r0: cancelled")
+    assert admin.job(qname, "r0").state == "cancelled"
+    shot(d, "cancel-confirmed")
+
+
 async def test_every_page_and_a_bulk_redrive(browser: Any, dashboard: str, url: str,
                                              qname: str) -> None:
     """Each tab, the confirmation that counts first, the bulk re-drive's live progress."""

@@ -227,6 +227,35 @@ def recent(keys: Keys, ev: str, flt: ListFilter | None = None, *, limit: int = 5
     return Page(items, last)
 
 
+def recent_completed(keys: Keys, flt: ListFilter | None = None, *, limit: int = 50
+                     ) -> Op[list[JobRow]]:
+    """Recently completed jobs from the shard's capped list (``Keys.recent``, written by
+    finish.lua whatever the event kinds: up to 10 per call, ``RECENT_KEEP`` kept), newest
+    first: one LRANGE and one HMGET per entry."""
+    flt = flt or ListFilter()
+    limit = max(1, min(limit, PAGE))
+    (raw,) = yield [Cmd.of("LRANGE", keys.recent, 0, PAGE - 1)]
+    found: list[tuple[int, str]] = []
+    for v in [] if isinstance(raw, Exception) else raw:  # (a damaged key: nothing listed)
+        at, _, jid = _t(v).partition(" ")
+        if not at.isdigit() or not jid:
+            continue
+        if (flt.since_ms is not None and int(at) < flt.since_ms) or (
+                flt.until_ms is not None and int(at) > flt.until_ms):
+            continue
+        found.append((int(at), jid))
+    recs = yield _rows_step(keys, [j for _, j in found])
+    items = []
+    for (at_ms, jid), rec in zip(found, recs, strict=True):
+        t, st, att = _fields(rec)
+        if flt.type is not None and t != flt.type:
+            continue
+        items.append(JobRow(jid, t, st, att, at_ms))
+        if len(items) == limit:
+            break
+    return items
+
+
 # ------------------------------------------------------------------ a job's timeline
 
 
@@ -362,6 +391,27 @@ def last_minute(keys: Keys) -> Op[tuple[int, int] | None]:
     (raw,) = yield [Cmd.of("HGET", keys.series_minutes, minute)]
     point = decode(minute, ok(raw), 60_000) if ok(raw) else None
     return (point.completed, point.failed) if point else None
+
+
+def per_minute(keys: Keys) -> Op[tuple[float, float] | None]:
+    """Completed and failed per minute over the last 60 seconds, from the time series: the
+    current minute's bucket plus the previous one's share of the window (the part of it
+    within the last 60 s, assuming its jobs were spread evenly). Workers add to the buckets
+    every 10 s or so, so the rate follows with that delay, and falls to 0 a minute after the
+    last job. None when no worker writes the series (nothing in its last 6 hours)."""
+    (t,) = yield [Cmd.of("TIME")]
+    now = _server_ms(ok(t))
+    minute = now // 60_000
+    raw, size = yield [Cmd.of("HMGET", keys.series_minutes, minute, minute - 1),
+                       Cmd.of("HLEN", keys.series_minutes)]
+    if not ok(size):
+        return None
+    cur_raw, prev_raw = ok(raw)
+    cur = decode(minute, cur_raw, 60_000) if cur_raw else None
+    prev = decode(minute - 1, prev_raw, 60_000) if prev_raw else None
+    share = 1 - (now % 60_000) / 60_000
+    return ((cur.completed if cur else 0) + (prev.completed * share if prev else 0),
+            (cur.failed if cur else 0) + (prev.failed * share if prev else 0))
 
 
 # ------------------------------------------------------------------ workers and cron

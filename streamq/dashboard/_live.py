@@ -119,9 +119,9 @@ class Hub:
         return ((c1 - c0) * 60 / (t1 - t0), (f1 - f0) * 60 / (t1 - t0))
 
     async def rates(self, queues: list[str]) -> dict[str, tuple[float, float] | None]:
-        """Per minute: the last full minute of the workers' time series, else (no worker
+        """Per minute over the last 60 s: from the workers' time series, else (no worker
         writes it) what this process sampled from the lifetime counters."""
-        got = await gather_bounded(self.admin.last_minute(q) for q in queues)
+        got = await gather_bounded(self.admin.per_minute(q) for q in queues)
         return {q: (float(g[0]), float(g[1])) if isinstance(g, tuple) else self.rate(q)
                 for q, g in zip(queues, got, strict=True)}
 

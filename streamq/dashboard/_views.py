@@ -14,14 +14,14 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from .._core.driver import adrive
 from .._core.errors import InvalidArgument
-from .._core.keys import check_job_id, check_queue_name
+from .._core.keys import RECENT_KEEP, check_job_id, check_queue_name
 from .._ops import operations as _ops
-from .._ops.browse import now_ms, recent
+from .._ops.browse import now_ms, recent, recent_completed
 from .._ops.operations import PAGE
 from .._ops.shards import check_cursor
 from ..admin import DeadFilter, ListFilter, QueueStats
 from ._app import Dashboard
-from ._charts import charts
+from ._charts import WINDOWS, auto_window, charts, window
 from ._live import gather_bounded, stats_cells
 
 TABS = ("ready", "active", "scheduled", "retrying", "dead", "completed", "cancelled",
@@ -112,6 +112,7 @@ async def queue_page(dash: Dashboard, request: Request) -> Response:
     shards = a.config.shards
     items: list[Any] = []
     next_cursor: str | None = None
+    extra: dict[str, Any] = {"recent_list": False}
     if tab == "ready":
         page = await a.ready(q, flt, limit=size, cursor=cursor)
     elif tab == "active":
@@ -124,19 +125,35 @@ async def queue_page(dash: Dashboard, request: Request) -> Response:
         page = await adrive(await a.client_for(q), a.ops.listing(  # every shard
             q, None, check_cursor(cursor, shards), size, lambda k, c, n: _ops.dead_list(
                 k, dflt, limit=n, cursor=c, scan_pages=SCAN // PAGE)))
+    elif tab == "completed" and cursor is None and not from_events(dash):
+        page = None
+        found = await adrive(await a.client_for(q), a.ops.concat(
+            q, None, lambda k: recent_completed(k, flt, limit=size)))
+        items = sorted(found, key=lambda j: -j.at_ms)[:size]
+        extra["recent_list"] = True
+        if not items:  # (workers older than the list: the events stream, if it has them)
+            page = await _from_events(dash, q, tab, flt, cursor)
+            extra["recent_list"] = False
     elif tab in ("completed", "cancelled"):
-        page = await adrive(await a.client_for(q), a.ops.listing(
-            q, None, cursor, size, lambda k, c, n: recent(k, tab, flt, limit=n, cursor=c,
-                                                          scan=SCAN)))
+        page = await _from_events(dash, q, tab, flt, cursor)
     elif tab == "charts":
         page = None
-        hours = param(request, "range") == "30d"
-        points, now = await asyncio.gather(a.series(q, hours),
-                                           adrive(await a.client_for(q), now_ms()))
-        items = charts(points, now, hours)
+        win = window(param(request, "range"))
+        minutes, now = await asyncio.gather(a.series(q, False),
+                                            adrive(await a.client_for(q), now_ms()))
+        win = win or auto_window(minutes, now)
+        points = await a.series(q, True) if win.hours else minutes
+        items = charts(points, now, win)
+        extra.update(window=win, windows=WINDOWS)
+    elif tab == "workers":
+        page = None
+        everyone = await a.workers(q)
+        show_dead = param(request, "dead") == "1"
+        items = [w for w in everyone if show_dead or w.alive]
+        extra.update(show_dead=show_dead, dead_count=sum(not w.alive for w in everyone))
     else:
         page = None
-        items = list(await (a.workers(q) if tab == "workers" else a.cron(q)))
+        items = list(await a.cron(q))
     if page is not None:
         items, next_cursor = page.items, page.cursor
     base = {"q": q, "tab": tab, **shown}
@@ -148,7 +165,24 @@ async def queue_page(dash: Dashboard, request: Request) -> Response:
         tab=tab, tabs=TABS, items=items, shown=shown, cursor=cursor, acts=acts,
         next_url=f"?{urlencode({**base, 'cursor': next_cursor})}" if next_cursor else None,
         first_url=f"?{urlencode(base)}", topic=f"queue {q}",
-        tab_url=lambda t, **kw: "?" + urlencode({"q": q, "tab": t, **kw}))
+        tab_url=lambda t, **kw: "?" + urlencode({"q": q, "tab": t, **kw}),
+        completed_events=from_events(dash), recent_keep=RECENT_KEEP, **extra)
+
+
+def from_events(dash: Dashboard) -> bool:
+    """Whether the queue's config says its workers write ``completed`` events: then the
+    completed tab pages through them (full history within ``events_maxlen``); otherwise it
+    shows the capped recent completions list every worker keeps."""
+    cfg = dash.cfg.queue_config
+    return cfg.events_maxlen > 0 and "completed" in cfg.event_kinds
+
+
+async def _from_events(dash: Dashboard, q: str, tab: str, flt: ListFilter,
+                       cursor: str | None) -> Any:
+    a = dash.admin
+    return await adrive(await a.client_for(q), a.ops.listing(
+        q, None, cursor, dash.cfg.page_size, lambda k, c, n: recent(
+            k, tab, flt, limit=n, cursor=c, scan=SCAN)))
 
 
 async def job_page(dash: Dashboard, request: Request) -> Response:
