@@ -137,8 +137,13 @@ async def test_workers_tab_shows_live_workers_dead_behind_a_toggle(
     r.xgroup_create(k.stream, GROUP, id="0")
     r.xgroup_createconsumer(k.stream, GROUP, "ghost-1")
     r.zadd(k.workers, {"ghost-1": 0})  # a heartbeat long ago, no worker info
+    # a worker that beat 10 s ago and then froze: its info (3 heartbeats' TTL) expired
+    r.xgroup_createconsumer(k.stream, GROUP, "frozen-1")
+    now_ms = int(r.time()[0]) * 1000
+    r.zadd(k.workers, {"frozen-1": now_ms - 10_000})
     page = (await c.get("/queue", params={"q": qname, "tab": "workers"})).text
-    assert "ghost-1" not in page and "No live worker" in page and "show 1 dead consumer" in page
+    assert "ghost-1" not in page and "frozen-1" not in page and "No live worker" in page
+    assert "show 2 dead consumers" in page
     everyone = (await c.get("/queue", params={"q": qname, "tab": "workers",
                                               "dead": "1"})).text
     assert "ghost-1" in everyone and "unknown" in everyone  # no blank host cell

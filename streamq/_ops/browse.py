@@ -430,7 +430,9 @@ class WorkerInfo:
 
 
 def workers(keys: Keys, alive_within_ms: int = 30_000) -> Op[list[WorkerInfo]]:
-    """The consumers of the queue's group (at most 1,000) with their worker's heartbeat info."""
+    """The consumers of the queue's group (at most 1,000) with their worker's heartbeat info.
+    Alive: a heartbeat within ``alive_within_ms`` and its info still there (it expires after
+    three missed heartbeats)."""
     from .operations import consumers
 
     found = yield from consumers(keys, alive_within_ms)
@@ -445,7 +447,10 @@ def workers(keys: Keys, alive_within_ms: int = 30_000) -> Op[list[WorkerInfo]]:
             except ValueError:
                 info = {}
         conc, pid = info.get("concurrency"), info.get("pid")
-        out.append(WorkerInfo(c.name, c.pending, c.idle_s, c.heartbeat_age_s, c.alive,
+        # heartbeat.lua writes the info with each beat and lets it expire after 3 missed ones:
+        # gone, the worker stopped beating (a heartbeat up to 30 s old is not enough)
+        alive = c.alive and not isinstance(raw, Exception) and raw is not None
+        out.append(WorkerInfo(c.name, c.pending, c.idle_s, c.heartbeat_age_s, alive,
                               conc if isinstance(conc, int) else None,
                               str(info.get("host", "")), pid if isinstance(pid, int) else None))
     return out
