@@ -131,7 +131,7 @@ async def queue_page(dash: Dashboard, request: Request) -> Response:
             q, None, lambda k: recent_completed(k, flt, limit=size)))
         items = sorted(found, key=lambda j: -j.at_ms)[:size]
         extra["recent_list"] = True
-        if not items:  # (workers older than the list: the events stream, if it has them)
+        if not items and not shown:  # (older workers keep no list: the events stream)
             page = await _from_events(dash, q, tab, flt, cursor)
             extra["recent_list"] = False
     elif tab in ("completed", "cancelled"):
