@@ -89,8 +89,7 @@ async def test_done_per_minute_is_a_rolling_rate(c: httpx.AsyncClient, url: str,
     r.hset(k.series_minutes, str(minute), json.dumps({"c": 90, "f": 3, "o": 0}))
     home = (await c.get("/")).text
     rate = re.search(rf'data-live="{re.escape(qname)}:completed_pm">([^<]*)<', home)
-    assert rate and rate.group(1).replace(",", "").isdigit() and int(
-        rate.group(1).replace(",", "")) >= 90, rate and rate.group(1)
+    assert rate and rate.group(1).isdigit() and int(rate.group(1)) > 0, rate and rate.group(1)
     # the worker stopped over a minute ago: 0, not the last minute it worked
     r.delete(k.series_minutes)
     r.hset(k.series_minutes, str(minute - 2), json.dumps({"c": 144721, "f": 0, "o": 0}))
