@@ -180,14 +180,16 @@ class Scheduler:
         async def step() -> float:
             sleep = self.config.poll_interval_s
             if pubsub[0] is None:
-                ps = client.pubsub(ignore_subscribe_messages=True)
-                try:
+                ps: Any = None
+                try:  # pubsub() itself raises on clients without it (async cluster, redis-py < 8)
+                    ps = client.pubsub(ignore_subscribe_messages=True)
                     await ps.subscribe(*(k.wake_channel for ks in self.shards.values()
                                          for k in ks))
                     pubsub[0] = ps
                 except Exception as exc:  # noqa: BLE001 - optional: poll meanwhile
                     log.warning("wake-up channel unavailable (%s); polling", exc)
-                    await _close(ps)
+                    if ps is not None:
+                        await _close(ps)
             for q, promoter in self._promoters.items():
                 try:
                     more = True

@@ -239,3 +239,20 @@ async def test_scheduler_keeps_promoting_after_redis_restarts(aof_server: Any, q
         q.enqueue("t", job_id="after", delay=0.2)
         await eventually(lambda: q.get("after").state == "queued",  # type: ignore[union-attr]
                          timeout_s=15, what="promotion after the restart")
+
+
+async def test_scheduler_promotes_by_polling_when_the_client_has_no_pubsub(
+        url: str, qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client whose ``pubsub()`` raises (redis-py before 8 has no async cluster pub/sub) must
+    not stop promotion: the wake-up channel is optional, the scheduler polls instead."""
+    import redis.asyncio as aredis
+
+    def no_pubsub(self: Any, **kw: Any) -> Any:
+        raise AttributeError("'RedisCluster' object has no attribute 'pubsub'")
+
+    monkeypatch.setattr(aredis.Redis, "pubsub", no_pubsub)
+    async with Scheduler(url, [qname], config=fast_sched(poll_interval_s=60)):
+        q = Queue.from_url(url, qname)
+        q.enqueue("t", job_id="polled", delay=0.2)
+        await eventually(lambda: q.get("polled").state == "queued",  # type: ignore[union-attr]
+                         timeout_s=15, what="promotion without a wake-up channel")
