@@ -14,10 +14,12 @@ from ._core.config import (
     WorkerConfig,
 )
 from ._core.context import Context
+from ._core.dedup import Dedup
 from ._core.errors import (
     ConnectionSetupError,
     Fail,
     InvalidArgument,
+    InvalidDedup,
     InvalidGroup,
     InvalidJobId,
     InvalidPayload,
@@ -62,6 +64,7 @@ __all__ = [
     "AsyncQueue",
     "CancelResult",
     "Context",
+    "Dedup",
     "EnqueueResult",
     "Envelope",
     "Fail",
@@ -69,6 +72,7 @@ __all__ = [
     "ConnectionSetupError",
     "GroupRate",
     "InvalidArgument",
+    "InvalidDedup",
     "InvalidGroup",
     "InvalidJobId",
     "InvalidPayload",

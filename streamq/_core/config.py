@@ -92,7 +92,7 @@ class RetryPolicy:
 EVENT_KINDS: tuple[str, ...] = (
     "enqueued", "queued", "started", "reclaimed", "progress", "completed", "retrying",
     "failed", "cancelled", "released", "lease_lost", "requeued", "redriven", "purged", "admin",
-    "cancel_requested", "rate_limited",
+    "cancel_requested", "rate_limited", "deduplicated",
 )
 """Every lifecycle event kind (docs/key-layout.md#stream-entries)."""
 ALL_EVENTS: frozenset[str] = frozenset(EVENT_KINDS)

@@ -37,6 +37,12 @@ class InvalidPriority(InvalidArgument):
     """A priority outside 0..4 (or not an integer)."""
 
 
+class InvalidDedup(InvalidArgument):
+    """A ``Dedup`` (``enqueue(dedup=...)``) with a bad key, mode or duration, a combination the
+    mode does not take (``delay=`` with debounce), or a job id outside the dedup key's shard.
+    Nothing was written."""
+
+
 class PayloadTooLarge(InvalidArgument):
     """The serialised job envelope is larger than the queue's ``max_payload_bytes``."""
 

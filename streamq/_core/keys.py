@@ -347,6 +347,11 @@ class Keys:
     def job(self, job_id: str) -> str:
         return f"{self.base}:job:{job_id}"
 
+    def dedup(self, key: str) -> str:
+        """STRING: the id of the job that holds dedup key ``key`` (docs/dedup.md). A queue's
+        dedup key lives in the shard ``shard_of(key, shards)`` (its jobs' shard)."""
+        return f"{self.base}:dd:{key}"
+
     def done_channel(self, job_id: str) -> str:
         """Pub/sub channel told when this job reaches a terminal state (releases before the
         shared waiter channel used one per job; their waiters still work)."""

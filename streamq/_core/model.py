@@ -13,6 +13,7 @@ import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from .context import Context
+from .dedup import decode_dk
 from .errors import SerializationError
 
 State = Literal["scheduled", "queued", "active", "retrying", "completed", "failed", "cancelled"]
@@ -223,11 +224,13 @@ class Job:
 @attrs.frozen
 class EnqueueResult:
     job_id: str
-    status: Literal["queued", "scheduled", "duplicate", "rejected", "error"]
+    status: Literal["queued", "scheduled", "duplicate", "deduplicated", "rejected", "error"]
     """``error`` only inside a PartialEnqueueError's results: the job's own shard's call
-    failed (``exception``); enqueue and enqueue_many never return it."""
+    failed (``exception``); enqueue and enqueue_many never return it. ``deduplicated``: folded
+    by its dedup key (docs/dedup.md) into the job ``job_id`` names (``reason``: the mode)."""
     state: str
-    """For a duplicate: the existing job's state."""
+    """For a duplicate: the existing job's state; deduplicated: the state of the job it was
+    folded into ('' when that job's record is gone: throttle outlives it)."""
     result: Any = None
     """For a duplicate that completed: its result."""
     error: dict[str, Any] | None = None
@@ -305,6 +308,10 @@ class JobInfo:
     """The job's group (``enqueue(group=...)``), None when it has none."""
     priority: int = 2
     """0 (lowest) .. 4 (highest); 2 is the default (docs/fairness.md#priorities)."""
+    dedup_key: str | None = None
+    """The job's dedup key (``enqueue(dedup=Dedup(key=...))``: docs/dedup.md), None without."""
+    dedup_mode: str | None = None
+    """The mode of ``dedup_key``: throttle, debounce, keep_last, until_start, until_finish."""
 
     @property
     def finished(self) -> bool:
@@ -442,7 +449,13 @@ def decode_record(queue: str, job_id: str, h: dict[bytes, bytes], serde: Any) ->
         owner=s("o") or None, result=result, error=error, reason=s("reason"),
         envelope=env, group=s("g") or None,
         priority=_int(h.get(b"p")) if h.get(b"p") else 2,
+        **_dedup_fields(h.get(b"dk")),
     )
+
+
+def _dedup_fields(raw: bytes | None) -> dict[str, str]:
+    d = decode_dk(raw)
+    return {} if d is None else {"dedup_mode": d[0], "dedup_key": d[1]}
 
 
 def _json_list(raw: bytes | None) -> list[Any]:

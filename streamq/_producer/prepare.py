@@ -10,12 +10,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from .._core import dedup as _dedup
 from .._core import durable
 from .._core import telemetry as tel
 from .._core.args import seconds as _seconds
 from .._core.config import QueueConfig
 from .._core.errors import (
     InvalidArgument,
+    InvalidDedup,
     JobFailed,
     PartialEnqueueError,
     PayloadTooLarge,
@@ -31,6 +33,7 @@ from .._core.keys import (
     check_job_id,
     check_priority,
     notify_allowed,
+    shard_of,
 )
 from .._core.model import (
     TERMINAL,
@@ -48,7 +51,8 @@ MAX_BATCH = 1000
 """Jobs per enqueue script call (loops are capped)."""
 
 ENQUEUE_KEYS = ("type", "payload", "job_id", "delay", "run_at", "deadline", "max_attempts",
-                "result_ttl", "idempotency_key", "headers", "version", "group", "priority")
+                "result_ttl", "idempotency_key", "headers", "version", "group", "priority",
+                "dedup")
 
 
 def new_job_id() -> str:
@@ -92,6 +96,8 @@ class Prepared(NamedTuple):  # a plain tuple: one per job on the enqueue hot pat
     """The job's group ('' = none): docs/fairness.md#groups."""
     level: int = DEFAULT_PRIORITY
     """The job's priority (its ready stream: Keys.stream_level)."""
+    dedup: _dedup.Dedup | None = None
+    """The job's dedup key and mode (docs/dedup.md); the job is in the key's shard."""
 
 
 def prepare(
@@ -113,11 +119,19 @@ def prepare(
     notify: str = "",
     group: str | None = None,
     priority: int | None = None,
+    dedup: _dedup.Dedup | None = None,
 ) -> Prepared:
     """Validate one job and build its slice of enqueue.lua's arguments. Raises InvalidArgument."""
     if type(job_type) is not str or job_type not in _TYPES_SEEN:
         check_type(job_type)
     jid = new_job_id() if job_id is None else check_job_id(job_id)
+    if dedup is not None:
+        dedup = _dedup.check(dedup)
+        jid = _in_dedup_shard(dedup, cfg.shards, jid, job_id is None)
+        if dedup.mode == "debounce":
+            if delay is not None or run_at is not None:
+                raise InvalidDedup("dedup mode debounce sets the start (delay_ms): give no"
+                                   " delay or run_at")
     if notify and not notify_allowed(keys, notify, jid):  # only enqueue_and_wait's channels
         raise InvalidArgument("notify is set by enqueue_and_wait; it cannot be given")
     delay_ms = 0
@@ -128,6 +142,8 @@ def prepare(
         delay_ms = math.ceil(_seconds("delay", delay, allow_zero=True) * 1000)
     if run_at is not None:
         run_at_ms = _epoch_ms("run_at", run_at)
+    if dedup is not None and dedup.delay_ms:  # debounce: the job waits delay_ms
+        delay_ms = dedup.delay_ms
     deadline_arg = 0
     if isinstance(deadline, dt.datetime):
         deadline_arg = _epoch_ms("deadline", deadline)
@@ -167,7 +183,29 @@ def prepare(
         p = p._replace(group=check_group(group))
     if priority is not None and check_priority(priority) != DEFAULT_PRIORITY:
         p = p._replace(level=priority)
+    if dedup is not None:
+        p = p._replace(dedup=dedup)
     return p
+
+
+def _in_dedup_shard(dedup: _dedup.Dedup, shards: int, jid: str, drawn: bool) -> str:
+    """A sharded queue keeps a dedup key, and every job of it, in the shard of the key
+    (``shard_of(key, shards)``): a drawn id is drawn again until it lands there (about
+    ``shards`` draws), a given one must already (InvalidDedup)."""
+    if shards == 1:
+        return jid
+    want = shard_of(dedup.key, shards)
+    if not drawn:
+        if shard_of(jid, shards) != want:
+            raise InvalidDedup(f"job id {jid!r} is in shard {shard_of(jid, shards)}, its dedup"
+                               f" key {dedup.key!r} in shard {want}: a deduplicated job lives in"
+                               " its key's shard; let streamq draw the id, or pick one there")
+        return jid
+    for _ in range(64 * shards):
+        if shard_of(jid, shards) == want:
+            return jid
+        jid = new_job_id()
+    raise InvalidDedup(f"no job id found in shard {want}")  # (odds below 1e-27)
 
 
 def prepare_plain(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
@@ -332,7 +370,27 @@ def enqueue_call(
         args.extend("" if p.level == DEFAULT_PRIORITY else p.level for p in batch)
     if handoff:  # the last 3 keys (with the group keys above: enqueue.lua tells them apart)
         k.extend(h.handoff_keys)
+    if any(p.dedup is not None for p in batch):  # the dedup section, after everything
+        _dedup_section(keys, batch, k, args)
     return k, args
+
+
+def _dedup_section(keys: Keys, batch: Sequence[Prepared], k: list[str], args: list[Arg]
+                   ) -> None:
+    """enqueue.lua's dedup section (its header): N becomes 'N:D', then per dedup job its key
+    (KEYS) and index, mode letter, TTL, delay and max wait (ARGV), after the record prefix."""
+    d = 0
+    args.append(keys.job(""))
+    for i, p in enumerate(batch, 1):
+        dd = p.dedup
+        if dd is None:
+            continue
+        d += 1
+        k.append(keys.dedup(dd.key))
+        args.extend((i, _dedup.LETTER[dd.mode], dd.ttl_ms, dd.delay_ms or 0,
+                     dd.max_wait_ms or 0))
+    args[3] = f"{len(batch)}:{d}"  # (after the 3 head arguments)
+
 
 
 class _Head(NamedTuple):
@@ -376,6 +434,12 @@ def parse_enqueue(
     at = 0
     for p in batch:
         st = reply[at].decode()
+        if st == "deduplicated":  # folded by its dedup key into the job it names
+            into, state = reply[at + 1].decode(), reply[at + 2].decode()
+            at += 3
+            out.append(EnqueueResult(into, "deduplicated", state, reason=(
+                p.dedup.mode if p.dedup is not None else "")))
+            continue
         if st != "duplicate":  # one element: the status (enqueue.lua's header)
             at += 1
             out.append(EnqueueResult(p.job_id, st, st) if st != "full" else
@@ -449,7 +513,7 @@ def answered_many(queue: str, cfg: QueueConfig, prepared: Sequence[Prepared],
 def count(queue: str, results: list[EnqueueResult]) -> list[EnqueueResult]:
     """Feed the enqueue metrics."""
     accepted = sum(1 for r in results if r.status in ("queued", "scheduled"))
-    dup = sum(1 for r in results if r.status == "duplicate")
+    dup = sum(1 for r in results if r.status in ("duplicate", "deduplicated"))
     attrs = tel.attrs_for(queue)
     if accepted:
         tel.ENQUEUED.add(accepted, attrs)

@@ -204,6 +204,10 @@ local lib_groups, lib_rate
 -- paths that need one; the script registry gives every other script that names one a local
 -- of that name first (scripts.py cold_first).
 local COLD = nil
+-- The delayed ZSET and wake channel of a script that has them (finish.lua sets them): with
+-- them, the end of a keep_last job makes its held follow-up due (dedup_end); without (start.lua
+-- and claim.lua bury a job whose lease lapsed too often), the follow-up waits for its TTL.
+local DD_DELAYED, DD_WAKE = nil, ''
 -- The layout-1 records this script call turned into layout 2 (rec_t), in the order met, each
 -- with its stream entry as it was then ('' for none): v1_restore writes them back.
 local V1_KEPT = nil
@@ -367,6 +371,26 @@ local function lib_cold()
     rcall('HSET', jobkey, 'errors', cjson.encode(list))
   end
 
+  -- Dedup (docs/dedup.md; enqueue.lua's dedup section): the job whose record holds dk
+  -- ('<mode letter><dedup key name>') started (at_start) or ended: the key is deleted when the
+  -- transition ends its mode's window (until_start and debounce: the start, or an end before
+  -- any start; until_finish and keep_last: the end; throttle: never, its TTL is the window),
+  -- only while it still names this job. A keep_last job's end makes its follow-up ('dn'),
+  -- held in the delayed ZSET, due now (LT: never later than it was).
+  local function dedup_end(dk, jobkey, id, at_start, now)
+    local m = ssub(dk, 1, 1)
+    if m == 't' or (at_start and m ~= 's' and m ~= 'd') then return end
+    local key = ssub(dk, 2)
+    if rpcall('GET', key) == id then rcall('DEL', key) end
+    if m == 'k' and not at_start and DD_DELAYED then
+      local nx = rcall('HGET', jobkey, 'dn')
+      if nx then
+        rcall('ZADD', DD_DELAYED, 'XX', 'LT', now, nx)
+        if DD_WAKE ~= '' then rcall('PUBLISH', DD_WAKE, now) end
+      end
+    end
+  end
+
   -- Dead-letter a job: terminal 'failed' state, dead index entry, retention TTL, waiters told.
   -- The caller counts it in the stats HASH ('failed'). clear_token: anyone but the lease holder
   -- settling its own attempt buries the job, so the old lease ends here (a worker still running
@@ -379,6 +403,8 @@ local function lib_cold()
       rcall('HSET', jobkey, 's', 'f', 'f', now, 'reason', reason)
     end
     if clear_token then rcall('HDEL', jobkey, 'k') end
+    local dk = rcall('HGET', jobkey, 'dk')
+    if dk then dedup_end(dk, jobkey, job_id, false, now) end
     local jtype = job_type(jobkey)
     if tonumber(dead_maxlen) > 0 then
       rcall('XADD', dead, 'MAXLEN', '~', dead_maxlen, '*', 'job', job_id,
@@ -435,8 +461,9 @@ local function lib_cold()
   -- records are kept a minute, so a repeated cancel still sees them), the event and waiters
   -- told. The caller counts it ('cancelled' in the stats) and acknowledges its entry.
   local function end_cancelled(jobkey, events, events_maxlen, job_id, now, detail)
-    local r = rcall('HMGET', jobkey, 'x', 'notify')
+    local r = rcall('HMGET', jobkey, 'x', 'notify', 'dk')
     rcall('HSET', jobkey, 's', 'x', 'f', now)
+    if r[3] then dedup_end(r[3], jobkey, job_id, false, now) end
     local ttl = tonumber(r[1] or DEFAULT_TTL) or 0
     if r[1] == '0' then
       rcall('EXPIRE', jobkey, 60)
@@ -469,13 +496,13 @@ local function lib_cold()
   end
 
   local START_F = {'s', 'e', 'n', 'max_attempts', 'deadline', 'b', 'c', 'k', 'o', 'op', 'env',
-                   'cx', 'g', 'gw'}
+                   'cx', 'g', 'gw', 'dk'}
   COLD = {state_code = state_code, v1_names = v1_names, upgrade_v1 = upgrade_v1,
     downgrade_v1 = downgrade_v1, v1_restore = v1_restore,
     names_at = names_at, rec_t = rec_t, rec = rec, set_entry = set_entry, job_type = job_type,
     wake_if_sooner = wake_if_sooner, remember_error = remember_error, bury = bury,
     writer_mine = writer_mine, level_stream = level_stream, level_used = level_used,
-    end_cancelled = end_cancelled, g_hold = g_hold, put_back_later = put_back_later,
+    end_cancelled = end_cancelled, dedup_end = dedup_end, g_hold = g_hold, put_back_later = put_back_later,
     START_F = START_F}
   return COLD
 end
@@ -589,7 +616,8 @@ end
 -- start_entry's read: rec_t(jobkey, true, START_F) as one HGETALL (a short reply, no search
 -- per name). canon: entry is as Redis writes ids; 'e' equal to it (either form): r[2] = entry.
 local START_AT = {s = 1, e = 2, n = 3, max_attempts = 4, deadline = 5, b = 6, c = 7, k = 8,
-                  o = 9, op = 10, env = 11, cx = 12, g = 13, gw = 14}  -- (names_at(START_F))
+                  o = 9, op = 10, env = 11, cx = 12, g = 13, gw = 14, dk = 15}
+                  -- (names_at(START_F))
 local PAD = {'00', '0', ''}
 local MS_NUM = {}  -- tonumber of each entry time met in this script call (a batch shares few)
 local function start_rec(jobkey, entry, canon)
@@ -597,7 +625,7 @@ local function start_rec(jobkey, entry, canon)
   if h.err then return h end
   local at = START_AT
   local r = {false, false, false, false, false, false, false, false, false, false, false, false,
-             false, false}
+             false, false, false}
   for i = 1, #h, 2 do
     local j = at[h[i]]
     if j then r[j] = h[i + 1] end
@@ -751,6 +779,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   attempts = attempts + 1
   rcall('HSET', jobkey, 's', 'a', 'n', nstr(attempts), 'k', token, 'o', c.consumer, 'a',
     nstr(now))
+  if r[15] then lib_cold().dedup_end(r[15], jobkey, id, true, now) end  -- (docs/dedup.md)
   if state == 'active' then
     c.reclaimed = c.reclaimed + 1
     emit(c.events, c.events_maxlen, id, 'reclaimed', now, c.consumer)

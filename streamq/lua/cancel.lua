@@ -24,6 +24,7 @@
 -- ARGV[5]   group defaults (QueueConfig.group_arg), with the group keys
 -- A grouped job leaves its group's wait list, or frees its slot (admitting the next one); a
 -- running one frees its slot when it settles.
+-- A cancelled job's dedup key is freed if it still names the job (_lib.lua's end_cancelled).
 -- Returns {code, state}: code 'cancelled' | 'cancel_requested' | 'not_found' |
 --           'not_cancellable'; state is the state the job was in.
 local jobkey, stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]

@@ -45,23 +45,57 @@
 --           Redis Cluster the count is the shard's node's only). An entry without a job id is not started: code 'own' sends the worker to
 --           read its own pending entries (start.lua dead-letters it). A repeat of this call
 --           adds no job, so it hands nothing off.
+-- ARGV[4] may be 'N:D' instead of N: D jobs of the call have a dedup key (docs/dedup.md), and
+--           the call ends with a dedup section, after everything above: KEYS[#KEYS-D+j] the
+--           dedup key STRING of the j-th of them (Keys.dedup: the id of the job holding it),
+--           and ARGV: the job record key prefix (the record of job <id> is it .. <id>, built
+--           by the key builder like claim.lua's: same hash tag), then per dedup job j: its
+--           index i in the call, mode letter (t throttle, d debounce, k keep_last, s
+--           until_start, f until_finish), key TTL ms (throttle's window, else the
+--           backstop), debounce's delay ms and max wait ms ('0' for other modes). The
+--           positions "from the end" above are counted without that section. A job whose
+--           key names another job within its mode's window is folded into it (nothing new
+--           is written; debounce and keep_last replace its body, debounce pushes its due
+--           time back, up to max wait after its creation; the 'deduplicated' event); a
+--           keep_last key whose job is running or retrying makes this job its follow-up,
+--           held in the delayed ZSET for the TTL (the running job's record gets 'dn' = its
+--           id; its end makes it due: _lib.lua's dedup_end). A new job takes the key (SET
+--           with the TTL) and keeps '<mode letter><key name>' as its record's 'dk'. A key
+--           that names this very job (a repeated call that created it) is passed over (the
+--           id's duplicate answer follows); a folded job remembers the last job id folded
+--           into it ('dl'), so a repeated call is answered the same and writes nothing.
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
 --           (queued|scheduled|full); 5 for a duplicate: 'duplicate', its state, result
 --           ('' unless completed), error ('' unless failed), mine: 1 when this very row
 --           wrote it (with a writer tag: by writer_mine's rules, a retried call or a row of
 --           an earlier task attempt; without: it carries this very body and options, a
---           retried call) else 0.
+--           retried call) else 0; 3 for a job folded by its dedup key: 'deduplicated', the
+--           id of the job it was folded into, that job's state ('' when its record is gone).
 local stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events_maxlen = ARGV[1]
 local max_depth = tonumber(ARGV[2])
 local wake = ARGV[3]
 local n = tonumber(ARGV[4])
+local NK, NA = #KEYS, #ARGV  -- (without the dedup section)
+local DD = nil  -- the dedup section: job index -> {key, mode, ttl ms, delay ms, max wait ms}
+if not n then
+  local c = sfind(ARGV[4], ':', 1, true)
+  local d = tonumber(ssub(ARGV[4], c + 1))
+  n = tonumber(ssub(ARGV[4], 1, c - 1))
+  NK, NA = #KEYS - d, #ARGV - 1 - 5 * d
+  DD = {prefix = ARGV[NA + 1]}
+  for j = 1, d do
+    local a = NA + 2 + 5 * (j - 1)
+    DD[tonumber(ARGV[a])] = {KEYS[NK + j], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
+      tonumber(ARGV[a + 4])}
+  end
+end
 local now = now_ms()
 local out = {}
-local extra = #KEYS - 4 - n  -- keys after the records
+local extra = NK - 4 - n  -- keys after the records
 local ho = nil  -- the hand-off keys
 if extra == 14 or extra == 19 then
-  ho = #KEYS - 2
+  ho = NK - 2
   extra = extra - 3
 end
 local has_g = extra == 11 or extra == 16
@@ -108,13 +142,23 @@ for i = 1, n do
     break
   end
 end
-local ev_check = emit_on(events_maxlen, 'enqueued') or (ho ~= nil
+local ev_check = emit_on(events_maxlen, 'enqueued')
+  or (DD and emit_on(events_maxlen, 'deduplicated')) or (ho ~= nil
   and (emit_on(events_maxlen, 'started') or emit_on(events_maxlen, 'reclaimed')
     or emit_on(events_maxlen, 'failed') or emit_on(events_maxlen, 'cancelled')))
 local bad = expect(stream, 'XLEN', 'stream')
   or (later and expect(delayed, 'ZCARD', 'zset'))
   or (ev_check and expect(events, 'XLEN', 'stream'))
 if bad then return bad end
+if DD then
+  for i = 1, n do
+    if DD[i] then
+      bad = expect(DD[i][1], 'GET', 'string') or ((DD[i][2] == 'd' or DD[i][2] == 'k')
+        and expect(delayed, 'ZCARD', 'zset'))
+      if bad then return bad end
+    end
+  end
+end
 -- One EXISTS over the batch: when no record exists yet (a fresh bulk load, the common case)
 -- no job needs its own check, except an id that comes again within this call.
 local none_exist = rcall('EXISTS', unpack(KEYS, 5, 4 + n)) == 0
@@ -204,6 +248,43 @@ local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
   end
   count_starts(c)
 end
+-- Dedup (the header's dedup section) before job i is accepted: returns the id and state of the
+-- job it is folded into, or nil, and (keep_last) the running job it follows.
+local function dedup_pre(dd, b)
+  local dkey, mode, J = dd[1], dd[2], ARGV[b]
+  local v = rcall('GET', dkey)
+  if not v or v == J then return nil end
+  local rk = DD.prefix .. v
+  local r = rpcall('HMGET', rk, 's', 'c', 'dl', 'dk')
+  local st = ''
+  if type(r) == 'table' and not r.err and r[1] then st = state_of(r[1]) else r = nil end
+  local waiting = st == 'scheduled' or st == 'queued'
+  local ok = waiting
+  if mode == 't' then
+    ok = true
+  elseif mode == 'f' then
+    ok = waiting or st == 'active' or st == 'retrying'
+  elseif mode == 'k' and (st == 'active' or st == 'retrying') then
+    return nil, r and r[4] == 'k' .. dkey and v or nil
+  end
+  if not ok then return nil end
+  if r and r[3] == J then return v, st end  -- this very call again: the same answer
+  if r and (mode == 'd' or mode == 'k') then
+    rcall('HSET', rk, 'b', ARGV[b + 2], 'dl', J)  -- the newest payload is kept
+    if mode == 'd' and st == 'scheduled' then
+      local due = math.min(now + dd[4], (tonumber(r[2]) or now) + dd[5])
+      lib_cold().wake_if_sooner(delayed, wake, due)
+      rcall('ZADD', delayed, due, v)
+      rcall('HSET', rk, 'due', due)
+    end
+    rcall('PEXPIRE', dkey, dd[3])
+  elseif r then
+    rcall('HSET', rk, 'dl', J)
+  end
+  emit(events, events_maxlen, v, 'deduplicated', now, J)
+  return v, st
+end
+local folded = 0
 local seen, used = {}, {}
 local lv = (extra == 5 or extra == 16) and (4 + n + extra - 4) or nil  -- the level keys
 local C = lv and lib_cold()  -- (level_stream, level_used)
@@ -211,12 +292,28 @@ local handable = 0
 for i = 1, n do
   local b = 5 + 10 * (i - 1)
   local jobkey = KEYS[4 + i]
-  local prio = lv and ARGV[#ARGV - n + i] or ''
+  local prio = lv and ARGV[NA - n + i] or ''
   local to = stream
   if prio ~= '' then to = C.level_stream(KEYS, lv, prio, stream) end
-  local status, state, result, err, mine = accept(jobkey, to, delayed, events,
-    events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
-    none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio)
+  local dd = DD and DD[i]
+  local into, follows = nil, nil  -- folded: into (a job id) and its state in follows
+  if dd then into, follows = dedup_pre(dd, b) end
+  local status, state, result, err, mine
+  if into then
+    status, state, result = 'deduplicated', into, follows
+  else
+    if follows then  -- keep_last: held until the running job ends (or for the TTL)
+      ARGV[b + 6], ARGV[b + 7] = dd[3], '0'
+    end
+    status, state, result, err, mine = accept(jobkey, to, delayed, events,
+      events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
+      none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio)
+    if dd and (status == 'queued' or status == 'scheduled') then
+      rcall('SET', dd[1], ARGV[b], 'PX', dd[3])
+      rcall('HSET', jobkey, 'dk', dd[2] .. dd[1])
+      if follows then rcall('HSET', DD.prefix .. follows, 'dn', ARGV[b]) end
+    end
+  end
   seen[jobkey] = true
   if ho and status == 'queued' and prio == '' and not (G and ARGV[5 + 10 * n + i] ~= '') then
     handable = handable + 1
@@ -227,6 +324,8 @@ for i = 1, n do
   end
   if status == 'duplicate' then
     duplicates = duplicates + 1
+  elseif status == 'deduplicated' then
+    folded = folded + 1
   elseif status == 'full' then
     rejected = rejected + 1
   else
@@ -234,7 +333,9 @@ for i = 1, n do
     if depth >= 0 then depth = depth + 1 end
   end
   out[#out + 1] = status
-  if status == 'duplicate' then
+  if status == 'deduplicated' then
+    out[#out + 1] = state; out[#out + 1] = result
+  elseif status == 'duplicate' then
     out[#out + 1] = state; out[#out + 1] = result; out[#out + 1] = err; out[#out + 1] = mine
   end
 end
@@ -247,6 +348,7 @@ if handable > 0 then
 end
 count(stats, 'enqueued', enqueued - counted)
 count(stats, 'duplicates', duplicates)
+count(stats, 'deduplicated', folded)
 count(stats, 'rejected_full', rejected)
 if V1_KEPT then lib_cold().v1_restore() end  -- (layout-1 records read: back in layout 1)
 return out

@@ -52,6 +52,8 @@
 -- ARGV[8 + 7*N] (with KEYS[18+N]) how many entries the recent completions list keeps
 -- An applied outcome of a grouped job (record 'g') frees its slot and admits its group's next
 -- waiting job(s) (_lib.lua's g_release; a repeat frees nothing more).
+-- A job with a dedup key (record 'dk') frees it when its outcome ends the key's window
+-- (_lib.lua's dedup_end: completed here, dead-lettered in bury, cancelled in end_cancelled).
 -- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed' |
 --           'cancelled') or 'lost'.
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -59,6 +61,7 @@ local group, events_maxlen, dead_ttl, dead_maxlen, wake =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local n = tonumber(ARGV[6])
 local now = now_ms()
+DD_DELAYED, DD_WAKE = delayed, wake  -- (a keep_last job's end makes its follow-up due)
 local out = {}
 local completed, retried, failed, lost, cancelled, limited = 0, 0, 0, 0, 0, 0
 local settled = {}  -- acknowledged and deleted with one XACK and one XDEL after the loop
@@ -93,14 +96,14 @@ for i = 1, n do
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
   -- rec_t(jobkey, false, NAMES) inlined for a layout-2 record (literal names, no unpack)
-  local r = rpcall('HMGET', jobkey, 's', 'k', 'x', 'notify', 'cx', 'g')
+  local r = rpcall('HMGET', jobkey, 's', 'k', 'x', 'notify', 'cx', 'g', 'dk')
   if not r.err then
     local v = r[1]
     if v then
       r[1] = state_of(v)
       r[3] = r[3] or DEFAULT_TTL
     else  -- layout 1, or no record
-      NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g'}
+      NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g', 'dk'}
       r = lib_cold().rec_t(jobkey, false, NAMES)
     end
   end
@@ -147,6 +150,7 @@ for i = 1, n do
       emit(events, events_maxlen, id, 'rate_limited', now, extra)
       out[i] = 'retrying'
     elseif outcome == 'ok' then
+      if r[7] then lib_cold().dedup_end(r[7], jobkey, id, false, now) end  -- (docs/dedup.md)
       if data ~= '' then
         rcall('HSET', jobkey, 's', 'c', 'r', data, 'f', now_s)
       else  -- a None result is not stored

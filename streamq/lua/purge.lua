@@ -19,6 +19,7 @@
 -- ARGV[4]   group defaults (QueueConfig.group_arg)
 -- ARGV[5..] per job i: job id, dead entry id (failed jobs) or the stream entry it was
 --           listed from (queued jobs; '' for a job listed from its group's wait list) (pairs)
+-- A purged job's dedup key is freed if it still names the job (_lib.lua's dedup_end).
 -- Returns per job: 'purged' | 'skipped' (the job is in another state now)
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, events_maxlen, wanted = ARGV[1], ARGV[2], ARGV[3]
@@ -32,7 +33,7 @@ local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
 for i = 1, n do
   local id, dead_id = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local jobkey = KEYS[5 + i]
-  local r = rec(jobkey, false, 's', 'e', 'g', 'gw', 'p')
+  local r = rec(jobkey, false, 's', 'e', 'g', 'gw', 'p', 'dk')
   local state = r[1]
   local g = G and r[3] or nil
   if g and wanted == 'queued' and state == 'queued' and not r[2] and r[4] and dead_id ~= ''
@@ -52,6 +53,7 @@ for i = 1, n do
       rcall('ZREM', delayed, id)
       if state == 'retrying' then retries = retries + 1 end
     end
+    if r[6] then dedup_end(r[6], jobkey, id, false, now) end  -- (docs/dedup.md)
     rcall('DEL', jobkey)
     emit(events, events_maxlen, id, 'purged', now, state)
     purged = purged + 1
