@@ -9,7 +9,7 @@ only while it still names that job. Every key also carries a TTL as a backstop.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -27,21 +27,21 @@ frees a key whose clearing transition never ran (a record deleted by hand)."""
 MAX_KEY = 200
 
 
-def _key(_inst: object, _att: object, v: object) -> None:
+def _key(_inst: object, _att: object, v: Any) -> None:
     if not isinstance(v, str) or not 1 <= len(v) <= MAX_KEY or any(
             c.isspace() or not c.isprintable() for c in v):
         raise InvalidDedup(f"dedup key must be 1-{MAX_KEY} printable characters without"
                            f" spaces, got {v!r}")
 
 
-def _mode(_inst: object, _att: object, v: object) -> None:
+def _mode(_inst: object, _att: object, v: Any) -> None:
     if v not in MODES:
         raise InvalidDedup(f"dedup mode must be one of {', '.join(MODES)}; got {v!r}")
 
 
 def _positive(name: str, v: object, *, whole: bool) -> None:
-    ok = (isinstance(v, int) if whole else isinstance(v, int | float)) and not isinstance(
-        v, bool) and v > 0 and v < 10**12
+    ok = isinstance(v, int if whole else int | float) and not isinstance(v, bool) and (
+        0 < v < 10**12)
     if not ok:
         raise InvalidDedup(f"dedup {name} must be a positive {'integer' if whole else 'number'},"
                            f" got {v!r}")

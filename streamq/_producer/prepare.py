@@ -128,9 +128,8 @@ def prepare(
     if dedup is not None:
         dedup = _dedup.check(dedup)
         jid = _in_dedup_shard(dedup, cfg.shards, jid, job_id is None)
-        if dedup.mode == "debounce":
-            if delay is not None or run_at is not None:
-                raise InvalidDedup("dedup mode debounce sets the start (delay_ms): give no"
+        if dedup.mode == "debounce" and (delay is not None or run_at is not None):
+            raise InvalidDedup("dedup mode debounce sets the start (delay_ms): give no"
                                    " delay or run_at")
     if notify and not notify_allowed(keys, notify, jid):  # only enqueue_and_wait's channels
         raise InvalidArgument("notify is set by enqueue_and_wait; it cannot be given")

@@ -249,7 +249,8 @@ local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
   count_starts(c)
 end
 -- Dedup (the header's dedup section) before job i is accepted: returns the id and state of the
--- job it is folded into, or nil, and (keep_last) the running job it follows.
+-- job it is folded into and whether this call was folded into it already (a repeat), or
+-- nil and (keep_last) the running job it follows.
 local function dedup_pre(dd, b)
   local dkey, mode, J = dd[1], dd[2], ARGV[b]
   local v = rcall('GET', dkey)
@@ -268,7 +269,7 @@ local function dedup_pre(dd, b)
     return nil, r and r[4] == 'k' .. dkey and v or nil
   end
   if not ok then return nil end
-  if r and r[3] == J then return v, st end  -- this very call again: the same answer
+  if r and r[3] == J then return v, st, true end  -- this very call again: the same answer
   if r and (mode == 'd' or mode == 'k') then
     rcall('HSET', rk, 'b', ARGV[b + 2], 'dl', J)  -- the newest payload is kept
     if mode == 'd' and st == 'scheduled' then
@@ -296,11 +297,12 @@ for i = 1, n do
   local to = stream
   if prio ~= '' then to = C.level_stream(KEYS, lv, prio, stream) end
   local dd = DD and DD[i]
-  local into, follows = nil, nil  -- folded: into (a job id) and its state in follows
-  if dd then into, follows = dedup_pre(dd, b) end
+  local into, follows, again = nil, nil, false  -- folded: into (a job id), its state
+  if dd then into, follows, again = dedup_pre(dd, b) end
   local status, state, result, err, mine
   if into then
     status, state, result = 'deduplicated', into, follows
+    if again then folded = folded - 1 end  -- (counted by the call that folded it)
   else
     if follows then  -- keep_last: held until the running job ends (or for the TTL)
       ARGV[b + 6], ARGV[b + 7] = dd[3], '0'
