@@ -462,3 +462,23 @@ def test_a_dedup_key_of_the_wrong_type_refuses_the_call(q: Queue, r: redis.Redis
     with pytest.raises(Exception, match="WRONGTYPE"):
         q.enqueue_many([{"type": "x"}, {"type": "x", "dedup": uf()}])
     assert r.xlen(q.keys.stream) == 0  # nothing of the call was written
+
+
+# ---- admin and dashboard show the key ----------------------------------------------------------
+
+async def test_admin_and_dashboard_show_the_dedup_key(url: str, qname: str) -> None:
+    import httpx
+
+    from streamq.dashboard import DashboardConfig, create_app
+
+    with Queue.from_url(url, qname) as q:
+        a = q.enqueue("x", dedup=Dedup(key="user:<42>", mode="keep_last"))
+    info = Admin.from_url(url).job(qname, a.job_id)
+    assert (info.dedup_key, info.dedup_mode) == ("user:<42>", "keep_last")
+    app = create_app(url, config=DashboardConfig(queues=(qname,), poll_interval_s=0.1))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://dash") as c:
+        page = await c.get(f"/job?q={qname}&id={a.job_id}")
+    assert page.status_code == 200
+    assert "dedup key" in page.text and "user:&lt;42&gt;" in page.text
+    assert "keep last" in page.text

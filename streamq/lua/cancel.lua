@@ -30,6 +30,7 @@
 local jobkey, stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, id, events_maxlen, channel = ARGV[1], ARGV[2], ARGV[3], ARGV[4] or ''
 local r = rec(jobkey, false, 's', 'e', 'x', 'notify', 'cx', 'g', 'gw', 'p')
+DD_DELAYED = delayed  -- (a keep_last job cancelled while retrying: its follow-up is due)
 local G = gctx(KEYS, 6, ARGV[5])
 local g = G and r[6] or nil
 local lv = (#KEYS == 10 or #KEYS == 21) and (#KEYS - 4) or nil  -- the level keys

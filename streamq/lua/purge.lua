@@ -27,6 +27,7 @@ local now = now_ms()
 local out = {}
 local purged, retries = 0, 0
 local n = (#ARGV - 4) / 2
+DD_DELAYED = delayed  -- (a keep_last job purged while retrying: its follow-up is due)
 local G = gctx(KEYS, 6 + n, ARGV[4])
 local extra = #KEYS - (5 + n)  -- keys after the records
 local lv = (extra == 5 or extra == 16) and (#KEYS - 4) or nil  -- the level keys
