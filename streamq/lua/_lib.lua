@@ -519,8 +519,10 @@ end
 -- caller already knows the record does not exist (enqueue.lua's batch check).
 -- G, g: the group context (gctx) and the job's group (nil or '' = none; G then non-nil): a
 -- ready grouped job is admitted or waits (g_enter); the record keeps the group as 'g'.
+-- dk (nil = none): the record's dedup field 'dk' (enqueue.lua's dedup section), written with
+-- the rest.
 local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now, args, b, full,
-                      known_new, tag, G, g, prio)
+                      known_new, tag, G, g, prio, dk)
   local id, opts, body = args[b], args[b + 1], args[b + 2]
   if tag == '' then tag = nil end
   if not known_new and rcall('EXISTS', jobkey) == 1 then
@@ -573,6 +575,10 @@ local function accept(jobkey, stream, delayed, events, events_maxlen, wake, now,
   if prio and prio ~= '' then
     extra = extra or {}
     extra[#extra + 1] = 'p'; extra[#extra + 1] = prio
+  end
+  if dk then
+    extra = extra or {}
+    extra[#extra + 1] = 'dk'; extra[#extra + 1] = dk
   end
   local status
   if due > now then

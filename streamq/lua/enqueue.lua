@@ -150,12 +150,22 @@ local bad = expect(stream, 'XLEN', 'stream')
   or (later and expect(delayed, 'ZCARD', 'zset'))
   or (ev_check and expect(events, 'XLEN', 'stream'))
 if bad then return bad end
+local DDV = nil  -- dedup key -> the job id it holds now (false: free), read once per call
 if DD then
+  DDV = {}
   for i = 1, n do
-    if DD[i] then
-      bad = expect(DD[i][1], 'GET', 'string') or ((DD[i][2] == 'd' or DD[i][2] == 'k')
-        and expect(delayed, 'ZCARD', 'zset'))
-      if bad then return bad end
+    local dd = DD[i]
+    if dd then
+      local v = rpcall('GET', dd[1])
+      if type(v) == 'table' and v.err then
+        bad = expect(dd[1], 'GET', 'string')
+        if bad then return bad end
+      end
+      DDV[dd[1]] = v or false
+      if dd[2] == 'd' or dd[2] == 'k' then
+        bad = expect(delayed, 'ZCARD', 'zset')
+        if bad then return bad end
+      end
     end
   end
 end
@@ -253,7 +263,7 @@ end
 -- nil and (keep_last) the running job it follows.
 local function dedup_pre(dd, b)
   local dkey, mode, J = dd[1], dd[2], ARGV[b]
-  local v = rcall('GET', dkey)
+  local v = DDV[dkey]
   if not v or v == J then return nil end
   local rk = DD.prefix .. v
   local r = rpcall('HMGET', rk, 's', 'c', 'dl', 'dk')
@@ -309,10 +319,11 @@ for i = 1, n do
     end
     status, state, result, err, mine = accept(jobkey, to, delayed, events,
       events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
-      none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio)
+      none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio,
+      dd and dd[2] .. dd[1])
     if dd and (status == 'queued' or status == 'scheduled') then
       rcall('SET', dd[1], ARGV[b], 'PX', dd[3])
-      rcall('HSET', jobkey, 'dk', dd[2] .. dd[1])
+      DDV[dd[1]] = ARGV[b]
       if follows then rcall('HSET', DD.prefix .. follows, 'dn', ARGV[b]) end
     end
   end
