@@ -220,7 +220,7 @@ def test_debounce_max_wait_caps_the_push(q: Queue, r: redis.Redis) -> None:
 def test_debounce_max_wait_lets_the_job_run(url: str, qname: str, r: redis.Redis) -> None:
     """Enqueues every few ms, each pushing the start 300 ms back: max_wait_ms still starts
     the job, with the newest payload it had by then; the next enqueue makes a new job."""
-    from helpers import fast
+    from helpers import eventually, fast
 
     from streamq import Worker
 
@@ -245,8 +245,8 @@ def test_debounce_max_wait_lets_the_job_run(url: str, qname: str, r: redis.Redis
                     break
                 await asyncio.sleep(0.01)
                 assert n < 5000, "the debounced job never started"
-            await asyncio.sleep(0)
-            wait_until(lambda: seen, what="the handler")
+            await eventually(lambda: seen and q.get(first).state == "completed",  # type: ignore[union-attr]
+                             what="the handler")
             return first
 
     first = asyncio.run(main())
@@ -482,3 +482,43 @@ async def test_admin_and_dashboard_show_the_dedup_key(url: str, qname: str) -> N
     assert page.status_code == 200
     assert "dedup key" in page.text and "user:&lt;42&gt;" in page.text
     assert "keep last" in page.text
+
+
+# ---- with a real worker (fetch, claim or hand-off, whichever starts the job) ------------------
+
+async def test_with_a_worker_until_start_and_until_finish(url: str, qname: str,
+                                                          r: redis.Redis) -> None:
+    from helpers import eventually, running
+
+    reg = Registry()
+    gate = threading.Event()
+
+    @reg.handler("slow")
+    def slow(job: Any) -> None:
+        gate.wait(30)
+
+    q = Queue.from_url(url, qname)
+    try:
+        async with running(url, qname, reg):
+            s = Dedup(key="s", mode="until_start")
+            f = uf("f")
+            a = q.enqueue("slow", dedup=s)
+            b = q.enqueue("slow", dedup=f)
+            await eventually(lambda: all(q.get(j).state == "active"  # type: ignore[union-attr]
+                                         for j in (a.job_id, b.job_id)), what="both running")
+            assert holder(r, q, "s") is None  # freed by the start
+            assert holder(r, q, "f") == b.job_id  # held while it runs
+            again = q.enqueue("slow", dedup=f)
+            assert (again.status, again.job_id, again.state) == ("deduplicated", b.job_id,
+                                                                 "active")
+            gate.set()
+            await eventually(lambda: q.get(b.job_id).state == "completed",  # type: ignore[union-attr]
+                             what="b to complete")
+            assert holder(r, q, "f") is None
+            c = q.enqueue("slow", dedup=f)
+            assert c.status == "queued" and c.job_id != b.job_id
+            await eventually(lambda: q.get(c.job_id).state == "completed",  # type: ignore[union-attr]
+                             what="c to complete")
+    finally:
+        gate.set()
+        q.close()
