@@ -522,3 +522,23 @@ async def test_with_a_worker_until_start_and_until_finish(url: str, qname: str,
     finally:
         gate.set()
         q.close()
+
+
+@pytest.mark.cluster
+def test_sharded_queue_on_redis_cluster(cluster_url: str) -> None:
+    """Each shard is its own slot: a key's jobs, its record and the key itself share the
+    shard's hash tag, so the enqueue script never crosses slots."""
+    import uuid
+
+    cfg = QueueConfig(shards=3)
+    with Queue.from_url(cluster_url, f"c-{uuid.uuid4().hex[:10]}", cfg) as q:
+        firsts = {}
+        for key in ("a", "b", "c", "d"):
+            firsts[key] = q.enqueue("x", {"v": 1}, dedup=Dedup(key=key, mode="keep_last"))
+        out = q.enqueue_many([{"type": "x", "payload": {"v": 2},
+                               "dedup": Dedup(key=key, mode="keep_last")}
+                              for key in ("a", "b", "c", "d")])
+        assert [o.job_id for o in out] == [firsts[k].job_id for k in ("a", "b", "c", "d")]
+        assert all(o.status == "deduplicated" for o in out)
+        assert all(q.get(f.job_id).payload == {"v": 2}  # type: ignore[union-attr]
+                   for f in firsts.values())
