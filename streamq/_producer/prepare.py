@@ -130,7 +130,7 @@ def prepare(
         jid = _in_dedup_shard(dedup, cfg.shards, jid, job_id is None)
         if dedup.mode == "debounce" and (delay is not None or run_at is not None):
             raise InvalidDedup("dedup mode debounce sets the start (delay_ms): give no"
-                                   " delay or run_at")
+                               " delay or run_at")
     if notify and not notify_allowed(keys, notify, jid):  # only enqueue_and_wait's channels
         raise InvalidArgument("notify is set by enqueue_and_wait; it cannot be given")
     delay_ms = 0
@@ -389,7 +389,6 @@ def _dedup_section(keys: Keys, batch: Sequence[Prepared], k: list[str], args: li
         args.extend((i, _dedup.LETTER[dd.mode], dd.ttl_ms, dd.delay_ms or 0,
                      dd.max_wait_ms or 0))
     args[3] = f"{len(batch)}:{d}"  # (after the 3 head arguments)
-
 
 
 class _Head(NamedTuple):
