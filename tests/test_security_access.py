@@ -116,10 +116,12 @@ TENANT_PASSWORD = {"tenant-a": "pw-a-" + uuid.uuid4().hex[:8],
 @pytest.fixture(scope="module")
 def acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclServer]:
     """tenant-a and tenant-b get the documented rule; tenant-c the same rule without the
-    write-only grant on the shared queue registry (own keys only)."""
+    write-only grant on the shared queue registry (own keys only) and without the list
+    commands of the recent completions (an earlier release's rule)."""
     rule = tenant_rule_from_docs()
     strict = rule_for(rule, "tenant-c", TENANT_PASSWORD["tenant-c"])
     strict = re.sub(r" %W~\S+", "", strict)
+    strict = re.sub(r" \+(lpush|ltrim|lrange)\b", "", strict)
     users = [rule_for(rule, "tenant-a", TENANT_PASSWORD["tenant-a"]),
              rule_for(rule, "tenant-b", TENANT_PASSWORD["tenant-b"]), strict]
     with AclServer(tmp_path_factory.mktemp("acl"), users) as server:
@@ -318,17 +320,23 @@ def test_a_producer_cannot_aim_notifications_outside_its_channels(acl: AclServer
 def test_a_tenant_limited_to_its_own_keys_can_still_run_a_worker(acl: AclServer) -> None:
     """Workers add their queue names to the shared ``streamq:queues`` SET (for `streamq stats`
     without names). A tenant allowed only its own keys cannot write it; that must not stop it
-    from serving its queue."""
+    from serving its queue. Nor may a rule without the recent completions' list commands (the
+    rule of a release before them) stop completions."""
     url = tenant_url(acl, "tenant-c")
     q = Queue.from_url(url, "tenant-c")
     q.enqueue("echo", "mine", job_id="c1")
 
     async def work() -> None:
-        async with Worker(url, ["tenant-c"], registry(), fast()):
+        async with Worker(url, ["tenant-c"], registry(), fast()) as w:
             await eventually(lambda: state_of(q, "c1") == "completed", what="tenant-c's job")
+            # the settle call itself succeeded (the refused LPUSH did not raise after the
+            # outcome was written): the worker counted the completion, the queue too
+            await eventually(lambda: w.stats.completed == 1, what="the completion counted")
+        assert w.stats.lost == 0
 
     asyncio.run(work())
     assert q.result("c1") == "mine"
+    assert Admin(q.client).stats("tenant-c").counters["completed"] == 1
     q.close()
 
 
