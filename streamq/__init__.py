@@ -49,6 +49,8 @@ from ._core.keys import Keys
 from ._core.model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
 from ._core.serde import JsonSerde, MsgpackSerde, Serde
 from ._core.telemetry import JobContextFilter, JsonFormatter
+from ._core.flow import DependencyResult, JobRef
+from ._producer.flows import Chain, Chord, FlowResult, Group, JobSpec, chain, chord, group
 from ._producer.queue import AsyncQueue, Queue
 from ._version import VERSION
 from ._worker import Worker, WorkerStats
@@ -63,6 +65,16 @@ __all__ = [
     "STATES",
     "AsyncQueue",
     "CancelResult",
+    "Chain",
+    "Chord",
+    "DependencyResult",
+    "FlowResult",
+    "Group",
+    "JobRef",
+    "JobSpec",
+    "chain",
+    "chord",
+    "group",
     "Context",
     "Dedup",
     "EnqueueResult",

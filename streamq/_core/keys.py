@@ -352,6 +352,37 @@ class Keys:
         dedup key lives in the shard ``shard_of(key, shards)`` (its jobs' shard)."""
         return f"{self.base}:dd:{key}"
 
+    # Workflows (docs/workflows.md): a waiting job's dependencies live in its own shard's
+    # slot, a job's parents in the job's slot; nothing names another slot's key but the
+    # parents SET members and outbox messages (data a script never touches outside its slot).
+    def deps(self, job_id: str) -> str:
+        """SET of a waiting job's pending dependencies: '<policy><index> <queue> <job id>'
+        (policy f = fail, c = continue, i = ignore; index: its place in depends_on)."""
+        return f"{self.base}:deps:{job_id}"
+
+    def dep_results(self, job_id: str) -> str:
+        """HASH of a waiting job's resolved dependencies: '<index> <queue> <job id>' ->
+        '<state letter><result or reason>' (c completed, f failed, x cancelled, p purged,
+        m missing); deleted when the job completes or is cancelled."""
+        return f"{self.base}:dres:{job_id}"
+
+    def parents(self, job_id: str) -> str:
+        """SET of the jobs waiting for this one: '<policy><index> <parent record key>
+        <parent id>'; read and deleted by the job's terminal transition."""
+        return f"{self.base}:par:{job_id}"
+
+    @property
+    def outbox(self) -> str:
+        """STREAM of resolve messages for parents in another slot, written by a child's
+        terminal transition, applied by the relay (resolve.lua) and then deleted."""
+        return f"{self.base}:outbox"
+
+    @property
+    def waiting(self) -> str:
+        """ZSET: id of each waiting job of this shard -> when it started waiting (ms): the
+        count, the oldest wait and the repair sweep's index (no SCAN)."""
+        return f"{self.base}:waiting"
+
     def done_channel(self, job_id: str) -> str:
         """Pub/sub channel told when this job reaches a terminal state (releases before the
         shared waiter channel used one per job; their waiters still work)."""

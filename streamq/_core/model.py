@@ -16,9 +16,10 @@ from .context import Context
 from .dedup import decode_dk
 from .errors import SerializationError
 
-State = Literal["scheduled", "queued", "active", "retrying", "completed", "failed", "cancelled"]
+State = Literal["waiting", "scheduled", "queued", "active", "retrying", "completed", "failed",
+                "cancelled"]
 STATES: tuple[State, ...] = (
-    "scheduled", "queued", "active", "retrying", "completed", "failed", "cancelled",
+    "waiting", "scheduled", "queued", "active", "retrying", "completed", "failed", "cancelled",
 )
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
@@ -194,6 +195,21 @@ class Job:
     """The worker context: the shared resources the startup hooks built
     (``@registry.on_startup``), e.g. ``job.ctx.db``; the same object for every job of the
     process."""
+    _dependencies: tuple[Any, ...] | None = attrs.field(default=None, repr=False, eq=False)
+
+    def dependency_results(self) -> list[Any]:
+        """The jobs this one waited for, in ``depends_on`` order (a chain step: the previous
+        step; a chord's callback: every member of its group), each a
+        ``streamq.DependencyResult`` (queue, job_id, state, result, reason); read by the
+        worker before the handler started (page by page). Empty for a job that waited for
+        none (docs/workflows.md)."""
+        return list(self._dependencies or ())
+
+    def previous_result(self) -> Any:
+        """The result of the first job this one waited for (a chain's previous step), or
+        None."""
+        deps = self._dependencies
+        return deps[0].result if deps else None
 
     @property
     def cancel_requested(self) -> bool:
@@ -224,7 +240,8 @@ class Job:
 @attrs.frozen
 class EnqueueResult:
     job_id: str
-    status: Literal["queued", "scheduled", "duplicate", "deduplicated", "rejected", "error"]
+    status: Literal["queued", "scheduled", "waiting", "duplicate", "deduplicated", "rejected",
+                    "error"]
     """``error`` only inside a PartialEnqueueError's results: the job's own shard's call
     failed (``exception``); enqueue and enqueue_many never return it. ``deduplicated``: folded
     by its dedup key (docs/dedup.md) into the job ``job_id`` names (``reason``: the mode)."""
@@ -320,7 +337,7 @@ class JobInfo:
 
 STATE_NAMES: dict[bytes, str] = {b"s": "scheduled", b"q": "queued", b"a": "active",
                                  b"r": "retrying", b"c": "completed", b"f": "failed",
-                                 b"x": "cancelled"}
+                                 b"x": "cancelled", b"w": "waiting"}
 """Layout-2 record state letters (field ``s``) -> state names."""
 V1_FIELDS: dict[bytes, bytes] = {b"state": b"s", b"entry": b"e", b"created": b"c",
                                  b"attempts": b"n", b"token": b"k", b"owner": b"o",

@@ -1,7 +1,8 @@
 """The script registry: loads each ``lua/*.lua`` once, runs it with EVALSHA, falls back on NOSCRIPT.
 
-``lua/_lib.lua``, ``lua/_groups.lua`` and ``lua/_rate.lua`` (helper functions only) are
-prepended to every script, so shared logic such as dead-lettering lives in one place.
+``lua/_lib.lua``, ``lua/_groups.lua``, ``lua/_rate.lua`` and ``lua/_flow.lua`` (helper
+functions only) are prepended to every script, so shared logic such as dead-lettering lives in
+one place.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
           "prune", "fire", "requeue", "redrive", "purge", "progress", "claim", "unpark",
-          "reconcile", "group", "ticket")
+          "reconcile", "group", "ticket", "wait", "link", "resolve")
 
 
 _pack: Any
@@ -401,7 +402,8 @@ def shaken(lib: str, body: str) -> str:
     return "\n".join(t for k, (_d, _u, t) in zip(keep, chunks, strict=True) if k) + "\n" + body
 
 
-_LOADERS = (("lib_cold", "COLD"), ("lib_groups", "GROUPS"), ("lib_rate", "RATE"))
+_LOADERS = (("lib_cold", "COLD"), ("lib_groups", "GROUPS"), ("lib_rate", "RATE"),
+            ("lib_flow", "FLOW"))
 """The helper loaders of the library: each makes its functions when a script call first asks
 for them and returns them in a table (``VAR = {name = name, ...}``)."""
 
@@ -431,7 +433,7 @@ def cold_first(lib: str, body: str) -> str:
 def _load() -> dict[str, Script]:
     pkg = resources.files("streamq") / "lua"
     lib = "\n".join((pkg / name).read_text()
-                    for name in ("_lib.lua", "_groups.lua", "_rate.lua"))
+                    for name in ("_lib.lua", "_groups.lua", "_rate.lua", "_flow.lua"))
     return {n: Script(n, shaken(lib, cold_first(lib, (pkg / f"{n}.lua").read_text())))
             for n in _NAMES}
 

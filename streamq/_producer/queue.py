@@ -32,6 +32,8 @@ from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, aeach, call, each
 from .._core.scripts import SCRIPTS
+from .._core.flow import DependencyResult, results_page
+from . import flows as _flows
 from . import prepare as prod
 from .autobatch import AsyncBatcher, ShardedAsync, ShardedSync, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake
@@ -184,9 +186,14 @@ class Queue(_Base):
             self._check_types(job_types, _queues.registered_types(self.client, self.keys))
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
-        """Enqueue one job now or later. Options: see ``docs/getting-started.md``."""
+        """Enqueue one job now or later. Options: see ``docs/getting-started.md``;
+        ``depends_on``: docs/workflows.md."""
         if self.config.require_handler:
             self._before((job_type,))
+        if "depends_on" in options:
+            self._check()
+            return self._done(call(lambda _r: drive(self.client, _flows.enqueue_waiting(
+                self.keys, self.config, job_type, payload, dict(options)))))
         if not tel.tracing():  # (no span: no context manager either)
             prepared = prod.prepare(self.keys, self.config, job_type, payload,
                                     trace=tel.carrier(), **options) if options else \
@@ -196,6 +203,26 @@ class Queue(_Base):
             # concurrent calls from several threads gather into one script call
             return prod.single(self.name, _answered(self._batcher.submit(prod.prepare(
                 self.keys, self.config, job_type, payload, trace=carrier, **options))))
+
+    def _done(self, r: Any) -> Any:
+        self._note()
+        return r
+
+    def enqueue_flow(self, flow: _flows.Flow, *, flow_id: str | None = None
+                     ) -> _flows.FlowResult:
+        """Enqueue a flow (``chain``, ``group``, ``chord`` of ``JobSpec``): every node's id in
+        the result. The same ``flow_id`` again writes nothing new (docs/workflows.md)."""
+        self._check()
+        fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
+        return self._done(call(lambda _r: drive(self.client, _flows.enqueue_flow(
+            self.keys, self.config, flow, fid))))
+
+    def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
+                           ) -> tuple[int, list[DependencyResult]]:
+        """One page of a job's dependency results: (next cursor, 0 at the end; results)."""
+        k = self.keys.for_job(check_job_id(job_id), self.config.shards)
+        return call(lambda _r: drive(self.client, results_page(
+            k, job_id, self.config.serde, cursor, count)))
 
     def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         """Enqueue many jobs in pipelined batches; each dict takes enqueue's argument names.
@@ -418,6 +445,12 @@ class AsyncQueue(_Base):
     async def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> EnqueueResult:
         if self.config.require_handler:
             await self._before((job_type,))
+        if "depends_on" in options:
+            await self._check()
+            r = await acall(lambda _r: adrive(self.client, _flows.enqueue_waiting(
+                self.keys, self.config, job_type, payload, dict(options))))
+            await self._note()
+            return r  # type: ignore[no-any-return]
         if not tel.tracing():  # (no span: no context manager either)
             prepared = prod.prepare(self.keys, self.config, job_type, payload,
                                     trace=tel.carrier(), **options) if options else \
@@ -427,6 +460,23 @@ class AsyncQueue(_Base):
             # concurrent calls from several coroutines gather into one script call
             return prod.single(self.name, _answered(await self._batcher.submit(prod.prepare(
                 self.keys, self.config, job_type, payload, trace=carrier, **options))))
+
+    async def enqueue_flow(self, flow: _flows.Flow, *, flow_id: str | None = None
+                           ) -> _flows.FlowResult:
+        """Enqueue a flow: see ``Queue.enqueue_flow``."""
+        await self._check()
+        fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
+        r = await acall(lambda _r: adrive(self.client, _flows.enqueue_flow(
+            self.keys, self.config, flow, fid)))
+        await self._note()
+        return r  # type: ignore[no-any-return]
+
+    async def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
+                                 ) -> tuple[int, list[DependencyResult]]:
+        """One page of a job's dependency results: see ``Queue.dependency_results``."""
+        k = self.keys.for_job(check_job_id(job_id), self.config.shards)
+        return await acall(lambda _r: adrive(  # type: ignore[no-any-return]
+            self.client, results_page(k, job_id, self.config.serde, cursor, count)))
 
     async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         jobs = list(jobs)

@@ -24,6 +24,8 @@ from .._core.errors import (
     Retry,
     SerializationError,
 )
+from .._core.driver import adrive
+from .._core.flow import DEPS_HEADER, all_results
 from .._core.model import Job, envelope_from_data, plain_body
 from .._core.timeseries import SeriesRecorder
 from .cancel import cancelled
@@ -36,7 +38,7 @@ from .state import Finish, QState, WorkerStats
 log = logging.getLogger("streamq.worker")
 _JOB_FIELDS = ("id", "type", "payload", "attempt", "max_attempts", "queue", "version",
                "idempotency_key", "headers", "trace", "deadline_ms", "priority", "_reporter",
-               "_cancel", "ctx")
+               "_cancel", "ctx", "_dependencies")
 if tuple(a.name for a in attrs.fields(Job)) != _JOB_FIELDS:  # Job(...) below is positional
     raise ImportError("streamq: Job's fields changed order; update Attempts.attempt")
 _last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
@@ -72,6 +74,8 @@ class Attempts:
         self.progress: Progress | None = None
         self.series: SeriesRecorder | None = None
         self.in_flight = tel.InFlight()
+        self.deps_client: Any = None
+        """Reads a waiting job's dependency results before its handler runs (workflows)."""
 
     def internal_error(self, lease: Lease, attempt: int, exc: Exception) -> Finish:
         """The outcome of an attempt that met a bug of ours (call it in the ``except``): a
@@ -135,6 +139,10 @@ class Attempts:
                   headers, carrier, deadline_ms, qs.keys.level,
                   self.progress.reporter(lease) if self.progress else None, lease.cancel,
                   self.registry.lifecycle.ctx)
+        if headers and DEPS_HEADER in headers and self.deps_client is not None:
+            # a job that waited for others: its dependency results, page by page
+            deps = await adrive(self.deps_client, all_results(qs.keys, job.id, serde))
+            object.__setattr__(job, "_dependencies", tuple(deps))
         span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
                            self.config.trace_parent) if tel.tracing() else None
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,

@@ -26,6 +26,10 @@ log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 SERIES_EVERY_S = 10.0
 """How often a worker adds its outcome counts to the queues' time series."""
+REPAIR_EVERY_S = 30.0
+"""How often a worker sweeps its queues' waiting jobs (workflows: docs/workflows.md#repair)."""
+REPAIR_MIN_AGE_MS = 60_000
+"""A waiting job younger than this is left to its producer (it may still be linking)."""
 
 
 class Housekeeper:
@@ -59,6 +63,9 @@ class Housekeeper:
                          for qs in self.queues)
         steps.extend((f"groups on {qs.keys.tag}", self._groups_step(qs)) for qs in self.queues
                      if qs.groups is not None)
+        if self.config.promote:  # the workflow relay and repair sweep (docs/workflows.md)
+            steps.extend((f"workflows on {qs.keys.tag}", self._flow_step(qs))
+                         for qs in self.queues)
         out = []
         for name, step in steps:
             # cheap calls: back off at most a second, so they resume soon after Redis does
@@ -170,5 +177,26 @@ class Housekeeper:
         async def step() -> float:
             _moved, more = await promoter.run_once(self.client)
             return 0.0 if more else promoter.sleep_s(every)
+
+        return step
+
+    def _flow_step(self, qs: QState) -> Callable[[], Any]:
+        """Relay this shard's outbox (resolve messages for parents in other slots) and, every
+        ``REPAIR_EVERY_S``, sweep its waiting jobs (docs/workflows.md#repair)."""
+        from .._core.driver import adrive
+        from .._core.flow import relay, repair
+
+        every = self.config.promote_interval_s
+        cursors: dict[str, int] = {}
+        last = [0.0]
+
+        async def step() -> float:
+            _n, more = await adrive(self.client, relay(qs.keys))
+            now = asyncio.get_running_loop().time()
+            if now - last[0] >= REPAIR_EVERY_S:
+                last[0] = now
+                await adrive(self.client, repair(qs.keys, None, REPAIR_MIN_AGE_MS,
+                                                 cursors))
+            return 0.0 if more else every
 
         return step

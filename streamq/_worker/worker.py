@@ -207,6 +207,7 @@ class Worker(Fetching):
         self._runner = SyncRunner(threads, self.config.max_abandoned_threads or threads, log)
         self._attempts.runner = self._runner
         self._attempts.series = hk.series
+        self._attempts.deps_client = client
         self._progress = self._attempts.progress = Progress(client, self.queue_config,
                                                             self._outage)
         self._token_prefix = secrets.token_hex(5)  # a start of an earlier run is not ours

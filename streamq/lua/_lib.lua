@@ -77,7 +77,7 @@ local function state_of(v)  -- state letter -> name ('?<v>': not a state letter)
   if v == 'a' then return 'active' elseif v == 'q' then return 'queued'
   elseif v == 'c' then return 'completed' elseif v == 's' then return 'scheduled'
   elseif v == 'r' then return 'retrying' elseif v == 'f' then return 'failed'
-  elseif v == 'x' then return 'cancelled' end
+  elseif v == 'x' then return 'cancelled' elseif v == 'w' then return 'waiting' end
   return '?' .. v
 end
 local DEFAULT_TTL = '86400'
@@ -192,8 +192,9 @@ end
 -- Group functions (gctx, g_*: docs/fairness.md#groups) are made by lib_groups(), and the
 -- queue-wide rate limiter (now_us, rate_*: docs/fairness.md#queue-wide-rate-limit) by
 -- lib_rate(), in _groups.lua and _rate.lua, which the script registry appends right after
--- this file; declared here so that accept and start_entry below can call them.
-local lib_groups, lib_rate
+-- this file; declared here so that accept and start_entry below can call them. The workflow
+-- functions (lib_flow: docs/workflows.md) come from _flow.lua, after them.
+local lib_groups, lib_rate, lib_flow
 
 -- Helpers of rarer paths (layout-1 records, duplicates, delays, priorities, retries, dead
 -- letters, cancels, hand-backs), made by lib_cold() when a script call first needs one and
@@ -217,7 +218,7 @@ local function lib_cold()
     if name == 'active' then return 'a' elseif name == 'queued' then return 'q'
     elseif name == 'completed' then return 'c' elseif name == 'scheduled' then return 's'
     elseif name == 'retrying' then return 'r' elseif name == 'failed' then return 'f'
-    elseif name == 'cancelled' then return 'x' end
+    elseif name == 'cancelled' then return 'x' elseif name == 'waiting' then return 'w' end
     return nil
   end
 
@@ -415,6 +416,8 @@ local function lib_cold()
     end
     emit(events, events_maxlen, job_id, 'failed', now, reason)
     notify(rcall('HGET', jobkey, 'notify'), 'failed', job_id)
+    local fl = rcall('HMGET', jobkey, 'pk', 'wk')  -- workflows: parents, dependencies
+    if fl[1] or fl[2] then lib_flow().settled(jobkey, job_id, 'f' .. reason, fl[1], fl[2], now) end
   end
 
   -- Whether an existing record was written by the caller's row, told by writer tags
@@ -461,7 +464,7 @@ local function lib_cold()
   -- records are kept a minute, so a repeated cancel still sees them), the event and waiters
   -- told. The caller counts it ('cancelled' in the stats) and acknowledges its entry.
   local function end_cancelled(jobkey, events, events_maxlen, job_id, now, detail)
-    local r = rcall('HMGET', jobkey, 'x', 'notify', 'dk')
+    local r = rcall('HMGET', jobkey, 'x', 'notify', 'dk', 'pk', 'wk')
     rcall('HSET', jobkey, 's', 'x', 'f', now)
     if r[3] then dedup_end(r[3], jobkey, job_id, false, now) end
     local ttl = tonumber(r[1] or DEFAULT_TTL) or 0
@@ -472,6 +475,7 @@ local function lib_cold()
     end
     emit(events, events_maxlen, job_id, 'cancelled', now, detail)
     notify(r[2], 'cancelled', job_id)
+    if r[4] or r[5] then lib_flow().settled(jobkey, job_id, 'x', r[4], r[5], now) end
   end
 
   -- RateLimited(group=True) (finish.lua's 'later_group'): hold group g back until 'untl' ms, as

@@ -25,6 +25,7 @@
 -- A grouped job leaves its group's wait list, or frees its slot (admitting the next one); a
 -- running one frees its slot when it settles.
 -- A cancelled job's dedup key is freed if it still names the job (_lib.lua's end_cancelled).
+-- A job waiting for its dependencies ('waiting') ends 'cancelled' too (docs/workflows.md).
 -- Returns {code, state}: code 'cancelled' | 'cancel_requested' | 'not_found' |
 --           'not_cancellable'; state is the state the job was in.
 local jobkey, stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -49,6 +50,8 @@ end
 if state == 'scheduled' or state == 'retrying' then
   rcall('ZREM', delayed, id)
   if state == 'retrying' then rcall('HINCRBY', stats, 'retrying_now', -1) end
+elseif state == 'waiting' then
+  -- waiting for its dependencies: nothing in a stream (end_cancelled drops its keys)
 elseif state == 'queued' then
   ack_del(lv and level_stream(KEYS, lv, r[8], stream) or stream, group, r[2])
   -- waiting: off the wait list; admitted (its entry, if not yet adopted, is a ghost now)

@@ -54,6 +54,8 @@
 -- waiting job(s) (_lib.lua's g_release; a repeat frees nothing more).
 -- A job with a dedup key (record 'dk') frees it when its outcome ends the key's window
 -- (_lib.lua's dedup_end: completed here, dead-lettered in bury, cancelled in end_cancelled).
+-- A job with parents ('pk') or dependencies ('wk') resolves them in its terminal transition
+-- (_flow.lua's settled: inline in this slot, through the outbox for another one).
 -- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed' |
 --           'cancelled') or 'lost'.
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -96,14 +98,14 @@ for i = 1, n do
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
   -- rec_t(jobkey, false, NAMES) inlined for a layout-2 record (literal names, no unpack)
-  local r = rpcall('HMGET', jobkey, 's', 'k', 'x', 'notify', 'cx', 'g', 'dk')
+  local r = rpcall('HMGET', jobkey, 's', 'k', 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk')
   if not r.err then
     local v = r[1]
     if v then
       r[1] = state_of(v)
       r[3] = r[3] or DEFAULT_TTL
     else  -- layout 1, or no record
-      NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g', 'dk'}
+      NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk'}
       r = lib_cold().rec_t(jobkey, false, NAMES)
     end
   end
@@ -173,6 +175,7 @@ for i = 1, n do
       if done_ids then done_ids[#done_ids + 1] = id end
       if ev_completed then emit(events, events_maxlen, id, 'completed', now, '') end
       if r[4] then notify(r[4], 'completed', id, data) end
+      if r[8] or r[9] then lib_flow().settled(jobkey, id, 'c' .. data, r[8], r[9], now) end
       out[i] = 'completed'
     else
       TRIES = TRIES or {'s', 'n', 'max_attempts'}

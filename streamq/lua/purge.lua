@@ -20,6 +20,7 @@
 -- ARGV[5..] per job i: job id, dead entry id (failed jobs) or the stream entry it was
 --           listed from (queued jobs; '' for a job listed from its group's wait list) (pairs)
 -- A purged job's dedup key is freed if it still names the job (_lib.lua's dedup_end).
+-- A purged job's parents are resolved ('purged': _flow.lua's settled), its dependency keys go.
 -- Returns per job: 'purged' | 'skipped' (the job is in another state now)
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, events_maxlen, wanted = ARGV[1], ARGV[2], ARGV[3]
@@ -55,6 +56,8 @@ for i = 1, n do
       if state == 'retrying' then retries = retries + 1 end
     end
     if r[6] then dedup_end(r[6], jobkey, id, false, now) end  -- (docs/dedup.md)
+    local fl = rcall('HMGET', jobkey, 'pk', 'wk')  -- workflows: parents, dependencies
+    if fl[1] or fl[2] then lib_flow().settled(jobkey, id, 'p' .. state, fl[1], fl[2], now) end
     rcall('DEL', jobkey)
     emit(events, events_maxlen, id, 'purged', now, state)
     purged = purged + 1

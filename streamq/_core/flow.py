@@ -1,0 +1,329 @@
+"""Workflows (docs/workflows.md): jobs that wait for others, as sans-IO operations.
+
+One primitive: a job in state ``waiting`` keeps its pending dependencies as a SET (wait.lua);
+each edge is registered in the dependency's own slot (link.lua); the dependency's terminal
+transition resolves it (inline in one slot, through an outbox in another: _flow.lua); a relay
+applies outbox messages (resolve.lua) and a capped repair sweep re-links what a lost message or
+a producer that died half-way left behind. The sugar (``JobSpec``, ``chain``, ``group``,
+``chord``) compiles to that primitive (streamq/_producer/flows.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+
+from .driver import Call, Cmd, Op, ok
+from .errors import InvalidArgument
+from .keys import Keys, check_job_id, check_queue_name
+
+Policy = Literal["fail", "continue", "ignore"]
+POLICIES: dict[str, str] = {"fail": "f", "continue": "c", "ignore": "i"}
+"""Per-edge failure policies and their letters in the SET members (docs/workflows.md)."""
+OUTCOMES: dict[str, str] = {"c": "completed", "f": "failed", "x": "cancelled", "p": "purged",
+                            "m": "missing"}
+"""A dependency results value's first letter -> the dependency's outcome."""
+DEPS_HEADER = "streamq-deps"
+"""Header of a job that waits for others: its worker reads its dependency results before the
+handler runs (``Job.dependency_results``)."""
+RELAY_BATCH = 200
+"""Outbox messages one relay step applies per shard (loops are capped)."""
+REPAIR_PARENTS = 20
+REPAIR_MEMBERS = 200
+"""A repair step looks at the oldest waiting jobs of a shard, this many, and at most this many
+pending dependencies of each (SSCAN: a cursor per job, kept by the caller between steps)."""
+SHARDS_FIELD = "shards"
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@attrs.frozen
+class JobRef:
+    """A dependency: a job of another queue (or of this one), and what its failure does to
+    the job that waits for it (``policy``: ``fail``, the default, dead-letters the waiting
+    job naming this one; ``continue`` runs it, and it sees the failure in its dependency
+    results; ``ignore`` runs it as if this one had completed)."""
+
+    queue: str = attrs.field(validator=lambda _i, _a, v: check_queue_name(v))
+    job_id: str = attrs.field(validator=lambda _i, _a, v: check_job_id(v))
+    policy: Policy = attrs.field(default="fail")
+
+    @policy.validator
+    def _check(self, _a: Any, v: str) -> None:
+        if v not in POLICIES:
+            raise InvalidArgument(f"dependency policy must be one of {sorted(POLICIES)},"
+                                  f" got {v!r}")
+
+
+@attrs.frozen
+class DependencyResult:
+    """How one dependency ended, as its waiting job sees it."""
+
+    index: int
+    """Its place in ``depends_on`` (a chord's group: the member's place)."""
+    queue: str
+    job_id: str
+    state: str
+    """completed | failed | cancelled | purged | missing (expired or never enqueued)."""
+    result: Any = None
+    """The result (completed), as its handler returned it."""
+    reason: str = ""
+    """Why it failed (failed), else ''."""
+
+
+def refs(queue: str, depends_on: Iterable[Any]) -> list[JobRef]:
+    """``depends_on`` items as JobRefs: a job id of ``queue``, a ``(queue, job_id)`` pair, a
+    JobRef, or anything with ``job_id`` (an EnqueueResult: of ``queue``). Raises
+    InvalidArgument (also for an empty list or a job named twice)."""
+    if isinstance(depends_on, (str, bytes)):
+        raise InvalidArgument("depends_on must be a list of job ids or references, not a string")
+    out: list[JobRef] = []
+    for d in depends_on:
+        if isinstance(d, JobRef):
+            out.append(d)
+        elif isinstance(d, str):
+            out.append(JobRef(queue, d))
+        elif isinstance(d, tuple) and len(d) == 2:
+            out.append(JobRef(d[0], d[1]))
+        elif isinstance(getattr(d, "job_id", None), str):
+            out.append(JobRef(queue, d.job_id))
+        else:
+            raise InvalidArgument(f"depends_on: {d!r} is not a job id, a (queue, job_id) pair"
+                                  " or a JobRef")
+    if not out:
+        raise InvalidArgument("depends_on is empty: enqueue the job without it")
+    seen = {(r.queue, r.job_id) for r in out}
+    if len(seen) != len(out):
+        raise InvalidArgument("depends_on names a job twice")
+    return out
+
+
+def shard_counts(prefix: str, queues: Iterable[str], known: Mapping[str, int]
+                 ) -> Op[dict[str, int]]:
+    """The shard count of each queue (stored on its shard 0; none stored: 1)."""
+    out = dict(known)
+    ask = sorted({q for q in queues if q not in out})
+    if ask:
+        r = yield [Cmd.of("HGET", Keys(q, prefix).meta, SHARDS_FIELD) for q in ask]
+        for q, v in zip(ask, r, strict=True):
+            v = ok(v)
+            out[q] = int(v) if v is not None else 1
+    return out
+
+
+def wk_of(jk: Keys, job_id: str, level: int, events_arg: str, dead_ttl_s: int,
+          dead_maxlen: int) -> str:
+    """A waiting record's 'wk' (_flow.lua's header): the keys and settings of its release."""
+    return " ".join([jk.stream_level(level), jk.delayed, jk.deps(job_id), jk.dep_results(job_id),
+                     jk.waiting, jk.events, jk.stats, jk.dead, jk.levels, events_arg,
+                     str(dead_ttl_s), str(dead_maxlen), jk.wake_channel])
+
+
+def member(ref: JobRef, index: int) -> str:
+    """The deps SET member of an edge."""
+    return f"{POLICIES[ref.policy]}{index} {ref.queue} {ref.job_id}"
+
+
+def link_call(prefix: str, shards: Mapping[str, int], parent_key: str, parent_id: str,
+              ref: JobRef, index: int) -> Call:
+    ck = Keys(ref.queue, prefix).for_job(ref.job_id, shards[ref.queue])
+    pk = f"{ck.parents(ref.job_id)} {ck.outbox} {ref.queue}"
+    m = f"{POLICIES[ref.policy]}{index} {parent_key} {parent_id}"
+    return Call("link", [ck.job(ref.job_id), ck.parents(ref.job_id), ck.outbox],
+                [ref.job_id, pk, m])
+
+
+Message = tuple[str, str, str, str, str, bytes]
+"""An outbox message: (outbox key, entry id, parent record key, parent id, deps member, value)."""
+
+
+def apply(messages: Sequence[Message]) -> Op[list[int]]:
+    """Resolve each message in its parent's slot (resolve.lua), then delete the applied ones
+    from their outboxes. A message whose resolve failed stays (the relay tries it again)."""
+    if not messages:
+        return []
+    r = yield [Call("resolve", [m[2]], [m[3], m[4], m[5]]) for m in messages]
+    by: dict[str, list[str]] = {}
+    codes: list[int] = []
+    for m, v in zip(messages, r, strict=True):
+        if isinstance(v, Exception):
+            codes.append(-1)
+            continue
+        codes.append(int(v))
+        if m[0]:
+            by.setdefault(m[0], []).append(m[1])
+    if by:
+        d = yield [Cmd.of("XDEL", box, *ids) for box, ids in by.items()]
+        for v in d:
+            ok(v)
+    return codes
+
+
+def link(calls: Sequence[Call]) -> Op[list[str]]:
+    """Run link.lua calls; an edge to a dependency that had already ended is resolved now
+    (its outbox message applied). Returns each edge's dependency state."""
+    if not calls:
+        return []
+    r = yield list(calls)
+    states: list[str] = []
+    msgs: list[Message] = []
+    for c, v in zip(calls, r, strict=True):
+        v = ok(v)
+        if _s(v[0]) == "ended":
+            states.append(_s(v[2]))
+            msgs.append((c.keys[2], _s(v[1]), *_msg_of(c)))
+        else:
+            states.append(_s(v[1]))
+    if msgs:
+        yield from _reread(msgs)
+    return states
+
+
+def _msg_of(c: Call) -> tuple[str, str, str, bytes]:
+    pi, prec, pid = _s(c.args[2]).split(" ")
+    cq = _s(c.args[1]).rsplit(" ", 1)[1]
+    return prec, pid, f"{pi} {cq} {_s(c.args[0])}", b""
+
+
+def _reread(msgs: list[Message]) -> Op[None]:
+    """Apply messages link.lua wrote: their values are read back from the outbox."""
+    r = yield [Cmd.of("XRANGE", m[0], m[1], m[1]) for m in msgs]
+    full: list[Message] = []
+    for m, v in zip(msgs, r, strict=True):
+        parsed = _entries(m[0], ok(v))
+        full.extend(parsed)
+    yield from apply(full)
+
+
+def _entries(box: str, reply: Any) -> list[Message]:
+    out: list[Message] = []
+    for eid, fields in reply or []:
+        f = {_s(fields[i]): fields[i + 1] for i in range(0, len(fields) - 1, 2)}
+        if all(k in f for k in ("p", "i", "m", "v")):
+            v = f["v"]
+            out.append((box, _s(eid), _s(f["p"]), _s(f["i"]), _s(f["m"]),
+                        v if isinstance(v, bytes) else str(v).encode()))
+    return out
+
+
+def relay(keys: Keys, batch: int = RELAY_BATCH) -> Op[tuple[int, bool]]:
+    """One relay step over a shard's outbox: up to ``batch`` messages applied and deleted.
+    Returns (messages applied, whether more may be waiting)."""
+    (r,) = yield [Cmd.of("XRANGE", keys.outbox, "-", "+", "COUNT", batch)]
+    msgs = _entries(keys.outbox, ok(r))
+    codes = yield from apply(msgs)
+    return sum(1 for c in codes if c >= 0), len(r or []) >= batch
+
+
+def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, int],
+           known: Mapping[str, int] | None = None) -> Op[tuple[int, int]]:
+    """One repair step over a shard's waiting jobs older than ``min_age_ms``: each pending
+    dependency is linked again (link.lua: a no-op for a live one; one that ended or is missing
+    is resolved now), a job with nothing pending is released, and an index entry whose job is
+    no longer waiting is dropped. Returns (dependencies checked, resolves that changed a job).
+    ``cursors``: SSCAN cursors per job id, kept by the caller between steps."""
+    (t,) = yield [Cmd.of("TIME")]
+    now = int(ok(t)[0]) * 1000 + int(ok(t)[1]) // 1000
+    (ids,) = yield [Cmd.of("ZRANGEBYSCORE", keys.waiting, "-inf", now - min_age_ms,
+                           "LIMIT", 0, REPAIR_PARENTS)]
+    pids = [_s(i) for i in ok(ids)]
+    if not pids:
+        cursors.clear()
+        return 0, 0
+    for stale in set(cursors) - set(pids):
+        del cursors[stale]
+    step: list[Cmd | Call] = []
+    for pid in pids:
+        step.append(Cmd.of("HGET", keys.job(pid), "s"))
+        step.append(Cmd.of("SSCAN", keys.deps(pid), cursors.get(pid, 0),
+                           "COUNT", REPAIR_MEMBERS))
+    r = yield step
+    gone: list[str] = []
+    edges: list[tuple[str, JobRef, int]] = []
+    empty: list[str] = []
+    for i, pid in enumerate(pids):
+        st, scan = r[2 * i], r[2 * i + 1]
+        if isinstance(st, Exception) or isinstance(scan, Exception):
+            continue
+        if st != b"w":
+            gone.append(pid)
+            continue
+        cur, members = int(scan[0]), scan[1]
+        cursors[pid] = cur
+        if not members and cur == 0:
+            empty.append(pid)
+        for m in members:
+            pi, q, cid = _s(m).split(" ", 2)
+            pol = next(k for k, v in POLICIES.items() if v == pi[0])
+            edges.append((pid, JobRef(q, cid, pol), int(pi[1:])))  # type: ignore[arg-type]
+    if gone:
+        yield [Cmd.of("ZREM", keys.waiting, *gone)]
+    changed = 0
+    if empty:  # nothing pending and still waiting: release (resolve.lua with no member)
+        codes = yield from apply([("", "", keys.job(p), p, "", b"") for p in empty])
+        changed += sum(1 for c in codes if c > 0)
+    if edges:
+        sh = yield from shard_counts(keys.prefix, (e[1].queue for e in edges),
+                                     {**({} if shards is None else {keys.queue: shards}),
+                                      **(known or {})})
+        calls = [link_call(keys.prefix, sh, keys.job(pid), pid, ref, idx)
+                 for pid, ref, idx in edges]
+        r2 = yield calls
+        msgs: list[Message] = []
+        for c, v in zip(calls, r2, strict=True):
+            if not isinstance(v, Exception) and _s(v[0]) == "ended":
+                msgs.append((c.keys[2], _s(v[1]), *_msg_of(c)))
+        if msgs:
+            got = yield [Cmd.of("XRANGE", m[0], m[1], m[1]) for m in msgs]
+            full = [e for m, v in zip(msgs, got, strict=True)
+                    for e in _entries(m[0], ok(v))]
+            codes = yield from apply(full)
+            changed += sum(1 for c in codes if c > 0)
+    if changed:
+        yield [Cmd.of("HINCRBY", keys.stats, "flow_repairs", changed)]
+    return len(edges), changed
+
+
+def results_page(keys: Keys, job_id: str, serde: Any, cursor: int = 0, count: int = 1000
+                 ) -> Op[tuple[int, list[DependencyResult]]]:
+    """One page of a job's dependency results (HSCAN: a large fan-in never needs one giant
+    reply). Returns (next cursor, 0 when done; results of this page, by index)."""
+    (r,) = yield [Cmd.of("HSCAN", keys.dep_results(job_id), cursor, "COUNT", count)]
+    cur, flat = ok(r)
+    out = [decode_result(flat[i], flat[i + 1], serde) for i in range(0, len(flat) - 1, 2)]
+    out.sort(key=lambda d: d.index)
+    return int(cur), out
+
+
+def all_results(keys: Keys, job_id: str, serde: Any) -> Op[list[DependencyResult]]:
+    """Every dependency result of a job, page by page, by index."""
+    out: list[DependencyResult] = []
+    cur = 0
+    while True:
+        cur, page = yield from results_page(keys, job_id, serde, cur)
+        out.extend(page)
+        if cur == 0:
+            break
+    out.sort(key=lambda d: d.index)
+    return out
+
+
+def decode_result(field: Any, value: Any, serde: Any) -> DependencyResult:
+    idx, q, cid = _s(field).split(" ", 2)
+    raw = value if isinstance(value, bytes) else str(value).encode()
+    state = OUTCOMES.get(chr(raw[0]) if raw else "m", "missing")
+    body = raw[1:]
+    result: Any = None
+    reason = ""
+    if state == "completed" and body:
+        try:
+            result = serde.loads(body)
+        except Exception:  # noqa: BLE001 - an undecodable result comes back as bytes
+            result = body
+    elif state in ("failed", "purged"):
+        reason = body.decode(errors="replace")
+    return DependencyResult(int(idx), q, cid, state, result, reason)

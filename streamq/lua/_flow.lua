@@ -1,0 +1,122 @@
+-- _flow.lua: the workflow functions (docs/workflows.md), appended by the script registry after
+-- _rate.lua. Functions only: no KEYS, no ARGV of their own. They are made by lib_flow()
+-- (declared in _lib.lua, whose terminal paths call it) when a script call first meets a job
+-- with parents ('pk') or dependencies ('wk'): a plain job's transition makes none of them.
+-- A waiting job (state letter 'w') keeps, in its record:
+--   'wk' = '<ready stream of its level> <delayed ZSET> <deps SET> <dependency results HASH>
+--           <waiting ZSET> <events STREAM> <stats HASH> <dead STREAM> <levels SET>
+--           <events spec> <dead ttl s> <dead max length> <wake channel>' (13 words, written
+--           by Python's key builder at enqueue: every name in the parent's own slot)
+--   'wd' = '<delay ms> <run at ms>' when it starts later than when its dependencies end.
+-- A job that others wait for keeps 'pk' = '<parents SET> <outbox STREAM> <its queue>' (its
+-- own slot), written by link.lua. Members of the parents SET: '<policy><index> <parent record
+-- key> <parent id>'; of a deps SET: '<policy><index> <child queue> <child id>'; a dependency
+-- results field: '<index> <child queue> <child id>' -> '<state letter><result or reason>'.
+-- A parent in the child's slot is resolved inline; one in another slot gets a message in
+-- the child's outbox ('p' parent record key, 'i' parent id, 'm' deps member, 'v' value),
+-- which the relay applies with resolve.lua in the parent's slot, then deletes.
+local FLOW = nil
+function lib_flow()
+  if FLOW then return FLOW end
+  local resolve, settled
+
+  local function words(s)
+    local t = {}
+    for w in string.gmatch(s, '%S+') do t[#t + 1] = w end
+    return t
+  end
+
+  local function tag_of(k) return string.match(k, '{[^}]*}') end
+
+  local LETTER = {c = 'completed', f = 'failed', x = 'cancelled', p = 'purged', m = 'missing'}
+
+  -- All dependencies ended: the job goes to its level's ready stream (or the delayed ZSET
+  -- when it has a start time still ahead), as enqueue.lua puts a new one.
+  local function release(prec, pid, W, now)
+    rcall('ZREM', W[5], pid)
+    rcall('DEL', W[3])
+    local r = rcall('HMGET', prec, 'wd', 'p')
+    local due = 0
+    if r[1] then
+      local d, at = string.match(r[1], '^(%d+) (%d+)$')
+      d, at = tonumber(d) or 0, tonumber(at) or 0
+      if at > 0 then due = at elseif d > 0 then due = now + d end
+    end
+    if due > now then
+      lib_cold().wake_if_sooner(W[2], W[13], due)
+      rcall('ZADD', W[2], due, pid)
+      rcall('HSET', prec, 's', 's', 'due', due)
+    else
+      local e = rcall('XADD', W[1], '*', 'id', pid)
+      rcall('HSET', prec, 's', 'q', 'e', enc_entry(e))
+      if r[2] then rcall('SADD', W[9], r[2]) end
+    end
+    emit(W[6], W[10], pid, 'queued', now, 'dependencies ended')
+  end
+
+  -- Apply one ended dependency to a waiting job in this slot. A repeat is a no-op (SREM of a
+  -- set), so is a parent no longer waiting. Returns 0 no-op, 1 recorded, 2 the parent was
+  -- dead-lettered (policy fail), 3 the parent was released.
+  function resolve(prec, pid, dmember, value, now)
+    local r = rcall('HMGET', prec, 's', 'wk')
+    if r[1] ~= 'w' or not r[2] then return 0 end
+    local W = words(r[2])
+    if dmember == '' then  -- (the repair sweep: nothing pending left, yet still waiting)
+      if rcall('SCARD', W[3]) > 0 then return 0 end
+      release(prec, pid, W, now)
+      return 3
+    end
+    if rcall('SREM', W[3], dmember) == 0 then return 0 end
+    local field = ssub(dmember, 2)
+    rcall('HSET', W[4], field, value)
+    local letter = ssub(value, 1, 1)
+    if letter ~= 'c' and ssub(dmember, 1, 1) == 'f' then
+      local ref = string.match(field, '^%S+ (.*)$') or field
+      lib_cold().bury(prec, W[8], W[6], pid, 'dependency ' .. ref .. ' '
+        .. (LETTER[letter] or letter), '', 'DependencyFailed', now, W[11], W[12], W[10], false)
+      count(W[7], 'failed', 1)
+      return 2
+    end
+    if rcall('SCARD', W[3]) == 0 then
+      release(prec, pid, W, now)
+      return 3
+    end
+    return 1
+  end
+
+  -- A job reached a terminal state (value: '<state letter><result or reason>'): its own
+  -- dependency keys go (wk; a dead-lettered job's results stay as long as its record, for a
+  -- re-drive) and each job waiting for it is resolved (pk): inline in this slot, else
+  -- through this slot's outbox.
+  function settled(jobkey, id, value, pk, wk, now)
+    if wk then
+      local W = words(wk)
+      rcall('ZREM', W[5], id)
+      rcall('DEL', W[3])
+      local t = ssub(value, 1, 1) == 'f' and rcall('PTTL', jobkey) or -2
+      if t > 0 then rcall('PEXPIRE', W[4], t)
+      elseif t == -2 then rcall('DEL', W[4]) end  -- (-1: kept as long as the record)
+    end
+    if pk then
+      local P = words(pk)
+      local mine = tag_of(P[1])
+      for _, m in ipairs(rcall('SMEMBERS', P[1])) do
+        local pi, prec, pid = string.match(m, '^(%S+) (%S+) (%S+)$')
+        if pi then
+          local dmember = pi .. ' ' .. P[3] .. ' ' .. id
+          if tag_of(prec) == mine then
+            resolve(prec, pid, dmember, value, now)
+          else
+            rcall('XADD', P[2], '*', 'p', prec, 'i', pid, 'm', dmember, 'v', value)
+          end
+        end
+      end
+      rcall('DEL', P[1])
+      if rcall('EXISTS', jobkey) == 1 then rcall('HDEL', jobkey, 'pk') end
+    end
+  end
+
+  FLOW = {words = words, tag_of = tag_of, release = release, resolve = resolve,
+    settled = settled}
+  return FLOW
+end
