@@ -46,3 +46,170 @@ async def test_chain_of_three_passes_results(url: str, q: Queue, qname: str) -> 
     async with running(url, qname, _reg()):
         await eventually(lambda: state(q, "c3.2") == "completed", 30)
     assert q.result("c3.2") == 111
+
+
+async def test_chord_callback_gets_every_result_in_order(url: str, q: Queue, qname: str) -> None:
+    n = 20
+    out = q.enqueue_flow(chord(group([JobSpec("add", i) for i in range(n)]),
+                               JobSpec("collect")), flow_id="ch")
+    assert len(out.job_ids) == n + 1 and out.last.job_id == f"ch.{n}"
+    async with running(url, qname, _reg()):
+        await eventually(lambda: state(q, out.last.job_id) == "completed", 30)
+    assert q.result(out.last.job_id) == [["completed", i] for i in range(n)]
+    cur, page = q.dependency_results(out.last.job_id, count=5)
+    assert page == [] and cur == 0  # the callback completed: its dependency results are gone
+
+
+async def test_a_repeated_enqueue_flow_writes_nothing_new(q: Queue, r: redis.Redis) -> None:
+    flow = chain(JobSpec("add", 1), group([JobSpec("add", 2), JobSpec("add", 3)]),
+                 JobSpec("collect"))
+    first = q.enqueue_flow(flow, flow_id="rep")
+    again = q.enqueue_flow(flow, flow_id="rep")
+    assert first.job_ids == again.job_ids == ["rep.0", "rep.1", "rep.2", "rep.3"]
+    assert [x.status for x in first.results] == ["queued", "waiting", "waiting", "waiting"]
+    assert r.xlen(q.keys.stream) == 1
+    assert r.smembers(q.keys.deps("rep.3")) == {b"f0 %s rep.1" % q.name.encode(),
+                                                b"f1 %s rep.2" % q.name.encode()}
+
+
+async def test_a_dag_with_two_parents_and_a_shared_child(url: str, q: Queue, qname: str) -> None:
+    q.enqueue("add", 1, job_id="a")
+    q.enqueue("add", 2, job_id="b")
+    q.enqueue("collect", job_id="p1", depends_on=["a"])
+    q.enqueue("collect", job_id="p2", depends_on=["b", "a"])
+    q.enqueue("collect", job_id="top", depends_on=["p1", "p2"])
+    assert [state(q, i) for i in ("p1", "p2", "top")] == ["waiting"] * 3
+    async with running(url, qname, _reg()):
+        await eventually(lambda: state(q, "top") == "completed", 30)
+    assert q.result("p1") == [["completed", 1]]
+    assert q.result("p2") == [["completed", 2], ["completed", 1]]
+    assert q.result("top") == [["completed", [["completed", 1]]],
+                               ["completed", [["completed", 2], ["completed", 1]]]]
+
+
+async def test_failure_policies(url: str, q: Queue, qname: str) -> None:
+    q.enqueue("boom", job_id="bad")
+    q.enqueue("add", 5, job_id="good")
+    q.enqueue("collect", job_id="p-fail", depends_on=["good", "bad"])
+    q.enqueue("collect", job_id="p-cont", depends_on=["good", JobRef(qname, "bad", "continue")])
+    q.enqueue("collect", job_id="p-ign", depends_on=[JobRef(qname, "bad", "ignore")])
+    async with running(url, qname, _reg()):
+        await eventually(lambda: state(q, "p-fail") == "failed"
+                         and state(q, "p-cont") == "completed"
+                         and state(q, "p-ign") == "completed", 30)
+    info = q.get("p-fail")
+    assert info is not None and info.reason == f"dependency {qname} bad failed"
+    assert q.result("p-cont") == [["completed", 5], ["failed", None]]
+    assert q.result("p-ign") == [["failed", None]]
+    _, deps = q.dependency_results("p-fail")  # kept with the dead record, for a re-drive
+    assert ("bad", "failed", "boom") in [(d.job_id, d.state, d.reason) for d in deps]
+
+
+async def test_a_child_that_ended_before_its_parent_was_enqueued(
+        url: str, q: Queue, qname: str, r: redis.Redis) -> None:
+    q.enqueue("add", 7, job_id="early")
+    async with running(url, qname, _reg()):
+        await eventually(lambda: state(q, "early") == "completed", 30)
+        res = q.enqueue("add", 1, job_id="late", depends_on=["early"])
+        assert res.status == "waiting"
+        assert state(q, "late") in ("queued", "active", "completed")  # released at once
+        await eventually(lambda: state(q, "late") == "completed", 30)
+    assert q.result("late") == 8
+    assert r.xlen(q.keys.outbox) == 0
+
+
+async def test_a_repeated_resolve_is_a_no_op(q: Queue, r: redis.Redis, qname: str) -> None:
+    q.enqueue("add", 1, job_id="c1")
+    q.enqueue("add", 2, job_id="c2")
+    q.enqueue("collect", job_id="p", depends_on=["c1", "c2"])
+    pkey = q.keys.job("p")
+    m1 = f"f0 {qname} c1"
+    assert SCRIPTS["resolve"](r, [pkey], ["p", m1, "c1"]) == 1
+    assert SCRIPTS["resolve"](r, [pkey], ["p", m1, "c1"]) == 0
+    assert r.scard(q.keys.deps("p")) == 1 and state(q, "p") == "waiting"
+    assert SCRIPTS["resolve"](r, [pkey], ["p", f"f1 {qname} c2", "c2"]) == 3
+    assert SCRIPTS["resolve"](r, [pkey], ["p", f"f1 {qname} c2", "c2"]) == 0
+    assert state(q, "p") == "queued"
+    assert r.xlen(q.keys.stream) == 3
+    assert not r.exists(q.keys.deps("p")) and r.zcard(q.keys.waiting) == 0
+
+
+@pytest.mark.parametrize(("policy", "ends"), [("fail", "failed"), ("ignore", "queued")])
+def test_repair_resolves_a_parent_whose_child_record_was_deleted(
+        q: Queue, r: redis.Redis, qname: str, policy: str, ends: str) -> None:
+    q.enqueue("add", 1, job_id="kid")
+    q.enqueue("collect", job_id="p", depends_on=[JobRef(qname, "kid", policy)])  # type: ignore[arg-type]
+    cursors: dict[str, int] = {}
+    assert drive(r, repair(q.keys, 1, 0, cursors)) == (1, 0)  # a live child: only linked
+    assert state(q, "p") == "waiting"
+    r.delete(q.keys.job("kid"))  # expired, purged by hand, lost in a failover
+    assert drive(r, repair(q.keys, 1, 0, cursors)) == (1, 1)
+    assert state(q, "p") == ends
+    _, deps = q.dependency_results("p")
+    assert [(d.job_id, d.state) for d in deps] == [("kid", "missing")]
+    assert drive(r, repair(q.keys, 1, 0, cursors)) == (0, 0)
+    assert int(r.hget(q.keys.stats, "flow_repairs") or 0) == 1
+
+
+def test_repair_leaves_young_waiting_jobs_to_their_producer(q: Queue, r: redis.Redis) -> None:
+    q.enqueue("add", 1, job_id="kid")
+    q.enqueue("collect", job_id="p", depends_on=["kid"])
+    r.delete(q.keys.job("kid"))
+    assert drive(r, repair(q.keys, 1, 3_600_000, {})) == (0, 0)
+    assert state(q, "p") == "waiting"
+
+
+async def test_cancel_a_waiting_job_and_a_cancelled_child(q: Queue, r: redis.Redis,
+                                                          qname: str) -> None:
+    q.enqueue("add", 1, job_id="kid")
+    q.enqueue("collect", job_id="p", depends_on=["kid"])
+    q.enqueue("collect", job_id="p2", depends_on=[JobRef(qname, "kid", "continue")])
+    assert q.cancel("p").cancelled
+    assert state(q, "p") == "cancelled"
+    assert not r.exists(q.keys.deps("p"), q.keys.dep_results("p"))
+    assert q.cancel("kid").cancelled
+    assert state(q, "p2") == "queued"  # resolved inline by the cancel, policy continue
+    _, deps = q.dependency_results("p2")
+    assert [(d.job_id, d.state) for d in deps] == [("kid", "cancelled")]
+    assert not r.exists(q.keys.parents("kid")) and r.zcard(q.keys.waiting) == 0
+
+
+async def test_a_sharded_queue_resolves_across_its_shards(url: str, qname: str,
+                                                          r: redis.Redis) -> None:
+    cfg = streamq.QueueConfig(shards=4)
+    sq = Queue.from_url(url, qname, cfg)
+    try:
+        kids = [f"k{i}" for i in range(12)]
+        for i, k in enumerate(kids):
+            sq.enqueue("add", i, job_id=k)
+        sq.enqueue("collect", job_id="p", depends_on=kids)
+        assert state(sq, "p") == "waiting"
+        async with streamq.Worker(url, [qname], _reg(), _fast(), queue_config=cfg):
+            await eventually(lambda: state(sq, "p") == "completed", 30)
+        assert sq.result("p") == [["completed", i] for i in range(12)]
+        for s in range(4):
+            assert r.xlen(sq.keys.of_shard(s).outbox) == 0
+    finally:
+        sq.close()
+
+
+def _fast() -> streamq.WorkerConfig:
+    from helpers import fast
+    return fast()
+
+
+async def test_memory_returns_after_a_1000_to_1_fan_in(url: str, q: Queue, qname: str,
+                                                       r: redis.Redis) -> None:
+    n = 1000
+    q.enqueue_many([{"type": "add", "payload": 1, "job_id": f"k{i}", "result_ttl": 0}
+                    for i in range(n)])
+    q.enqueue("collect", job_id="sink", depends_on=[f"k{i}" for i in range(n)])
+    assert r.scard(q.keys.deps("sink")) == n
+    async with running(url, qname, _reg()):
+        await eventually(lambda: state(q, "sink") == "completed", 60)
+    res = q.result("sink")
+    assert len(res) == n and all(x == ["completed", 1] for x in res)
+    left = [k for k in r.scan_iter(match=f"streamq:{{{qname}}}:*", count=1000)
+            if any(p in k for p in (b":deps:", b":dres:", b":par:", b":job:k"))]
+    assert left == []
+    assert r.xlen(q.keys.outbox) == 0 and r.zcard(q.keys.waiting) == 0
