@@ -31,6 +31,7 @@ from streamq._core.scripts import SCRIPTS
 from streamq._core.shards import check as _check_shards
 from streamq._core.supervise import LoopHealth, Outage, Supervised
 from streamq._worker.promote import Promoter
+from streamq._worker.relay import Relay
 
 from ._entries import Cron
 
@@ -85,7 +86,9 @@ class Scheduler:
         self.requeued = 0
         self._outage = Outage(log, f"scheduler {self.consumer}")
         self.loops = {name: Supervised(name, log, outage=self._outage, max_backoff_s=1.0)
-                      for name in ("promotion", "cron", "sweep")}
+                      for name in ("promotion", "cron", "sweep", "workflows")}
+        self._relays = [Relay(k) for ks in self.shards.values() for k in ks]
+        """The workflow relay and repair sweep of every shard (docs/workflows.md)."""
         self._cron_published = False
 
     @classmethod
@@ -120,7 +123,9 @@ class Scheduler:
         self._running = True
         running = lambda: self._running  # noqa: E731
         self._tasks = [asyncio.create_task(self._promote_loop()),
-                       asyncio.create_task(self.loops["sweep"].run(self._sweep_step, running))]
+                       asyncio.create_task(self.loops["sweep"].run(self._sweep_step, running)),
+                       asyncio.create_task(self.loops["workflows"].run(self._flow_step,
+                                                                       running))]
         if self.cron:
             self._tasks.append(asyncio.create_task(
                 self.loops["cron"].run(self._cron_step_all, running)))
@@ -217,6 +222,12 @@ class Scheduler:
         finally:
             if pubsub[0] is not None:
                 await _close(pubsub[0])
+
+    async def _flow_step(self) -> float:
+        """Every shard's workflow relay (one shard's error is the loop's: logged, retried)."""
+        assert self._client is not None
+        every = min(1.0, self.config.poll_interval_s)
+        return min([await r.step(self._client, every) for r in self._relays] or [every])
 
     # ------------------------------------------------------------------ cron
 

@@ -213,3 +213,30 @@ async def test_memory_returns_after_a_1000_to_1_fan_in(url: str, q: Queue, qname
             if any(p in k for p in (b":deps:", b":dres:", b":par:", b":job:k"))]
     assert left == []
     assert r.xlen(q.keys.outbox) == 0 and r.zcard(q.keys.waiting) == 0
+
+
+async def test_the_scheduler_daemon_relays_too(url: str, qname: str, r: redis.Redis) -> None:
+    from schedulers import Scheduler, SchedulerConfig
+
+    cfg = streamq.QueueConfig(shards=2)
+    sq = Queue.from_url(url, qname, cfg)
+    try:
+        kids = [f"k{i}" for i in range(6)]  # in both shards: some edges cross slots
+        for k in kids:
+            sq.enqueue("add", 1, job_id=k)
+        sq.enqueue("collect", job_id="p", depends_on=kids)
+        async with streamq.Worker(url, [qname], _reg(), _fast_no_relay(), queue_config=cfg):
+            await eventually(lambda: all(state(sq, k) == "completed" for k in kids), 30)
+            outbox = sum(r.xlen(sq.keys.of_shard(s).outbox) for s in range(2))
+            assert outbox > 0 and state(sq, "p") == "waiting"  # no relay ran yet
+            async with Scheduler(url, [qname], config=SchedulerConfig(poll_interval_s=0.1),
+                                 queue_config=cfg):
+                await eventually(lambda: state(sq, "p") == "completed", 30)
+        assert sum(r.xlen(sq.keys.of_shard(s).outbox) for s in range(2)) == 0
+    finally:
+        sq.close()
+
+
+def _fast_no_relay() -> streamq.WorkerConfig:
+    from helpers import fast
+    return fast(promote=False)

@@ -26,10 +26,6 @@ log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 SERIES_EVERY_S = 10.0
 """How often a worker adds its outcome counts to the queues' time series."""
-REPAIR_EVERY_S = 30.0
-"""How often a worker sweeps its queues' waiting jobs (workflows: docs/workflows.md#repair)."""
-REPAIR_MIN_AGE_MS = 60_000
-"""A waiting job younger than this is left to its producer (it may still be linking)."""
 
 
 class Housekeeper:
@@ -181,22 +177,13 @@ class Housekeeper:
         return step
 
     def _flow_step(self, qs: QState) -> Callable[[], Any]:
-        """Relay this shard's outbox (resolve messages for parents in other slots) and, every
-        ``REPAIR_EVERY_S``, sweep its waiting jobs (docs/workflows.md#repair)."""
-        from .._core.driver import adrive
-        from .._core.flow import relay, repair
+        """This shard's workflow relay and repair sweep (relay.py)."""
+        from .relay import Relay
 
+        keeper = Relay(qs.keys)
         every = self.config.promote_interval_s
-        cursors: dict[str, int] = {}
-        last = [0.0]
 
         async def step() -> float:
-            _n, more = await adrive(self.client, relay(qs.keys))
-            now = asyncio.get_running_loop().time()
-            if now - last[0] >= REPAIR_EVERY_S:
-                last[0] = now
-                await adrive(self.client, repair(qs.keys, None, REPAIR_MIN_AGE_MS,
-                                                 cursors))
-            return 0.0 if more else every
+            return await keeper.step(self.client, every)
 
         return step
