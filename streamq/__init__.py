@@ -45,11 +45,11 @@ from ._core.errors import (
     UnknownQueue,
     WaitTimeout,
 )
+from ._core.flow import DependencyResult, JobRef
 from ._core.keys import Keys
 from ._core.model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
 from ._core.serde import JsonSerde, MsgpackSerde, Serde
 from ._core.telemetry import JobContextFilter, JsonFormatter
-from ._core.flow import DependencyResult, JobRef
 from ._producer.flows import Chain, Chord, FlowResult, Group, JobSpec, chain, chord, group
 from ._producer.queue import AsyncQueue, Queue
 from ._version import VERSION

@@ -6,15 +6,13 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import eventually, running, state
 
 import streamq
 from streamq import JobRef, JobSpec, Queue, Registry, chain, chord, group
 from streamq._core.driver import drive
 from streamq._core.flow import repair
 from streamq._core.scripts import SCRIPTS
-
-from helpers import eventually, running, state
-
 
 
 def _reg(log: list[Any] | None = None) -> Registry:
@@ -240,3 +238,33 @@ async def test_the_scheduler_daemon_relays_too(url: str, qname: str, r: redis.Re
 def _fast_no_relay() -> streamq.WorkerConfig:
     from helpers import fast
     return fast(promote=False)
+
+
+def test_stats_count_waiting_jobs_and_the_oldest_wait(q: Queue, url: str) -> None:
+    from streamq.admin import Admin
+
+    q.enqueue("add", 1, job_id="kid")
+    q.enqueue("collect", job_id="p1", depends_on=["kid"])
+    q.enqueue("collect", job_id="p2", depends_on=["kid", "p1"])
+    admin = Admin.from_url(url)
+    try:
+        s = admin.stats(q.name)
+        assert s.waiting == 2 and s.oldest_waiting_age_s is not None
+        assert s.oldest_waiting_age_s >= 0
+    finally:
+        admin.close()
+
+
+async def test_typed_tasks_make_flow_nodes(url: str, q: Queue, qname: str) -> None:
+    reg = Registry()
+
+    @reg.task("double")
+    def double(job: streamq.Job, n: int) -> int:
+        return 2 * (job.previous_result() or n)
+
+    flow = chain(double.spec(3), double.options(job_id="d2").spec(0), double.spec(0))
+    out = q.enqueue_flow(flow, flow_id="t")
+    assert out.job_ids == ["t.0", "d2", "t.2"]
+    async with running(url, qname, reg):
+        await eventually(lambda: state(q, "t.2") == "completed", 30)
+    assert q.result("t.2") == 24

@@ -270,12 +270,12 @@ def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, i
         sh = yield from shard_counts(keys.prefix, (e[1].queue for e in edges),
                                      {**({} if shards is None else {keys.queue: shards}),
                                       **(known or {})})
-        calls = [link_call(keys.prefix, sh, keys.job(pid), pid, ref, idx)
-                 for pid, ref, idx in edges]
+        calls: list[Cmd | Call] = [link_call(keys.prefix, sh, keys.job(pid), pid, ref, idx)
+                                   for pid, ref, idx in edges]
         r2 = yield calls
         msgs: list[Message] = []
         for c, v in zip(calls, r2, strict=True):
-            if not isinstance(v, Exception) and _s(v[0]) == "ended":
+            if isinstance(c, Call) and not isinstance(v, Exception) and _s(v[0]) == "ended":
                 msgs.append((c.keys[2], _s(v[1]), *_msg_of(c)))
         if msgs:
             got = yield [Cmd.of("XRANGE", m[0], m[1], m[1]) for m in msgs]

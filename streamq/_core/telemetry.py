@@ -234,6 +234,8 @@ for _field, _unit, _desc in [
     ("oldest_ready_age", "s", "age of the oldest undelivered entry"),
     ("workers", "{worker}", "workers with a recent heartbeat"),
     ("group_waiting", "{job}", "grouped jobs waiting for a slot of their group"),
+    ("waiting", "{job}", "jobs waiting for their dependencies (workflows)"),
+    ("oldest_waiting_age", "s", "how long the oldest job waiting for dependencies has waited"),
 ]:
     _meter.create_observable_gauge(f"streamq.queue.{_field}", [_observe(_field)], unit=_unit,
                                    description=_desc)

@@ -75,6 +75,10 @@ class QueueStats:
     """Groups with waiting or in-flight jobs (per shard: summed over shards)."""
     levels: dict[int, LevelStats] = attrs.field(factory=dict)
     """Per priority level in use (the default, 2, always): ready, pending, oldest age."""
+    waiting: int = 0
+    """Jobs waiting for their dependencies (workflows: docs/workflows.md)."""
+    oldest_waiting_age_s: float | None = None
+    """How long the oldest of them has waited."""
 
 
 def _group(groups: Any) -> tuple[int, int, str]:
@@ -94,7 +98,8 @@ def stats(keys: Keys, worker_alive_ms: int = 30_000) -> Op[QueueStats]:
                Cmd.of("HGETALL", keys.stats), Cmd.of("EXISTS", keys.paused),
                Cmd.of("EXISTS", keys.stream, keys.delayed, keys.dead, keys.stats),
                Cmd.of("ZCARD", keys.group_wait), Cmd.of("ZCARD", keys.group_inflight),
-               Cmd.of("ZCARD", keys.group_index)]
+               Cmd.of("ZCARD", keys.group_index), Cmd.of("ZCARD", keys.waiting),
+               Cmd.of("ZRANGE", keys.waiting, 0, 0, "WITHSCORES")]
     if not ok(r[6]):
         raise UnknownQueue(f"queue {keys.queue!r} does not exist (no keys under {keys.base})")
     now = _server_ms(ok(r[0]))
@@ -123,7 +128,8 @@ def stats(keys: Keys, worker_alive_ms: int = 30_000) -> Op[QueueStats]:
         consumers=max(g[2] for g in groups), workers_alive=int(ok(r2[-1])),
         paused=bool(ok(r[5])), oldest_ready_age_s=max(ages) if ages else None,
         counters=counters, levels=by_level, group_waiting=int(ok(r[7])),
-        group_in_flight=int(ok(r[8])), groups=int(ok(r[9])))
+        group_in_flight=int(ok(r[8])), groups=int(ok(r[9])), waiting=int(ok(r[10])),
+        oldest_waiting_age_s=(now - int(float(ok(r[11])[1]))) / 1000 if ok(r[11]) else None)
 
 
 # ------------------------------------------------------------------ pending

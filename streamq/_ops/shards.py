@@ -55,6 +55,7 @@ def stats(parts: Sequence[Keys]) -> Op[QueueStats]:
         for name, v in s.counters.items():
             counters[name] = counters.get(name, 0) + v
     ages = [s.oldest_ready_age_s for s in found if s.oldest_ready_age_s is not None]
+    waits = [s.oldest_waiting_age_s for s in found if s.oldest_waiting_age_s is not None]
 
     def total(field: str) -> int:
         return sum(int(getattr(s, field)) for s in found)
@@ -67,7 +68,8 @@ def stats(parts: Sequence[Keys]) -> Op[QueueStats]:
         paused=any(s.paused for s in found), oldest_ready_age_s=max(ages) if ages else None,
         counters=counters, group_waiting=total("group_waiting"),
         group_in_flight=total("group_in_flight"), groups=total("groups"),
-        levels=_levels(found))
+        levels=_levels(found), waiting=total("waiting"),
+        oldest_waiting_age_s=max(waits) if waits else None)
 
 
 def _levels(found: Sequence[QueueStats]) -> dict[int, LevelStats]:

@@ -3,8 +3,8 @@
 to it: ``JobSpec``, ``chain``, ``group``, ``chord``.
 
 Order of writes, so that a producer dying at any point leaves nothing stranded: every waiting
-job first (wait.lua: its record and pending set, in its own slot), then the jobs nothing waits
-on... that have no dependencies (enqueue.lua), then every edge (link.lua, in the dependency's
+job first (wait.lua: its record and pending set, in its own slot), then the jobs that have no
+dependencies (enqueue.lua), then every edge (link.lua, in the dependency's
 slot; one already ended is resolved at once). A waiting job whose edges never got linked is
 found by the repair sweep; a repeat of the same flow with the same ``flow_id`` writes nothing
 new (deterministic ids) and links what is missing.
@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from .._core.config import QueueConfig
-from .._core.driver import Call, Op, ok
+from .._core.driver import Call, Cmd, Op, ok
 from .._core.errors import InvalidArgument
 from .._core.flow import (
     DEPS_HEADER,
@@ -41,9 +41,9 @@ class JobSpec:
     ``max_attempts``, ...). ``queue``: another queue than the one ``enqueue_flow`` is called
     on (None: that one). ``job_id``: None gets a deterministic id from the flow's id."""
 
-    __slots__ = ("type", "payload", "queue", "job_id", "options")
+    __slots__ = ("job_id", "options", "payload", "queue", "type")
 
-    def __init__(self, type: str, payload: Any = None, *, queue: str | None = None,  # noqa: A002
+    def __init__(self, type: str, payload: Any = None, *, queue: str | None = None,
                  job_id: str | None = None, **options: Any) -> None:
         if "depends_on" in options or "group" in options:
             raise InvalidArgument("a JobSpec takes its dependencies from the flow (chain,"
@@ -186,7 +186,7 @@ def _waited(cfg: QueueConfig, jid: str, reply: Any) -> tuple[EnqueueResult, bool
     job written by an earlier try)."""
     v = ok(reply)
     if (v[0].decode() if isinstance(v[0], bytes) else v[0]) == "waiting":
-        return EnqueueResult(jid, "waiting", "waiting"), True  # type: ignore[arg-type]
+        return EnqueueResult(jid, "waiting", "waiting"), True
     state = v[1].decode()
     res = cfg.serde.loads(v[2]) if v[2] else None
     err = cfg.serde.loads(v[3]) if v[3] else None
@@ -237,17 +237,18 @@ def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str
     for q, idx in leaves.items():
         batch = [preps[i] for i in idx]
         chunks = prod.chunks(batch)
-        calls = [Call("enqueue", *prod.enqueue_call(qkeys[q], cfgs[q], c)) for c in chunks]
+        calls: list[Cmd | Call] = [Call("enqueue", *prod.enqueue_call(qkeys[q], cfgs[q], c))
+                                   for c in chunks]
         replies = yield calls
         flat = [res for c, v in zip(chunks, replies, strict=True)
                 for res in prod.parse_enqueue(cfgs[q], c, ok(v), retried=True)]
         for i, res in zip(idx, prod.in_order(batch, chunks, flat), strict=True):
             results[i] = res
-    calls = []
+    links: list[Call] = []
     for i in relink:
         n = nodes[i]
         pk = qkeys[n.ref.queue].for_job(n.ref.job_id, sh[n.ref.queue]).job(n.ref.job_id)
-        calls.extend(link_call(keys.prefix, sh, pk, n.ref.job_id, d, j)
+        links.extend(link_call(keys.prefix, sh, pk, n.ref.job_id, d, j)
                      for j, d in enumerate(n.deps))
-    yield from link(calls)
+    yield from link(links)
     return FlowResult([n.ref for n in nodes], [r for r in results if r is not None])

@@ -28,11 +28,11 @@ from .._core.errors import (
     UnknownJobType,
     WaitTimeout,
 )
+from .._core.flow import DependencyResult, results_page
 from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, aeach, call, each
 from .._core.scripts import SCRIPTS
-from .._core.flow import DependencyResult, results_page
 from . import flows as _flows
 from . import prepare as prod
 from .autobatch import AsyncBatcher, ShardedAsync, ShardedSync, SyncBatcher
@@ -192,8 +192,10 @@ class Queue(_Base):
             self._before((job_type,))
         if "depends_on" in options:
             self._check()
-            return self._done(call(lambda _r: drive(self.client, _flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options)))))
+            res: EnqueueResult = call(lambda _r: drive(self.client, _flows.enqueue_waiting(
+                self.keys, self.config, job_type, payload, dict(options))))
+            self._note()
+            return res
         if not tel.tracing():  # (no span: no context manager either)
             prepared = prod.prepare(self.keys, self.config, job_type, payload,
                                     trace=tel.carrier(), **options) if options else \
@@ -204,18 +206,16 @@ class Queue(_Base):
             return prod.single(self.name, _answered(self._batcher.submit(prod.prepare(
                 self.keys, self.config, job_type, payload, trace=carrier, **options))))
 
-    def _done(self, r: Any) -> Any:
-        self._note()
-        return r
-
     def enqueue_flow(self, flow: _flows.Flow, *, flow_id: str | None = None
                      ) -> _flows.FlowResult:
         """Enqueue a flow (``chain``, ``group``, ``chord`` of ``JobSpec``): every node's id in
         the result. The same ``flow_id`` again writes nothing new (docs/workflows.md)."""
         self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
-        return self._done(call(lambda _r: drive(self.client, _flows.enqueue_flow(
-            self.keys, self.config, flow, fid))))
+        out: _flows.FlowResult = call(lambda _r: drive(self.client, _flows.enqueue_flow(
+            self.keys, self.config, flow, fid)))
+        self._note()
+        return out
 
     def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                            ) -> tuple[int, list[DependencyResult]]:
@@ -450,7 +450,7 @@ class AsyncQueue(_Base):
             r = await acall(lambda _r: adrive(self.client, _flows.enqueue_waiting(
                 self.keys, self.config, job_type, payload, dict(options))))
             await self._note()
-            return r  # type: ignore[no-any-return]
+            return r
         if not tel.tracing():  # (no span: no context manager either)
             prepared = prod.prepare(self.keys, self.config, job_type, payload,
                                     trace=tel.carrier(), **options) if options else \
@@ -466,17 +466,17 @@ class AsyncQueue(_Base):
         """Enqueue a flow: see ``Queue.enqueue_flow``."""
         await self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
-        r = await acall(lambda _r: adrive(self.client, _flows.enqueue_flow(
+        r: _flows.FlowResult = await acall(lambda _r: adrive(self.client, _flows.enqueue_flow(
             self.keys, self.config, flow, fid)))
         await self._note()
-        return r  # type: ignore[no-any-return]
+        return r
 
     async def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                                  ) -> tuple[int, list[DependencyResult]]:
         """One page of a job's dependency results: see ``Queue.dependency_results``."""
         k = self.keys.for_job(check_job_id(job_id), self.config.shards)
-        return await acall(lambda _r: adrive(  # type: ignore[no-any-return]
-            self.client, results_page(k, job_id, self.config.serde, cursor, count)))
+        return await acall(lambda _r: adrive(self.client, results_page(
+            k, job_id, self.config.serde, cursor, count)))
 
     async def enqueue_many(self, jobs: Iterable[Mapping[str, Any]]) -> list[EnqueueResult]:
         jobs = list(jobs)

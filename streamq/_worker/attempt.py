@@ -14,6 +14,7 @@ import attrs
 
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, RetryPolicy, WorkerConfig
+from .._core.driver import adrive
 from .._core.errors import (
     MAX_RETRY_AFTER_S,
     Fail,
@@ -24,7 +25,6 @@ from .._core.errors import (
     Retry,
     SerializationError,
 )
-from .._core.driver import adrive
 from .._core.flow import DEPS_HEADER, all_results
 from .._core.model import Job, envelope_from_data, plain_body
 from .._core.timeseries import SeriesRecorder

@@ -98,7 +98,7 @@ class Housekeeper:
         for qs in self.queues:  # a sharded queue's gauges add up over its shards
             g = out.setdefault(qs.keys.queue, {})
             for name, v in qs.gauges.items():
-                most = name in ("oldest_ready_age", "workers")
+                most = name in ("oldest_ready_age", "oldest_waiting_age", "workers")
                 g[name] = max(g.get(name, 0.0), v) if most else g.get(name, 0.0) + v
         return list(out.items())
 
@@ -116,7 +116,8 @@ class Housekeeper:
             qs.gauges = {"ready": st.ready, "pending": st.pending,
                          "delayed": st.scheduled + st.retrying, "dead": st.dead,
                          "oldest_ready_age": st.oldest_ready_age_s or 0.0,
-                         "group_waiting": st.group_waiting,
+                         "group_waiting": st.group_waiting, "waiting": st.waiting,
+                         "oldest_waiting_age": st.oldest_waiting_age_s or 0.0,
                          "workers": st.workers_alive}
 
     async def _series_step(self) -> float:

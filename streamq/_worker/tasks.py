@@ -18,6 +18,7 @@ import cattrs
 
 from .._core.errors import InvalidArgument, InvalidPayload
 from .._core.model import EnqueueResult, Job
+from .._producer.flows import JobSpec
 
 if TYPE_CHECKING:
     from .._producer.queue import AsyncQueue, Queue
@@ -112,6 +113,14 @@ class Task(Generic[P, R]):
             checked = _strict(value, hint, f"{self.name}: argument {name!r}")
             out[name] = _conv.unstructure(checked, hint if hint is not Any else None)
         return out
+
+    def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec:
+        """This task's job as a flow node (``streamq.chain``, ``group``, ``chord``), with the
+        options given by ``.options(...)`` (``queue=``, ``job_id=`` among them)."""
+        opts = dict(self._options)
+        queue, job_id = opts.pop("queue", None), opts.pop("job_id", None)
+        return JobSpec(self.name, self.payload(*args, **kwargs), queue=queue, job_id=job_id,
+                       **opts)
 
     async def enqueue(self, queue: AsyncQueue, *args: P.args, **kwargs: P.kwargs) -> EnqueueResult:
         r: EnqueueResult = await queue.enqueue(self.name, self.payload(*args, **kwargs),

@@ -59,6 +59,11 @@ def cmd_stats(ctx: Ctx) -> None:
             if any(s.groups for s in stats):  # grouped jobs waiting for a slot: not in ready
                 for row, s in zip(rows, stats, strict=True):
                     row["group_waiting"] = s.group_waiting
+            if any(s.waiting for s in stats):  # jobs waiting for their dependencies
+                for row, s in zip(rows, stats, strict=True):
+                    row["waiting"] = s.waiting
+                    row["oldest_waiting"] = "-" if s.oldest_waiting_age_s is None \
+                        else f"{s.oldest_waiting_age_s:.1f}s"
             orphans = [s.queue for s in stats if s.workers_alive == 0
                        and s.ready + s.scheduled + s.retrying + s.group_waiting > 0]
             notes = [f"note: {q!r} has jobs waiting and no live worker (a typo in a producer's"

@@ -77,6 +77,7 @@ def stats_cells(s: QueueStats, rate: tuple[float, float] | None) -> dict[str, st
             f"{q}:oldest": _fmt_age(s.oldest_ready_age_s),
             f"{q}:workers": f"{s.workers_alive:,}",
             f"{q}:group_waiting": f"{s.group_waiting:,}",
+            f"{q}:waiting": f"{s.waiting:,}",
             f"{q}:paused": "PAUSED" if s.paused else ""}
 
 
