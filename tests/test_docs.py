@@ -25,7 +25,7 @@ from streamq._core.server import RedisServer
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 PAGES = ("index.md", "getting-started.md", "delivery-semantics.md", "errors.md", "key-layout.md",
          "scheduling.md", "operations.md", "testing.md", "fastapi.md", "scaling.md",
-         "fairness.md", "dedup.md")
+         "fairness.md", "dedup.md", "workflows.md")
 NOT_RUN = "# not run"
 FILE = "# file: "
 """A block that is a file of an example project: written out and run with pytest."""
