@@ -268,3 +268,13 @@ async def test_typed_tasks_make_flow_nodes(url: str, q: Queue, qname: str) -> No
     async with running(url, qname, reg):
         await eventually(lambda: state(q, "t.2") == "completed", 30)
     assert q.result("t.2") == 24
+
+
+def test_a_job_may_wait_for_more_jobs_than_lua_unpacks_at_once(q: Queue, r: redis.Redis
+                                                              ) -> None:
+    n = 9_000  # over Lua's unpack limit (~8,000): wait.lua adds the set in slices
+    q.enqueue_many([{"type": "add", "payload": 1, "job_id": f"k{i}"} for i in range(n)])
+    assert q.enqueue("collect", job_id="sink",
+                     depends_on=[f"k{i}" for i in range(n)]).status == "waiting"
+    assert r.scard(q.keys.deps("sink")) == n
+    assert r.scard(q.keys.parents("k8999")) == 1

@@ -47,7 +47,9 @@ if ARGV[9] ~= '' then add('notify', ARGV[9]) end
 if ARGV[10] ~= '' then add('p', ARGV[10]) end
 if ARGV[7] ~= '0' or ARGV[8] ~= '0' then add('wd', ARGV[7] .. ' ' .. ARGV[8]) end
 rcall('HSET', jobkey, unpack(set))
-rcall('SADD', deps, unpack(ARGV, 13))
+for i = 13, #ARGV, 1000 do  -- (unpack is capped at ~8,000 values: SADD in slices)
+  rcall('SADD', deps, unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
 rcall('ZADD', waiting, now, id)
 emit(events, ARGV[12], id, 'enqueued', now, 'waiting')
 count(stats, 'enqueued', 1)
