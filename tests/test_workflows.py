@@ -251,8 +251,28 @@ def test_stats_count_waiting_jobs_and_the_oldest_wait(q: Queue, url: str) -> Non
         s = admin.stats(q.name)
         assert s.waiting == 2 and s.oldest_waiting_age_s is not None
         assert s.oldest_waiting_age_s >= 0
+        page = admin.delayed(q.name, "waiting")
+        assert [(j.job_id, j.state) for j in page.items] == [("p1", "waiting"),
+                                                              ("p2", "waiting")]
     finally:
         admin.close()
+
+
+async def test_the_dashboard_lists_waiting_jobs(q: Queue, url: str) -> None:
+    import httpx
+
+    from streamq.dashboard import DashboardConfig, create_app
+
+    q.enqueue("add", 1, job_id="kid")
+    q.enqueue("collect", job_id="blocked", depends_on=["kid"])
+    app = create_app(url, config=DashboardConfig(queues=(q.name,), poll_interval_s=0.1))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://dash") as c:
+        page = await c.get(f"/queue?q={q.name}&tab=waiting")
+        assert page.status_code == 200
+        assert "blocked" in page.text and "waiting since" in page.text
+        job = await c.get(f"/job?q={q.name}&id=blocked")
+        assert job.status_code == 200 and "waiting" in job.text
 
 
 async def test_typed_tasks_make_flow_nodes(url: str, q: Queue, qname: str) -> None:

@@ -147,9 +147,12 @@ def _ready(keys: Keys, flt: ListFilter | None = None, *, limit: int = 50,
 def delayed(keys: Keys, state: str | None = None, flt: ListFilter | None = None, *,
             limit: int = 50, cursor: str | None = None, scan: int = 2 * PAGE) -> Op[Page]:
     """Members of the delayed set (scheduled and retrying jobs) by due time, soonest first;
-    ``state`` keeps one of the two. The cursor is ``<score>:<members of that score seen>``."""
-    if state is not None and state not in DELAYED_STATES:
+    ``state`` keeps one of the two. The cursor is ``<score>:<members of that score seen>``.
+    ``state="waiting"``: the waiting index instead (jobs waiting for their dependencies, by
+    when they started waiting, oldest first: docs/workflows.md)."""
+    if state is not None and state not in (*DELAYED_STATES, "waiting"):
         raise InvalidArgument(f"delayed jobs are scheduled or retrying, not {state!r}")
+    index = keys.waiting if state == "waiting" else keys.delayed
     flt = flt or ListFilter()
     limit = max(1, min(limit, PAGE))
     score, skip = (str(flt.since_ms) if flt.since_ms is not None else "-inf"), 0
@@ -165,7 +168,7 @@ def delayed(keys: Keys, state: str | None = None, flt: ListFilter | None = None,
     while read < scan:
         n = min(chunk, PAGE, scan - read)
         chunk *= 2
-        (raw,) = yield [Cmd.of("ZRANGE", keys.delayed, score, end, "BYSCORE", "LIMIT", skip, n,
+        (raw,) = yield [Cmd.of("ZRANGE", index, score, end, "BYSCORE", "LIMIT", skip, n,
                                "WITHSCORES")]
         flat = ok(raw)
         pairs = [(_t(flat[i]), int(float(flat[i + 1]))) for i in range(0, len(flat), 2)]

@@ -24,7 +24,7 @@ from ._app import Dashboard
 from ._charts import WINDOWS, auto_window, charts, window
 from ._live import gather_bounded, stats_cells
 
-TABS = ("ready", "active", "scheduled", "retrying", "dead", "completed", "cancelled",
+TABS = ("ready", "active", "waiting", "scheduled", "retrying", "dead", "completed", "cancelled",
         "workers", "cron", "charts")
 KEEPALIVE_S = 15.0
 SCAN = 5 * PAGE
@@ -117,7 +117,7 @@ async def queue_page(dash: Dashboard, request: Request) -> Response:
         page = await a.ready(q, flt, limit=size, cursor=cursor)
     elif tab == "active":
         page = await a.pending(q, count=size, cursor=check_cursor(cursor, shards))
-    elif tab in ("scheduled", "retrying"):
+    elif tab in ("scheduled", "retrying", "waiting"):
         page = await a.delayed(q, tab, flt, limit=size, cursor=cursor)
     elif tab == "dead":
         dflt = DeadFilter(type=shown.get("type"), error_type=shown.get("error"),
