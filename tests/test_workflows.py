@@ -298,3 +298,41 @@ def test_a_job_may_wait_for_more_jobs_than_lua_unpacks_at_once(q: Queue, r: redi
                      depends_on=[f"k{i}" for i in range(n)]).status == "waiting"
     assert r.scard(q.keys.deps("sink")) == n
     assert r.scard(q.keys.parents("k8999")) == 1
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_re_driving_a_dead_dependency_re_opens_its_dead_job(url: str, qname: str,
+                                                                  shards: int) -> None:
+    from streamq._core.keys import shard_of
+    from streamq.admin import Admin
+
+    cfg = streamq.QueueConfig(shards=shards)
+    reg = _reg()
+    fixed: list[bool] = []
+
+    @reg.handler("flaky")
+    def flaky(job: streamq.Job) -> Any:
+        if not fixed:
+            raise streamq.Fail("not yet")
+        return 42
+
+    kid = next(f"kid{i}" for i in range(100) if shards == 1
+               or shard_of(f"kid{i}", shards) != shard_of("p", shards))  # another slot
+    sq = Queue.from_url(url, qname, cfg)
+    admin = Admin.from_url(url, cfg)
+    try:
+        sq.enqueue("flaky", job_id=kid)
+        sq.enqueue("add", 1, job_id="ok")
+        sq.enqueue("collect", job_id="p", depends_on=[kid, "ok"])
+        async with streamq.Worker(url, [qname], reg, _fast(), queue_config=cfg):
+            await eventually(lambda: state(sq, "p") == "failed", 30)
+            info = sq.get("p")
+            assert info is not None and info.reason == f"dependency {qname} {kid} failed"
+            fixed.append(True)
+            dead = [e for e in admin.dead(qname).items if e.job_id == kid]
+            assert admin.redrive(qname, dead) == {"redriven": 1}
+            await eventually(lambda: state(sq, "p") == "completed", 30)
+        assert sq.result("p") == [["completed", 42], ["completed", 1]]
+    finally:
+        sq.close()
+        admin.close()

@@ -18,7 +18,7 @@
 local FLOW = nil
 function lib_flow()
   if FLOW then return FLOW end
-  local resolve, settled
+  local resolve, settled, while_dead
 
   local function words(s)
     local t = {}
@@ -58,7 +58,8 @@ function lib_flow()
   -- set), so is a parent no longer waiting. Returns 0 no-op, 1 recorded, 2 the parent was
   -- dead-lettered (policy fail), 3 the parent was released.
   function resolve(prec, pid, dmember, value, now)
-    local r = rcall('HMGET', prec, 's', 'wk')
+    local r = rcall('HMGET', prec, 's', 'wk', 'wf')
+    if r[1] == 'f' and r[2] and r[3] then return while_dead(prec, pid, dmember, value, now, r) end
     if r[1] ~= 'w' or not r[2] then return 0 end
     local W = words(r[2])
     if dmember == '' then  -- (the repair sweep: nothing pending left, yet still waiting)
@@ -72,6 +73,7 @@ function lib_flow()
     local letter = ssub(value, 1, 1)
     if letter ~= 'c' and ssub(dmember, 1, 1) == 'f' then
       local ref = string.match(field, '^%S+ (.*)$') or field
+      rcall('HSET', prec, 'wf', dmember)  -- (the dependency that dead-lettered it: while_dead)
       lib_cold().bury(prec, W[8], W[6], pid, 'dependency ' .. ref .. ' '
         .. (LETTER[letter] or letter), '', 'DependencyFailed', now, W[11], W[12], W[10], false)
       count(W[7], 'failed', 1)
@@ -84,24 +86,58 @@ function lib_flow()
     return 1
   end
 
+  -- A job dead-lettered by a dependency (policy fail; 'wf' names it) keeps its pending SET and
+  -- results as long as its record. A dependency that completes meanwhile is recorded; the one
+  -- that dead-lettered it, completing after a re-drive, re-opens it: 'waiting' again, and
+  -- released when nothing is pending. A failure meanwhile stays pending (the repair sweep
+  -- resolves it once the job waits again). Returns as resolve.
+  function while_dead(prec, pid, dmember, value, now, r)
+    if ssub(value, 1, 1) ~= 'c' then return 0 end
+    local W = words(r[2])
+    if dmember == r[3] then
+      rcall('HSET', prec, 's', 'w')
+      rcall('HDEL', prec, 'wf', 'f', 'reason', 'error')
+      rcall('PERSIST', prec)
+      rcall('PERSIST', W[3])
+      rcall('PERSIST', W[4])
+      rcall('ZADD', W[5], now, pid)
+      rcall('HSET', W[4], ssub(dmember, 2), value)
+      emit(W[6], W[10], pid, 'enqueued', now, 'reopened')
+      if rcall('SCARD', W[3]) == 0 then
+        release(prec, pid, W, now)
+        return 3
+      end
+      return 1
+    end
+    if rcall('SREM', W[3], dmember) == 0 then return 0 end
+    rcall('HSET', W[4], ssub(dmember, 2), value)
+    return 1
+  end
+
   -- A job reached a terminal state (value: '<state letter><result or reason>'): its own
   -- dependency keys go (wk; a dead-lettered job's results stay as long as its record, for a
   -- re-drive) and each job waiting for it is resolved (pk): inline in this slot, else
   -- through this slot's outbox.
   function settled(jobkey, id, value, pk, wk, now)
+    local failed = ssub(value, 1, 1) == 'f'
+    local t = failed and rcall('PTTL', jobkey) or -2  -- (-1: kept as long as the record)
     if wk then
       local W = words(wk)
       rcall('ZREM', W[5], id)
-      rcall('DEL', W[3])
-      local t = ssub(value, 1, 1) == 'f' and rcall('PTTL', jobkey) or -2
-      if t > 0 then rcall('PEXPIRE', W[4], t)
-      elseif t == -2 then rcall('DEL', W[4]) end  -- (-1: kept as long as the record)
+      if t > 0 then rcall('PEXPIRE', W[3], t); rcall('PEXPIRE', W[4], t)
+      elseif t == -2 then rcall('DEL', W[3], W[4]) end
     end
     if pk then
       local P = words(pk)
       local mine = tag_of(P[1])
+      local kept = 0
       for _, m in ipairs(rcall('SMEMBERS', P[1])) do
         local pi, prec, pid = string.match(m, '^(%S+) (%S+) (%S+)$')
+        if failed and t ~= -2 and pi and ssub(pi, 1, 1) == 'f' then
+          kept = kept + 1  -- (a re-drive that completes re-opens that parent: while_dead)
+        else
+          rcall('SREM', P[1], m)
+        end
         if pi then
           local dmember = pi .. ' ' .. P[3] .. ' ' .. id
           if tag_of(prec) == mine then
@@ -111,12 +147,28 @@ function lib_flow()
           end
         end
       end
-      rcall('DEL', P[1])
-      if rcall('EXISTS', jobkey) == 1 then rcall('HDEL', jobkey, 'pk') end
+      if kept == 0 then
+        rcall('DEL', P[1])
+        if rcall('EXISTS', jobkey) == 1 then rcall('HDEL', jobkey, 'pk') end
+      elseif t > 0 then
+        rcall('PEXPIRE', P[1], t)
+      end
+    end
+  end
+
+  -- A dead-lettered job is re-driven: the keys settled gave its record's TTL live on.
+  local function redriven(jobkey)
+    local f = rcall('HMGET', jobkey, 'pk', 'wk')
+    if f[1] then rcall('PERSIST', words(f[1])[1]) end
+    if f[2] then
+      local W = words(f[2])
+      rcall('PERSIST', W[4])
+      rcall('DEL', W[3])
+      rcall('HDEL', jobkey, 'wf')
     end
   end
 
   FLOW = {words = words, tag_of = tag_of, release = release, resolve = resolve,
-    settled = settled}
+    settled = settled, while_dead = while_dead, redriven = redriven}
   return FLOW
 end

@@ -19,6 +19,8 @@
 -- ARGV[2]   who re-drives (recorded in the event)
 -- ARGV[3]   group defaults (QueueConfig.group_arg)
 -- ARGV[4..] per dead entry i: dead entry id, job id (pairs)
+-- A re-driven job of a workflow keeps its parents SET and dependency results (_flow.lua's
+-- redriven): completing, it re-opens the job its failure dead-lettered (docs/workflows.md).
 -- Returns per entry: 'redriven' | 'gone' (entry no longer in the dead stream) | 'missing'
 --           (record expired: entry removed) | 'not_failed' (job is in another state: entry
 --           removed) | 'not_a_job' (a malformed-entry record: kept for inspection)
@@ -56,6 +58,9 @@ for i = 1, n do
     else
       rcall('PERSIST', jobkey)
       rcall('HDEL', jobkey, 'reason', 'f', 'o', 'r', 'k', 'n')
+      if rcall('HEXISTS', jobkey, 'pk') == 1 or rcall('HEXISTS', jobkey, 'wk') == 1 then
+        lib_flow().redriven(jobkey)  -- workflows: its parents SET, its dependency results
+      end
       local to = stream
       if lv and r[3] then
         to = level_stream(KEYS, lv, r[3], stream)
