@@ -36,7 +36,7 @@ def parse_cancel(job_id: str, reply: list[bytes], *, retried: bool) -> CancelRes
                             code=code)
     if retried and state == "cancelled":
         return CancelResult(job_id, True, state, code="cancelled", final_state=state)
-    return CancelResult(job_id, False, state, f"job is {state}; only scheduled, queued,"
+    return CancelResult(job_id, False, state, f"job is {state}; only waiting, scheduled, queued,"
                         " retrying or active jobs can be cancelled", code=code,
                         final_state=state)
 

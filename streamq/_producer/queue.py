@@ -288,8 +288,8 @@ class Queue(_Base):
         return self._wait(job_id, timeout, None)
 
     def cancel(self, job_id: str, *, wait_s: float | None = None) -> CancelResult:
-        """Cancel a job. A scheduled, queued or retrying one is cancelled at once. A running
-        one's worker is told (within a second) and stops it: ``code='cancel_requested'``;
+        """Cancel a job. A waiting, scheduled, queued or retrying one is cancelled at once. A
+        running one's worker is told (within a second) and stops it: ``code='cancel_requested'``;
         with ``wait_s`` the call waits (at most that long) until it settles and says how
         (``cancelled``, or ``final_state='completed'`` when it finished first)."""
         self._check()

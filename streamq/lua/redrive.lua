@@ -58,7 +58,8 @@ for i = 1, n do
     else
       rcall('PERSIST', jobkey)
       rcall('HDEL', jobkey, 'reason', 'f', 'o', 'r', 'k', 'n')
-      if rcall('HEXISTS', jobkey, 'pk') == 1 or rcall('HEXISTS', jobkey, 'wk') == 1 then
+      local fl = rcall('HMGET', jobkey, 'pk', 'wk')
+      if fl[1] or fl[2] then
         lib_flow().redriven(jobkey)  -- workflows: its parents SET, its dependency results
       end
       local to = stream
