@@ -53,4 +53,5 @@ end
 rcall('ZADD', waiting, now, id)
 emit(events, ARGV[12], id, 'enqueued', now, 'waiting')
 count(stats, 'enqueued', 1)
+v1_restore()  -- (no record read on this path: nothing to write back)
 return {'waiting'}
