@@ -22,6 +22,7 @@ from .keys import Keys, check_job_id, check_queue_name
 Policy = Literal["fail", "continue", "ignore"]
 POLICIES: dict[str, str] = {"fail": "f", "continue": "c", "ignore": "i"}
 """Per-edge failure policies and their letters in the SET members (docs/workflows.md)."""
+_POLICY_OF: dict[str, Policy] = {"f": "fail", "c": "continue", "i": "ignore"}
 OUTCOMES: dict[str, str] = {"c": "completed", "f": "failed", "x": "cancelled", "p": "purged",
                             "m": "missing"}
 """A dependency results value's first letter -> the dependency's outcome."""
@@ -257,9 +258,14 @@ def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, i
         if not members and cur == 0:
             empty.append(pid)
         for m in members:
-            pi, q, cid = _s(m).split(" ", 2)
-            pol = next(k for k, v in POLICIES.items() if v == pi[0])
-            edges.append((pid, JobRef(q, cid, pol), int(pi[1:])))  # type: ignore[arg-type]
+            parts = _s(m).split(" ", 2)
+            pol = _POLICY_OF.get(parts[0][:1]) if len(parts) == 3 else None
+            if pol is None or not parts[0][1:].isdigit():
+                continue  # (not a member wait.lua writes: left alone)
+            try:
+                edges.append((pid, JobRef(parts[1], parts[2], pol), int(parts[0][1:])))
+            except InvalidArgument:
+                continue
     if gone:
         yield [Cmd.of("ZREM", keys.waiting, *gone)]
     changed = 0
