@@ -336,3 +336,16 @@ async def test_re_driving_a_dead_dependency_re_opens_its_dead_job(url: str, qnam
     finally:
         sq.close()
         admin.close()
+
+
+def test_depends_on_refuses_what_it_does_not_support_yet(q: Queue) -> None:
+    q.enqueue("add", 1, job_id="kid")
+    for bad in ({"group": "g"}, {"dedup": streamq.Dedup(key="k")}):
+        with pytest.raises(streamq.InvalidArgument):
+            q.enqueue("collect", depends_on=["kid"], **bad)
+    with pytest.raises(streamq.InvalidArgument):
+        q.enqueue("collect", depends_on=[])
+    with pytest.raises(streamq.InvalidArgument):
+        q.enqueue("collect", depends_on=["kid", "kid"])
+    with pytest.raises(streamq.InvalidArgument):
+        q.enqueue_flow(chain(JobSpec("add", 1, job_id="x"), JobSpec("add", 2, job_id="x")))

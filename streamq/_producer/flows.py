@@ -45,9 +45,10 @@ class JobSpec:
 
     def __init__(self, type: str, payload: Any = None, *, queue: str | None = None,
                  job_id: str | None = None, **options: Any) -> None:
-        if "depends_on" in options or "group" in options:
+        if "depends_on" in options or "group" in options or "dedup" in options:
             raise InvalidArgument("a JobSpec takes its dependencies from the flow (chain,"
-                                  " group, chord); group= is not supported in flows yet")
+                                  " group, chord); group= and dedup= are not supported in"
+                                  " flows yet")
         self.type = type
         self.payload = payload
         self.queue = queue
@@ -161,8 +162,8 @@ def compile_flow(flow: Flow, queue: str, flow_id: str) -> list[_Node]:
 def _prepared(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
               options: Mapping[str, Any], waiting: bool) -> tuple[prod.Prepared, int]:
     opts = dict(options)
-    if opts.get("group") is not None:
-        raise InvalidArgument("a job with depends_on cannot have a group yet")
+    if opts.get("group") is not None or opts.get("dedup") is not None:
+        raise InvalidArgument("a job with dependencies cannot have a group or a dedup key yet")
     if waiting:
         opts["headers"] = {**(opts.get("headers") or {}), DEPS_HEADER: "1"}
     p = prod.prepare(keys, cfg, job_type, payload, **opts)
