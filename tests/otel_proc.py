@@ -42,6 +42,7 @@ def span_dict(s: ReadableSpan) -> dict[str, Any]:
         "links": [format(link.context.span_id, "016x") for link in s.links],
         "attributes": dict(s.attributes or {}), "status": s.status.status_code.name,
         "events": [e.name for e in s.events],
+        "schema_url": s.instrumentation_scope.schema_url if s.instrumentation_scope else None,
     }
 
 
@@ -59,6 +60,7 @@ def metric_dict() -> dict[str, Any]:
                         value = {"count": p.count, "sum": p.sum}  # type: ignore[union-attr]
                     points.append({"attributes": dict(p.attributes or {}), "value": value})
                 out[m.name] = points
+                out.setdefault("_schema_urls", {})[sm.scope.name] = sm.scope.schema_url
     return out
 
 

@@ -64,8 +64,32 @@ def test_one_trace_from_request_through_retries_to_success(url: str, qname: str,
 
     assert total("streamq.jobs.started") == 6
     assert total("streamq.jobs.retried") == 2 and total("streamq.jobs.completed") == 4
-    assert m["streamq.job.duration"][0]["value"]["count"] == 6
-    assert m["streamq.job.queue_wait"][0]["value"]["count"] == 6
+
+    def by_labels(name: str) -> dict[tuple[str, ...], Any]:
+        """(type, outcome) -> value of the queue's points (every point has ``queue``)."""
+        points = [p for p in m[name] if p["attributes"]["messaging.destination.name"] == qname]
+        assert all(p["attributes"]["queue"] == qname for p in points)
+        return {(p["attributes"]["type"], *([p["attributes"]["outcome"]]
+                 if "outcome" in p["attributes"] else [])): p["value"] for p in points}
+
+    assert by_labels("streamq.jobs.started") == {("flaky",): 3, ("ok",): 3}
+    assert by_labels("streamq.jobs.retried") == {("flaky",): 2, ("ok",): 0}  # 0 from the start
+    assert by_labels("streamq.jobs.lease_lost") == {("flaky",): 0, ("ok",): 0}
+    assert by_labels("streamq.jobs.completed") == {("flaky",): 1, ("ok",): 3}
+    durations = {k: v["count"] for k, v in by_labels("streamq.job.duration").items()}
+    assert durations == {("flaky", "retried"): 2, ("flaky", "completed"): 1,
+                         ("ok", "completed"): 3}
+    assert {k: v["count"] for k, v in by_labels("streamq.job.queue_wait").items()} == {
+        ("flaky",): 3, ("ok",): 3}  # recorded when the attempt starts: no outcome
+    assert m["_schema_urls"]["streamq"] == tel.SCHEMA_URL
+    for a in attempts:  # the messaging attributes a tracing backend expects
+        assert a["schema_url"] == tel.SCHEMA_URL
+        assert a["attributes"]["messaging.consumer.group.name"] == "streamq"
+        host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+        assert a["attributes"]["server.address"] == host
+        assert a["attributes"]["server.port"] == int(port)
+    assert [a["attributes"].get("error.type") for a in attempts] == [
+        "ConnectionError", "ConnectionError", None]  # on failed attempts only
     ready = [p for p in m.get("streamq.queue.ready", [])
              if p["attributes"]["messaging.destination.name"] == qname]
     assert ready and ready[0]["value"] == 0  # gauges come from the cache the scrape asked for

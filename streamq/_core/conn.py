@@ -212,6 +212,23 @@ def sync_client(url: str | Target, *, socket_timeout_s: float = 30.0, **extra: A
     return sentinels.master_for(target.service, retry=no_retry, **kw)
 
 
+def server_address(url: str | Target) -> tuple[str, int] | None:
+    """(host, port) of the Redis server a URL names (a cluster's first seed node), for the
+    spans' ``server.address``/``server.port``; None for Sentinel (the primary is found at
+    run time) and a Unix socket."""
+    target = url if isinstance(url, Target) else parse(url)
+    if target.kind == "cluster":
+        return target.nodes[0] if target.nodes else None
+    parts = urlsplit(target.url)
+    if target.kind != "standalone" or parts.scheme.lower() == "unix":
+        return None
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return None
+    return parts.hostname or "localhost", port
+
+
 def async_client(url: str | Target, *, socket_timeout_s: float = 30.0, **extra: Any) -> Any:
     """The asyncio client for ``url``: ``redis.asyncio.Redis`` (standalone or the Sentinel
     primary) or ``redis.asyncio.cluster.RedisCluster`` (learns the slot map on first use)."""

@@ -30,8 +30,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from .._version import VERSION
 
 SYSTEM = "streamq"
-_tracer = trace.get_tracer("streamq", VERSION)
-_meter = metrics.get_meter("streamq", VERSION)
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
+"""The semantic conventions the attributes follow (1.27: ``messaging.operation.type`` and
+``messaging.consumer.group.name``): the instrumentation scope's schema URL."""
+CONSUMER_GROUP = "streamq"
+"""Every queue's consumer group (``keys.GROUP``; core's keys module is not imported here)."""
+_tracer = trace.get_tracer("streamq", VERSION, schema_url=SCHEMA_URL)
+_meter = metrics.get_meter("streamq", VERSION, schema_url=SCHEMA_URL)
 
 
 def _counter(name: str, description: str) -> Any:
@@ -48,9 +53,10 @@ RECLAIMED = _counter("reclaimed", "entries taken over from a worker whose lease 
 LEASE_LOST = _counter("lease_lost", "results discarded because the lease had been taken over")
 CANCELLED = _counter("cancelled", "running jobs stopped by a requested cancel")
 RATE_LIMITED = _counter("rate_limited", "attempts that raised RateLimited (no attempt counted)")
-SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                   120.0, 300.0, 600.0, 1800.0, 3600.0, 21600.0, 86400.0)
-"""Bucket boundaries advised for the histograms (in seconds: the SDK's default boundaries,
+SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 21600.0, 86400.0)
+"""Bucket boundaries advised for the histograms (in seconds, from 0.5 ms: a no-op job runs in
+tens of µs and an idle worker starts a job within a millisecond; the SDK's default boundaries,
 0 to 10,000, are meant for milliseconds). A View of your own still overrides them."""
 
 
@@ -59,9 +65,16 @@ def _seconds(name: str, description: str) -> Any:
                                    explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
 
 
-QUEUE_WAIT = _seconds("streamq.job.queue_wait", "time from (re)entering the stream to start")
+QUEUE_WAIT = _seconds("streamq.job.queue_wait",
+                      "time from (re)entering the stream to start (recorded at the start)")
 DURATION = _seconds("streamq.job.duration", "handler run time of one attempt")
 END_TO_END = _seconds("streamq.job.end_to_end", "time from enqueue to the end of the attempt")
+
+WORKER_COUNTERS = (STARTED, COMPLETED, RETRIED, FAILED, LEASE_LOST, CANCELLED, RATE_LIMITED)
+"""The counters a worker adds to with ``queue`` and ``type`` labels."""
+OUTCOMES = {"ok": "completed", "retry": "retried", "dead": "failed", "cancel": "cancelled",
+            "later": "rate_limited", "later_group": "rate_limited"}
+"""An attempt's outcome (finish.lua's) -> the ``outcome`` label of its duration."""
 
 
 def metering() -> bool:
@@ -91,7 +104,45 @@ _ENV_AT_IMPORT = frozenset(k for k in os.environ if k == _PROVIDER_ENV)
 
 
 def attrs_for(queue: str) -> dict[str, str]:
-    return {"messaging.system": SYSTEM, "messaging.destination.name": queue}
+    """A queue's metric attributes: the messaging conventions' and a plain ``queue``."""
+    return {"messaging.system": SYSTEM, "messaging.destination.name": queue, "queue": queue}
+
+
+_typed: dict[tuple[str, str], dict[str, str]] = {}
+_outcome: dict[tuple[str, str, str], dict[str, str]] = {}
+_CACHE_MAX = 10_000
+"""Label sets kept (one a queue, job type and outcome: bounded by the registries)."""
+
+
+def job_attrs(queue: str, job_type: str) -> dict[str, str]:
+    """The attributes of a job's counters: its queue's and ``type`` (cached: once per job)."""
+    got = _typed.get((queue, job_type))
+    if got is None:
+        got = {**attrs_for(queue), "type": job_type}
+        if len(_typed) < _CACHE_MAX:
+            _typed[(queue, job_type)] = got
+    return got
+
+
+def outcome_attrs(queue: str, job_type: str, outcome: str) -> dict[str, str]:
+    """A finished attempt's attributes: ``queue``, ``type`` and ``outcome`` (``OUTCOMES``)."""
+    got = _outcome.get((queue, job_type, outcome))
+    if got is None:
+        got = {**job_attrs(queue, job_type), "outcome": OUTCOMES.get(outcome, outcome)}
+        if len(_outcome) < _CACHE_MAX:
+            _outcome[(queue, job_type, outcome)] = got
+    return got
+
+
+def zero_counters(queues: Iterable[str], job_types: Iterable[str]) -> None:
+    """Every worker counter at 0 for each queue and job type (and ``reclaimed`` for each
+    queue), so the series exist from the first scrape (``absent()`` alerts, ``rate()``)."""
+    types = list(job_types)
+    for queue in queues:
+        RECLAIMED.add(0, attrs_for(queue))
+        for job_type in types:
+            for counter in WORKER_COUNTERS:
+                counter.add(0, job_attrs(queue, job_type))
 
 
 _PLAIN_PROPAGATORS = (TraceContextTextMapPropagator, W3CBaggagePropagator)
@@ -165,7 +216,8 @@ class Attempt:
     __slots__ = ("_scope", "span", "trace_id")
 
     def __init__(self, queue: str, job_id: str, job_type: str, attempt: int,
-                 carrier: dict[str, str], parent: bool) -> None:
+                 carrier: dict[str, str], parent: bool,
+                 server: tuple[str, int] | None = None) -> None:
         ctx = propagate.extract(carrier)
         producer = trace.get_current_span(ctx).get_span_context()
         links = [Link(producer)] if producer.is_valid else []
@@ -174,16 +226,24 @@ class Attempt:
             links=links, attributes={**attrs_for(queue), "messaging.operation.type": "process",
                                      "messaging.operation.name": "process",
                                      "messaging.message.id": job_id,
+                                     "messaging.consumer.group.name": CONSUMER_GROUP,
+                                     **server_attrs(server),
                                      "streamq.job.type": job_type, "streamq.job.attempt": attempt})
         self.trace_id = format(self.span.get_span_context().trace_id, "032x")
         self._scope = trace.use_span(self.span, end_on_exit=False)
         self._scope.__enter__()
 
-    def end(self, outcome: str, exc: BaseException | None = None, detail: str = "") -> None:
+    def end(self, outcome: str, exc: BaseException | None = None, detail: str = "",
+            error_type: str = "") -> None:
+        """``error_type``: the failure's kind (the exception's class name, or streamq's own
+        such as ``UnknownJobType``): the span's ``error.type`` on an attempt that failed."""
         self._scope.__exit__(None, None, None)
         self.span.set_attribute("streamq.job.outcome", outcome)
         if exc is not None:
             self.span.record_exception(exc)
+        if outcome != "ok":  # (with the ERROR status, as the conventions ask)
+            self.span.set_attribute("error.type", error_type or (
+                type(exc).__qualname__ if exc is not None else "_OTHER"))
         if outcome == "retry":
             self.span.add_event("streamq.job.retry", {"streamq.retry.delay_s": detail})
         elif outcome == "dead":
@@ -191,6 +251,13 @@ class Attempt:
         if outcome != "ok":
             self.span.set_status(Status(StatusCode.ERROR, detail or outcome))
         self.span.end()
+
+
+def server_attrs(server: tuple[str, int] | None) -> dict[str, Any]:
+    """``server.address`` and ``server.port`` of the Redis a worker reads (when known)."""
+    if server is None:
+        return {}
+    return {"server.address": server[0], "server.port": server[1]}
 
 
 def carrier_trace_id(carrier: dict[str, str]) -> str:
@@ -236,6 +303,10 @@ for _field, _unit, _desc in [
     ("group_waiting", "{job}", "grouped jobs waiting for a slot of their group"),
     ("waiting", "{job}", "jobs waiting for their dependencies (workflows)"),
     ("oldest_waiting_age", "s", "how long the oldest job waiting for dependencies has waited"),
+    ("backlog", "{job}", "what workers have to run: ready, pending, due delayed and grouped"
+                         " waiting jobs of every priority level and shard"),
+    ("slots", "{slot}", "concurrency of the workers of the queue with a recent heartbeat"),
+    ("saturation", "1", "(pending + ready) / the slots (concurrency) of the live workers"),
 ]:
     _meter.create_observable_gauge(f"streamq.queue.{_field}", [_observe(_field)], unit=_unit,
                                    description=_desc)

@@ -76,6 +76,8 @@ class Attempts:
         self.in_flight = tel.InFlight()
         self.deps_client: Any = None
         """Reads a waiting job's dependency results before its handler runs (workflows)."""
+        self.server: tuple[str, int] | None = None
+        """The Redis server's address and port (the spans' ``server.*``; set at start)."""
 
     def internal_error(self, lease: Lease, attempt: int, exc: Exception) -> Finish:
         """The outcome of an attempt that met a bug of ours (call it in the ``except``): a
@@ -103,6 +105,7 @@ class Attempts:
             plain = plain_body(data, serde)
             env = envelope_from_data(lease.job_id, data, serde) if plain is None else None
         except (SerializationError, RecursionError) as exc:
+            self._begin(qs, lease.entry, "?", wait_ms)
             return self._dead(qs, ident, attempt, "MalformedEnvelope", str(exc)[:500],
                               "malformed envelope")
         if env is None:
@@ -115,10 +118,11 @@ class Attempts:
             jtype, payload, version, env_attempts = env.type, env.payload, env.version, \
                 env.max_attempts
             idem, headers, carrier = env.idempotency_key or env.id, env.headers, env.trace
-            if env.id != lease.job_id:  # never hand a handler another job's id (idempotency)
-                return self._dead(qs, ident, attempt, "MalformedEnvelope",
-                                  f"the envelope names job {env.id!r}", "malformed envelope",
-                                  jtype)
+        self._begin(qs, lease.entry, jtype, wait_ms)
+        if env is not None and env.id != lease.job_id:  # never another job's id (idempotency)
+            return self._dead(qs, ident, attempt, "MalformedEnvelope",
+                              f"the envelope names job {env.id!r}", "malformed envelope",
+                              jtype)
         spec = self.registry.get(jtype, version)
         if spec is None:
             return self._dead(qs, ident, attempt, "UnknownJobType",
@@ -144,7 +148,7 @@ class Attempts:
             deps = await adrive(self.deps_client, all_results(qs.keys, job.id, serde))
             object.__setattr__(job, "_dependencies", tuple(deps))
         span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
-                           self.config.trace_parent) if tel.tracing() else None
+                           self.config.trace_parent, self.server) if tel.tracing() else None
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
                              "attempt": attempt, "trace_id": span.trace_id if span is not None
                              else tel.carrier_trace_id(carrier)})
@@ -201,12 +205,13 @@ class Attempts:
             tel.JOB.reset(token)
             ran_s = time.perf_counter() - started
             if item is not None:
-                if tel.metering():
-                    tel.QUEUE_WAIT.record(wait_ms / 1000, qs.labels)
-                    tel.DURATION.record(ran_s, qs.labels)
-                    tel.END_TO_END.record(age_ms / 1000 + ran_s, qs.labels)
+                if tel.metering():  # (the queue wait was recorded at the start: _begin)
+                    labels = tel.outcome_attrs(queue, jtype, item[3])
+                    tel.DURATION.record(ran_s, labels)
+                    tel.END_TO_END.record(age_ms / 1000 + ran_s, labels)
                 if span is not None:
-                    span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "")
+                    span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "",
+                             item[6])
                 if self.series is not None and item[3] in ("ok", "dead"):
                     self.series.observe(queue, item[3] == "ok", wait_ms, ran_s * 1000)
                 if item[3] in ("retry", "dead"):
@@ -217,6 +222,14 @@ class Attempts:
             elif span is not None:
                 span.end("interrupted", exc_seen, "worker stopping")
         return item
+
+    def _begin(self, qs: QState, entry: str, jtype: str, wait_ms: int) -> None:
+        """An attempt starts (its type known): counted, and its queue wait recorded now."""
+        if tel.metering():
+            labels = tel.job_attrs(qs.keys.queue, jtype)
+            tel.STARTED.add(1, labels)
+            tel.QUEUE_WAIT.record(wait_ms / 1000, labels)
+            qs.job_types[entry] = jtype  # the settling loop counts its outcome by type
 
     def _dead(self, qs: QState, ident: tuple[str, str, str], attempt: int, etype: str,
               message: str, reason: str, jtype: str = "?") -> Finish:

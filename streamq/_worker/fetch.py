@@ -307,7 +307,6 @@ class Fetching(HandOff):
                          (int(deadline), int(wait_ms), int(age_ms)))
         if launched:
             self.stats.started += launched
-            tel.STARTED.add(launched, qs.labels)
         self._release(n - launched)
 
     async def _read_own(self, qs: QState, n: int) -> tuple[QState, list[Any]]:
@@ -439,7 +438,6 @@ class Fetching(HandOff):
                          (int(deadline), int(wait_ms), int(age_ms)))
         if launched:
             self.stats.started += launched
-            tel.STARTED.add(launched, qs.labels)
             if reclaimed:
                 self.stats.reclaimed += launched
                 tel.RECLAIMED.add(launched, qs.labels)

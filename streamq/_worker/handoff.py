@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aredis
 
-from .._core import telemetry as tel
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.keys import GROUP
 from .._core.retry import transient
@@ -158,7 +157,6 @@ class HandOff:
         if launched:
             self.stats.started += launched
             self.stats.handed_over += launched
-            tel.STARTED.add(launched, qs.labels)
         return launched
 
     async def _let_handed_settle(self, qs: QState) -> None:

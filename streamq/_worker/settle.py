@@ -150,14 +150,19 @@ class Settler:
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
         completed = 0
+        types = qs.job_types
+        by_type: dict[str, int] = {}
         for b, state in zip(batch, reply, strict=True):
-            if state == b"completed":  # the common case, counted once per batch
+            if state == b"completed":  # the common case, counted once per batch (and type)
                 completed += 1
+                jtype = types.pop(b[1], "?") if types else "?"
+                by_type[jtype] = by_type.get(jtype, 0) + 1
             else:
                 self.count(qs, b, state)
         if completed:
             self.stats.completed += completed
-            tel.COMPLETED.add(completed, qs.labels)
+            for jtype, n in by_type.items():
+                tel.COMPLETED.add(n, tel.job_attrs(k.queue, jtype))
         self.on_settled(len(batch))
         if cfg.min_replicas:
             self.unreplicated.note(k.queue, len(batch), acked, cfg)
@@ -176,24 +181,26 @@ class Settler:
     def count(self, qs: QState, item: Finish, state: bytes) -> None:
         job_id = item[0]
         extra = {"job_id": job_id, "queue": qs.keys.queue}
+        jtype = qs.job_types.pop(item[1], "?") if qs.job_types else "?"
+        labels = tel.job_attrs(qs.keys.queue, jtype)
         if state == b"completed":
             self.stats.completed += 1
-            tel.COMPLETED.add(1, qs.labels)
+            tel.COMPLETED.add(1, labels)
         elif state == b"retrying" and item[3] in ("later", "later_group"):  # RateLimited
             self.stats.rate_limited += 1
-            tel.RATE_LIMITED.add(1, qs.labels)
+            tel.RATE_LIMITED.add(1, labels)
         elif state == b"retrying":
             self.stats.retried += 1
-            tel.RETRIED.add(1, qs.labels)
+            tel.RETRIED.add(1, labels)
         elif state == b"cancelled":  # a cancel requested while it ran (cancel.py)
             self.stats.cancelled += 1
-            tel.CANCELLED.add(1, qs.labels)
+            tel.CANCELLED.add(1, labels)
         elif state == b"failed":  # (the attempt's failure is logged where it happened)
             self.stats.failed += 1
-            tel.FAILED.add(1, qs.labels)
+            tel.FAILED.add(1, labels)
         else:
             self.stats.lost += 1
-            tel.LEASE_LOST.add(1, qs.labels)
+            tel.LEASE_LOST.add(1, labels)
             log.warning("job %s: lease lost before settling; result discarded", job_id,
                         extra=extra)
 

@@ -77,6 +77,9 @@ class QState:
     labels: dict[str, str] = attrs.field(factory=dict)
     """Metric attributes of this queue."""
     gauges: dict[str, float] = attrs.field(factory=dict)
+    job_types: dict[str, str] = attrs.field(factory=dict)
+    """The job type of each started entry, while metrics are recorded (by entry id: the
+    settling loop counts outcomes by type, ``tel.job_attrs``)."""
 
 
 @attrs.define
