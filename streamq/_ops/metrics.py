@@ -9,21 +9,27 @@ text format, and, for the scheduler (which runs no worker), keeps the per-queue 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import attrs
 import redis.asyncio as aredis
 
 from .._core import telemetry as tel
 from .._core.conn import async_client
+from .._core.driver import Cmd, Op, _server_ms, ok
 from .._core.errors import UnknownQueue
 from .._core.keys import Keys
 from . import operations as _ops
 
 log = logging.getLogger("streamq.metrics")
 EXTRA = "pip install 'streamq[metrics]'"
+SCOPE_LABELS_ENV = "STREAMQ_METRICS_SCOPE_LABELS"
+"""Set to 1: every series also carries ``otel_scope_name``, ``otel_scope_version`` and
+``otel_scope_schema_url`` (off by default: three labels repeated on every series)."""
 
 
 def serve(host: str, port: int, service: str) -> tuple[str, int]:
@@ -42,7 +48,8 @@ def serve(host: str, port: int, service: str) -> tuple[str, int]:
         raise SystemExit(f"streamq: --metrics-port needs the metrics extra: {EXTRA}"
                          f" ({exc})") from None
     name = os.environ.get("OTEL_SERVICE_NAME") or service
-    provider = MeterProvider(metric_readers=[PrometheusMetricReader()],
+    scope = os.environ.get(SCOPE_LABELS_ENV, "") not in ("", "0")  # otel_scope_* labels
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(scope_info_enabled=scope)],
                              resource=Resource.create({SERVICE_NAME: name}))
     metrics.set_meter_provider(provider)
     if metrics.get_meter_provider() is not provider:
@@ -61,11 +68,86 @@ def serve(host: str, port: int, service: str) -> tuple[str, int]:
     return where
 
 
-def gauge_fields(st: _ops.QueueStats) -> dict[str, float]:
-    """The per-queue gauges (``streamq.queue.*``) of one queue's stats."""
+@attrs.frozen
+class Load:
+    """What the autoscaling gauges need besides ``stats`` (of one shard)."""
+
+    due: int
+    """Delayed (scheduled or retrying) jobs whose time has come, not yet promoted."""
+    slots: int
+    """The concurrency of the live workers of the queue, added up."""
+
+
+def load(keys: Keys, alive_within_ms: int = 30_000) -> Op[Load]:
+    """Due delayed jobs and the live workers' slots of one shard: three small steps (the
+    server's clock, then ZCOUNT and the live workers, then each worker's heartbeat info)."""
+    (now_raw,) = yield [Cmd.of("TIME")]
+    now = _server_ms(ok(now_raw))
+    due, alive = yield [Cmd.of("ZCOUNT", keys.delayed, "-inf", now),
+                        Cmd.of("ZRANGEBYSCORE", keys.workers, now - alive_within_ms, "+inf")]
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in ok(alive)]
+    infos = (yield [Cmd.of("HGET", keys.worker_info(n), "info") for n in names]) if names \
+        else []
+    slots = 0
+    for raw in infos:  # (its info expires after three missed heartbeats: then not counted)
+        if isinstance(raw, Exception) or not raw:
+            continue
+        try:
+            conc = json.loads(raw).get("concurrency")
+        except (ValueError, AttributeError):
+            continue
+        slots += conc if isinstance(conc, int) and not isinstance(conc, bool) else 0
+    return Load(int(ok(due)), slots)
+
+
+def gauges(keys: Keys) -> Op[dict[str, float]]:
+    """The per-queue gauges of one shard (``stats`` and ``load``)."""
+    st = yield from _ops.stats(keys)
+    more = yield from load(keys)
+    return gauge_fields(st, more)
+
+
+def gauge_fields(st: _ops.QueueStats, more: Load) -> dict[str, float]:
+    """The per-queue gauges (``streamq.queue.*``) of one queue's (or shard's) stats.
+
+    ``backlog``: what workers would have to run: ready and pending entries of every priority
+    level, due delayed jobs and grouped jobs waiting for their group's slot. ``slots`` is
+    kept for ``saturation``, computed over a whole queue (``saturation``)."""
     return {"ready": st.ready, "pending": st.pending, "delayed": st.scheduled + st.retrying,
             "dead": st.dead, "oldest_ready_age": st.oldest_ready_age_s or 0.0,
-            "workers": st.workers_alive}
+            "workers": st.workers_alive, "group_waiting": st.group_waiting,
+            "waiting": st.waiting, "oldest_waiting_age": st.oldest_waiting_age_s or 0.0,
+            "backlog": st.ready + st.pending + more.due + st.group_waiting,
+            "slots": more.slots}
+
+
+def add_saturation(g: dict[str, float]) -> dict[str, float]:
+    """``saturation`` = (pending + ready) / slots of one queue's gauges, in place. With no
+    live worker it divides by 1: any work to do reads as saturated (>= 1)."""
+    if "slots" in g:
+        g["saturation"] = (g.get("pending", 0.0) + g.get("ready", 0.0)) / max(g["slots"], 1.0)
+    return g
+
+
+MOST = frozenset({"oldest_ready_age", "oldest_waiting_age", "workers", "slots"})
+"""Gauges of a sharded queue that are the largest of its shards' (the rest add up)."""
+
+
+def merge_shards(parts: Iterable[tuple[str, dict[str, float]]]
+                 ) -> list[tuple[str, dict[str, float]]]:
+    """Per-shard gauges -> per-queue gauges (``MOST`` the largest, the rest summed), each
+    with its ``saturation``."""
+    out: dict[str, dict[str, float]] = {}
+    for queue, values in parts:
+        g = out.setdefault(queue, {})
+        for name, v in values.items():
+            g[name] = max(g.get(name, 0.0), v) if name in MOST else g.get(name, 0.0) + v
+    return [(q, add_saturation(g)) for q, g in out.items()]
+
+
+ZERO = ("ready", "pending", "delayed", "dead", "oldest_ready_age", "workers", "group_waiting",
+        "waiting", "oldest_waiting_age", "backlog", "slots")
+"""The gauges of a queue that has no key yet."""
 
 
 class QueueGauges:
@@ -77,27 +159,28 @@ class QueueGauges:
         self.client = client
         self.keys = list(keys)
         self.interval_s = interval_s
-        self._cache: dict[str, dict[str, float]] = {}
+        self._cache: dict[str, tuple[str, dict[str, float]]] = {}
+        """By shard tag: (queue, gauges)."""
         self._wanted = False
         self._failing = False
 
     def values(self) -> Iterable[tuple[str, dict[str, float]]]:
         self._wanted = True
-        return list(self._cache.items())
+        return merge_shards(list(self._cache.values()))
 
     async def refresh(self) -> None:
         from .._core.driver import adrive
 
         for k in self.keys:
             try:
-                st = await adrive(self.client, _ops.stats(k))
-            except UnknownQueue:  # nothing enqueued yet: no gauges rather than zeros
-                self._cache.pop(k.queue, None)
-                continue
-            self._cache[k.queue] = gauge_fields(st)
+                self._cache[k.tag] = (k.queue, await adrive(self.client, gauges(k)))
+            except UnknownQueue:  # nothing enqueued yet: every gauge at 0
+                self._cache[k.tag] = (k.queue, dict.fromkeys(ZERO, 0.0))
 
     async def run(self) -> None:
-        """Refresh while wanted, until cancelled; errors are logged and retried."""
+        """Refresh at once, then while wanted, until cancelled; errors are logged and
+        retried."""
+        self._wanted = True  # the gauges are there from the first scrape
         while True:
             if self._wanted:
                 self._wanted = False

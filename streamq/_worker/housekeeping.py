@@ -19,7 +19,7 @@ from .._core.keys import GROUP
 from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
 from .._core.timeseries import SeriesRecorder
-from .._ops import operations as _ops
+from .._ops import metrics as _metrics
 from .state import QState
 
 log = logging.getLogger("streamq.worker")
@@ -94,13 +94,14 @@ class Housekeeper:
 
     def gauge_values(self) -> list[tuple[str, dict[str, float]]]:
         self.gauges_read = True  # a metrics reader is collecting: keep the cache fresh
-        out: dict[str, dict[str, float]] = {}
-        for qs in self.queues:  # a sharded queue's gauges add up over its shards
-            g = out.setdefault(qs.keys.queue, {})
-            for name, v in qs.gauges.items():
-                most = name in ("oldest_ready_age", "oldest_waiting_age", "workers")
-                g[name] = max(g.get(name, 0.0), v) if most else g.get(name, 0.0) + v
-        return list(out.items())
+        # a sharded queue's gauges add up over its shards (_metrics.merge_shards)
+        return _metrics.merge_shards((qs.keys.queue, qs.gauges) for qs in self.queues)
+
+    async def first_gauges(self) -> None:
+        """At start, while metrics are recorded: a heartbeat (so this worker's slots count)
+        and the queue gauges read once, so they are there from the first scrape."""
+        await self._heartbeat_step()
+        await self.refresh_gauges()
 
     async def _gauges_step(self) -> float:
         if self.gauges_read:
@@ -112,13 +113,7 @@ class Housekeeper:
         from .._core.driver import adrive
 
         for qs in self.queues:
-            st = await adrive(self.client, _ops.stats(qs.keys))
-            qs.gauges = {"ready": st.ready, "pending": st.pending,
-                         "delayed": st.scheduled + st.retrying, "dead": st.dead,
-                         "oldest_ready_age": st.oldest_ready_age_s or 0.0,
-                         "group_waiting": st.group_waiting, "waiting": st.waiting,
-                         "oldest_waiting_age": st.oldest_waiting_age_s or 0.0,
-                         "workers": st.workers_alive}
+            qs.gauges = await adrive(self.client, _metrics.gauges(qs.keys))
 
     async def _series_step(self) -> float:
         await self.flush_series()

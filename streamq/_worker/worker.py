@@ -27,7 +27,7 @@ from redis.exceptions import NoPermissionError
 from .._core import telemetry as tel
 from .._core.args import check_queue_list
 from .._core.config import QueueConfig, WorkerConfig
-from .._core.conn import async_client, averify, sync_client
+from .._core.conn import async_client, averify, server_address, sync_client
 from .._core.keys import DEFAULT_PRIORITY, Keys, queues_key, shard_keys
 from .._core.queues import publish_types
 from .._core.retry import acall
@@ -196,6 +196,9 @@ class Worker(Fetching):
                 client, [q.keys for q in queues if q.keys.shard == 0], self.registry.names()))
             # never fetch from a queue that is already paused
             await acall(lambda _retried: hk.refresh_paused())
+            if tel.metering():  # every counter and gauge there from the first scrape
+                tel.zero_counters(self._names, self.registry.names())
+                await self._first_gauges(hk)
             await self.registry.lifecycle.start()  # startup hooks (once per process)
         except BaseException:
             await client.aclose()
@@ -206,6 +209,7 @@ class Worker(Fetching):
         threads = self.config.sync_threads or self.config.concurrency
         self._runner = SyncRunner(threads, self.config.max_abandoned_threads or threads, log)
         self._attempts.runner = self._runner
+        self._attempts.server = server_address(self.url)
         self._attempts.series = hk.series
         self._attempts.deps_client = client
         self._progress = self._attempts.progress = Progress(client, self.queue_config,
@@ -252,6 +256,13 @@ class Worker(Fetching):
             self._watchdog.start()
         log.info("worker %s started on %s (concurrency %d)", self.consumer,
                  ", ".join(self._names), self.config.concurrency)
+
+    async def _first_gauges(self, hk: Housekeeper) -> None:
+        try:
+            await hk.first_gauges()
+        except Exception as exc:  # noqa: BLE001 - the gauges loop reads them again soon
+            log.warning("queue gauges not read at start: %s: %s", type(exc).__name__, exc)
+            hk.gauges_read = True
 
     async def _register(self, client: aredis.Redis) -> None:
         try:
