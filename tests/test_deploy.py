@@ -110,6 +110,32 @@ def option(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
+METRIC = re.compile(r"\bstreamq_[a-z_]+")
+
+
+def grafana() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((DEPLOY / "grafana" / "streamq.json").read_text())
+    return doc
+
+
+def grafana_queries() -> list[str]:
+    """Every PromQL expression of the dashboard: its panels' and its variables'."""
+    out = [t["expr"] for p in grafana()["panels"] for t in p.get("targets", [])]
+    out.extend(v["definition"] for v in grafana()["templating"]["list"])
+    return out
+
+
+def keda_queries() -> list[str]:
+    return [t["metadata"]["query"] for d in k8s() if d["kind"] == "ScaledObject"
+            for t in d["spec"]["triggers"]]
+
+
+def metric_names_used() -> set[str]:
+    """Every metric name the Grafana dashboard and the KEDA ScaledObject query (a test in
+    test_metrics.py checks them against a real scrape)."""
+    return {n for q in [*grafana_queries(), *keda_queries()] for n in METRIC.findall(q)}
+
+
 # ------------------------------------------------------------------ the files
 
 
@@ -166,6 +192,49 @@ def test_the_k8s_worker_waits_longer_than_its_grace_period() -> None:
     refs = {e["valueFrom"]["secretKeyRef"]["name"] for d in k8s() for c in containers(d)
             for e in c["env"]}
     assert refs == {s["metadata"]["name"] for s in secret}
+
+
+def test_the_keda_scaled_object_scales_the_worker_to_zero_and_back() -> None:
+    (scaled,) = [d for d in k8s() if d["kind"] == "ScaledObject"]
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    deployments = {d["metadata"]["name"]: d for d in k8s() if d["kind"] == "Deployment"}
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"]["name"] == "streamq-worker" in deployments
+    assert spec["minReplicaCount"] == 0 and spec["maxReplicaCount"] > 1
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    meta = trigger["metadata"]
+    # any job at all wakes a worker (activation is "above the threshold"); an empty answer
+    # from Prometheus is an error (then the fallback), never a 0 that scales to zero
+    assert float(meta["activationThreshold"]) == 0 and float(meta["threshold"]) > 0
+    assert meta["ignoreNullValues"] == "false" and spec["fallback"]["replicas"] >= 1
+    assert METRIC.findall(meta["query"]) == ["streamq_queue_backlog"]
+    assert meta["query"].startswith("max(")  # every process reports the same value
+    # the backlog is reported while no worker runs: the scheduler serves it, scraped
+    for name in ("streamq-worker", "streamq-scheduler"):
+        template = deployments[name]["spec"]["template"]
+        (c,) = template["spec"]["containers"]
+        port = option(c["args"], "--metrics-port")
+        assert option(c["args"], "--metrics-host") == "0.0.0.0"
+        assert template["metadata"]["annotations"]["prometheus.io/port"] == port
+        assert [p["containerPort"] for p in c["ports"]] == [int(port)]
+
+
+def test_the_grafana_dashboard_parses_and_queries_streamq_metrics() -> None:
+    doc = grafana()
+    assert doc["uid"] and doc["__inputs"][0]["pluginId"] == "prometheus"
+    panels = [p for p in doc["panels"] if p["type"] != "row"]
+    assert len(panels) >= 8
+    for p in panels:
+        assert p["datasource"]["uid"] == "${DS_PROMETHEUS}" and p["targets"], p["title"]
+        for t in p["targets"]:
+            assert METRIC.search(t["expr"]), (p["title"], t["expr"])
+            assert t["expr"].count("(") == t["expr"].count(")"), t["expr"]
+    used = metric_names_used()
+    assert {"streamq_queue_backlog", "streamq_queue_saturation",
+            "streamq_jobs_completed_total", "streamq_job_duration_seconds_bucket"} <= used
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids))
 
 
 @pytest.mark.parametrize("text", ["a: 'single'", "a: |\n  block", "a: *nothing",

@@ -13,11 +13,13 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from helpers import wait_until
 from prometheus_client.parser import text_string_to_metric_families
+from test_deploy import metric_names_used
 
 from streamq import Queue
 
@@ -48,10 +50,12 @@ def scrape(port: int) -> Samples:
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            queue = s.labels.get("messaging_destination_name")
+            queue = s.labels.get("queue")
+            assert queue == s.labels.get("messaging_destination_name")
             if "le" in s.labels:
                 continue  # histogram buckets: counts and sums are enough here
-            out[f"{s.name}{{{queue}}}" if queue else s.name] = s.value
+            key = f"{s.name}{{{queue}}}" if queue else s.name
+            out[key] = out.get(key, 0.0) + s.value  # summed over job types and outcomes
     return out
 
 
@@ -122,6 +126,55 @@ def test_worker_serves_prometheus_metrics_and_json_logs(
     assert "exc_info" not in dead and "Traceback" not in json.dumps(dead)
 
 
+QUEUE_GAUGES = ("ready", "pending", "delayed", "dead", "oldest_ready_age_seconds", "workers",
+                "group_waiting", "backlog", "slots", "saturation")
+JOB_COUNTERS = ("started", "completed", "retried", "failed", "lease_lost", "cancelled",
+                "rate_limited")
+
+
+def scrape_raw(port: int) -> list[Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return list(text_string_to_metric_families(resp.read().decode()))
+
+
+def test_first_scrape_has_every_counter_at_0_the_queue_gauges_and_the_recipes_names(
+        url: str, qname: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
+    """A worker that has run nothing yet: every counter of each registered job type at 0 and
+    every queue gauge, in the first scrape after it started (no 10 s wait for the gauges,
+    so `absent()` alerts hold at a restart); no scope labels; then, once a job ran, every
+    metric name the Grafana dashboard and the KEDA ScaledObject query is in the scrape."""
+    Queue.from_url(url, qname).enqueue("ok", delay=3600)  # one delayed, nothing to run
+    log = tmp_path / "worker.log"
+    procs.append(start(["worker", "metrics_jobs:registry", "--queue", qname, "--url", url,
+                        "--metrics-port", "0", "--metrics-interval", "3600"], log))
+    port = metrics_port(log)
+    wait_until(lambda: "started on" in log.read_text(), timeout_s=30, what="the worker")
+    families = scrape_raw(port)  # the first scrape
+    samples = [s for f in families for s in f.samples if s.labels.get("queue") == qname]
+    got = {(s.name, s.labels.get("type")): s.value for s in samples if "le" not in s.labels}
+    for name in JOB_COUNTERS:
+        for job_type in ("ok", "bad", "hold"):
+            assert got[(f"streamq_jobs_{name}_total", job_type)] == 0, (name, job_type)
+    assert got[("streamq_jobs_reclaimed_total", None)] == 0
+    gauges = {name: got[(f"streamq_queue_{name}", None)] for name in QUEUE_GAUGES}
+    assert gauges["delayed"] == 1 and gauges["backlog"] == 0 and gauges["saturation"] == 0
+    assert gauges["workers"] == 1 and gauges["slots"] == 64  # its own heartbeat, at start
+    for s in samples:  # the queue under both names, no per-series scope labels
+        assert s.labels["messaging_destination_name"] == qname
+        assert not any(k.startswith("otel_scope") for k in s.labels), s
+
+    Queue.from_url(url, qname).enqueue("ok")
+    wait_until(lambda: scrape(port).get(f"streamq_jobs_completed_total{{{qname}}}") == 1,
+               timeout_s=20, what="the job")
+    emitted = {s.name for f in scrape_raw(port) for s in f.samples}
+    used = metric_names_used()
+    assert used and used <= emitted, sorted(used - emitted)
+    buckets = {s.labels["le"] for f in scrape_raw(port) for s in f.samples
+               if s.name == "streamq_job_duration_seconds_bucket"}
+    assert "0.0005" in buckets  # a no-op job's run time is charted below 5 ms
+    assert stop(procs[0]) == 0
+
+
 def test_scheduler_serves_queue_gauges_and_its_counters(
         url: str, qname: str, tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
     q = Queue.from_url(url, qname)
@@ -143,6 +196,9 @@ def test_scheduler_serves_queue_gauges_and_its_counters(
     wait_until(ready, timeout_s=20, what="the promoted job in the gauges")
     got = scrape(port)
     assert got["streamq_scheduler_cron_fired_total"] == 0
+    # 2 ready (one promoted), the other delayed job not due; no worker: saturated
+    assert got[f"streamq_queue_backlog{{{qname}}}"] == 2
+    assert got[f"streamq_queue_saturation{{{qname}}}"] == 2
     assert got[f"streamq_queue_oldest_ready_age_seconds{{{qname}}}"] >= 0
     assert stop(procs[0]) == 0
     assert "Traceback" not in log.read_text()
