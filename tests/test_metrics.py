@@ -164,8 +164,13 @@ def test_first_scrape_has_every_counter_at_0_the_queue_gauges_and_the_recipes_na
         assert not any(k.startswith("otel_scope") for k in s.labels), s
 
     Queue.from_url(url, qname).enqueue("ok")
-    wait_until(lambda: scrape(port).get(f"streamq_jobs_completed_total{{{qname}}}") == 1,
-               timeout_s=20, what="the job")
+    Queue.from_url(url, qname).enqueue("no.such.type")  # dead-lettered: counted as type '?'
+    wait_until(lambda: scrape(port).get(f"streamq_jobs_completed_total{{{qname}}}") == 1
+               and scrape(port).get(f"streamq_jobs_failed_total{{{qname}}}") == 1,
+               timeout_s=20, what="the two jobs")
+    types = {s.labels["type"] for f in scrape_raw(port) for s in f.samples
+             if s.name == "streamq_jobs_failed_total" and s.labels["queue"] == qname}
+    assert types == {"ok", "bad", "hold", "?"}
     emitted = {s.name for f in scrape_raw(port) for s in f.samples}
     used = metric_names_used()
     assert used and used <= emitted, sorted(used - emitted)

@@ -76,6 +76,9 @@ class Attempts:
         self.in_flight = tel.InFlight()
         self.deps_client: Any = None
         """Reads a waiting job's dependency results before its handler runs (workflows)."""
+        self.known_types: frozenset[str] = frozenset()
+        """The registry's job types (set at start): any other counts as type ``?``, so a
+        producer's typo never makes a new series."""
         self.server: tuple[str, int] | None = None
         """The Redis server's address and port (the spans' ``server.*``; set at start)."""
 
@@ -226,6 +229,8 @@ class Attempts:
     def _begin(self, qs: QState, entry: str, jtype: str, wait_ms: int) -> None:
         """An attempt starts (its type known): counted, and its queue wait recorded now."""
         if tel.metering():
+            if jtype not in self.known_types:  # a type from the stream: not a label value
+                jtype = "?"
             labels = tel.job_attrs(qs.keys.queue, jtype)
             tel.STARTED.add(1, labels)
             tel.QUEUE_WAIT.record(wait_ms / 1000, labels)

@@ -210,6 +210,7 @@ class Worker(Fetching):
         self._runner = SyncRunner(threads, self.config.max_abandoned_threads or threads, log)
         self._attempts.runner = self._runner
         self._attempts.server = server_address(self.url)
+        self._attempts.known_types = frozenset(self.registry.names())
         self._attempts.series = hk.series
         self._attempts.deps_client = client
         self._progress = self._attempts.progress = Progress(client, self.queue_config,
