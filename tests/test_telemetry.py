@@ -145,3 +145,26 @@ async def test_job_log_records_carry_job_fields(url: str, qname: str) -> None:
     assert by_id["g1"]["job_type"] == "greet" and by_id["g1"]["attempt"] == 1
     assert by_id["g2"]["job_type"] == "greet.sync"  # the context follows into the thread pool
     assert "trace_id" not in by_id["g1"]  # no tracing here: no trace id to report
+
+
+def test_started_counts_outlive_their_worker() -> None:
+    """``streamq.jobs.started`` adds up every worker's in-memory counts, and keeps those of a
+    worker that is gone (a counter never goes down within a process)."""
+    import gc
+
+    from opentelemetry.metrics import CallbackOptions
+
+    def total() -> float:
+        return sum(o.value for o in tel._started(CallbackOptions())
+                   if o.attributes and o.attributes["queue"] == "started-test")
+
+    first, second = tel.Started(), tel.Started()
+    first.zero(["started-test"], ["a", "b"])
+    assert total() == 0
+    first.by_type[("started-test", "a")] += 3
+    second.by_type[("started-test", "b")] = 2
+    assert total() == 5
+    del first
+    gc.collect()
+    assert total() == 5
+    assert second.by_type  # (kept alive to here)

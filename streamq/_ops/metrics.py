@@ -219,7 +219,8 @@ async def run_scheduler(scheduler: Any, interval_s: float | None) -> None:
         await scheduler.run()
         return
     client = async_client(scheduler.url)
-    gauges = QueueGauges(client, list(scheduler.queues.values()), interval_s)
+    gauges = QueueGauges(client, [k for ks in scheduler.shards.values() for k in ks],
+                         interval_s)  # (every shard: a sharded queue's gauges add up)
     _scheduler_counters(scheduler)
     tel.register_gauges(gauges, gauges.values)
     task = asyncio.create_task(gauges.run())

@@ -76,6 +76,7 @@ class Attempts:
         self.in_flight = tel.InFlight()
         self.deps_client: Any = None
         """Reads a waiting job's dependency results before its handler runs (workflows)."""
+        self.started = tel.Started()
         self.known_types: frozenset[str] = frozenset()
         """The registry's job types (set at start): any other counts as type ``?``, so a
         producer's typo never makes a new series."""
@@ -231,9 +232,10 @@ class Attempts:
         if tel.metering():
             if jtype not in self.known_types:  # a type from the stream: not a label value
                 jtype = "?"
-            labels = tel.job_attrs(qs.keys.queue, jtype)
-            tel.STARTED.add(1, labels)
-            tel.QUEUE_WAIT.record(wait_ms / 1000, labels)
+            key = (qs.keys.queue, jtype)
+            started = self.started.by_type
+            started[key] = started.get(key, 0) + 1
+            tel.QUEUE_WAIT.record(wait_ms / 1000, tel.job_attrs(*key))
             qs.job_types[entry] = jtype  # the settling loop counts its outcome by type
 
     def _dead(self, qs: QState, ident: tuple[str, str, str], attempt: int, etype: str,

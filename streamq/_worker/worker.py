@@ -198,6 +198,7 @@ class Worker(Fetching):
             await acall(lambda _retried: hk.refresh_paused())
             if tel.metering():  # every counter and gauge there from the first scrape
                 tel.zero_counters(self._names, self.registry.names())
+                self._attempts.started.zero(self._names, self.registry.names())
                 await self._first_gauges(hk)
             await self.registry.lifecycle.start()  # startup hooks (once per process)
         except BaseException:
