@@ -109,7 +109,8 @@ class Attempts:
             plain = plain_body(data, serde)
             env = envelope_from_data(lease.job_id, data, serde) if plain is None else None
         except (SerializationError, RecursionError) as exc:
-            self._begin(qs, lease.entry, "?", wait_ms)
+            if tel.metering():
+                self._begin(qs, lease.entry, "?", wait_ms)
             return self._dead(qs, ident, attempt, "MalformedEnvelope", str(exc)[:500],
                               "malformed envelope")
         if env is None:
@@ -122,7 +123,8 @@ class Attempts:
             jtype, payload, version, env_attempts = env.type, env.payload, env.version, \
                 env.max_attempts
             idem, headers, carrier = env.idempotency_key or env.id, env.headers, env.trace
-        self._begin(qs, lease.entry, jtype, wait_ms)
+        if tel.metering():  # (one call a job without a metrics SDK)
+            self._begin(qs, lease.entry, jtype, wait_ms)
         if env is not None and env.id != lease.job_id:  # never another job's id (idempotency)
             return self._dead(qs, ident, attempt, "MalformedEnvelope",
                               f"the envelope names job {env.id!r}", "malformed envelope",
@@ -228,15 +230,15 @@ class Attempts:
         return item
 
     def _begin(self, qs: QState, entry: str, jtype: str, wait_ms: int) -> None:
-        """An attempt starts (its type known): counted, and its queue wait recorded now."""
-        if tel.metering():
-            if jtype not in self.known_types:  # a type from the stream: not a label value
-                jtype = "?"
-            key = (qs.keys.queue, jtype)
-            started = self.started.by_type
-            started[key] = started.get(key, 0) + 1
-            tel.QUEUE_WAIT.record(wait_ms / 1000, tel.job_attrs(*key))
-            qs.job_types[entry] = jtype  # the settling loop counts its outcome by type
+        """An attempt starts (its type known), while metrics are recorded: counted, and its
+        queue wait recorded now."""
+        if jtype not in self.known_types:  # a type from the stream: not a label value
+            jtype = "?"
+        key = (qs.keys.queue, jtype)
+        started = self.started.by_type
+        started[key] = started.get(key, 0) + 1
+        tel.QUEUE_WAIT.record(wait_ms / 1000, tel.job_attrs(*key))
+        qs.job_types[entry] = jtype  # the settling loop counts its outcome by type
 
     def _dead(self, qs: QState, ident: tuple[str, str, str], attempt: int, etype: str,
               message: str, reason: str, jtype: str = "?") -> Finish:

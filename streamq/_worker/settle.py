@@ -155,13 +155,14 @@ class Settler:
         for b, state in zip(batch, reply, strict=True):
             if state == b"completed":  # the common case, counted once per batch (and type)
                 completed += 1
-                jtype = types.pop(b[1], "?") if types else "?"
-                by_type[jtype] = by_type.get(jtype, 0) + 1
+                if types:  # (metrics recorded: by job type)
+                    jtype = types.pop(b[1], "?")
+                    by_type[jtype] = by_type.get(jtype, 0) + 1
             else:
                 self.count(qs, b, state)
         if completed:
             self.stats.completed += completed
-            for jtype, n in by_type.items():
+            for jtype, n in (by_type or {"?": completed}).items():
                 tel.COMPLETED.add(n, tel.job_attrs(k.queue, jtype))
         self.on_settled(len(batch))
         if cfg.min_replicas:
