@@ -40,6 +40,25 @@ def _optional_positive_seconds(
         _positive_seconds(inst, att, v)  # type: ignore[arg-type]
 
 
+def _optional_megabytes(_inst: object, att: attrs.Attribute[float | None],
+                        v: float | None) -> None:
+    if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                          or not math.isfinite(v) or v <= 0):
+        raise InvalidArgument(f"{att.name} must be a positive number of MiB, got {v!r}")
+
+
+def _pool_kind(_inst: object, att: attrs.Attribute[str], v: str) -> None:
+    if v not in ("thread", "process"):
+        raise InvalidArgument(f"{att.name} must be 'thread' or 'process', got {v!r}")
+
+
+def _optional_pool_registry(_inst: object, att: attrs.Attribute[str | None],
+                            v: str | None) -> None:
+    if v is not None and (not isinstance(v, str) or ":" not in v or v.endswith(":")):
+        raise InvalidArgument(f"{att.name} must be 'module:attribute' naming the Registry"
+                              f" (e.g. 'myapp.tasks:registry'), got {v!r}")
+
+
 def _limit_count(_inst: object, att: attrs.Attribute[int], v: int) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1_000_000:
         raise InvalidArgument(f"{att.name} must be an integer 1..1000000, got {v!r}")
@@ -290,6 +309,27 @@ class WorkerConfig:
     gauges_interval_s: float = attrs.field(default=10.0, validator=_positive_seconds)
     """Queue gauges (ready, pending, ...) are re-read at most this often, and only while a
     metrics reader is collecting them."""
+
+    pool: str = attrs.field(default="thread", validator=_pool_kind)
+    """Where handlers run: ``"thread"`` (async ones on the event loop, sync ones in threads)
+    or ``"process"`` (every handler in a pool of child processes, as ``isolation="process"``
+    does for one handler; docs/production.md#isolated-handlers-process-pool)."""
+    pool_size: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive_int))
+    """Child processes of the process pool (jobs beyond it wait for a child, their leases
+    renewed, their timeouts not running yet); None = the number of CPUs."""
+    pool_registry: str | None = attrs.field(default=None, validator=_optional_pool_registry)
+    """``module:attribute`` of the Registry, which each child imports (``streamq worker``
+    passes its own); None = found in a module of the registry's handlers."""
+    max_jobs_per_child: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive_int))
+    """A pool child is replaced (between jobs) after this many jobs; None = never."""
+    max_memory_per_child_mb: float | None = attrs.field(
+        default=None, validator=_optional_megabytes)
+    """A pool child whose resident memory (RSS, in MiB) reaches this after a job is
+    replaced before its next one; None = never."""
+    pool_start_timeout_s: float = attrs.field(default=60.0, validator=_positive_seconds)
+    """How long a new pool child may take to import the registry and run its startup hooks."""
 
     @property
     def reclaim_every_s(self) -> float:

@@ -210,6 +210,13 @@ class StartupFailed(StreamqError):
         self.hook = hook
 
 
+class ProcessDied(StreamqError):
+    """Never raised to a caller: the attempt's error when the pool child running an isolated
+    handler (``isolation="process"``, ``pool="process"``) died mid-job (a signal such as an
+    OOM kill or a segfault, ``os._exit``): the message names the exit cause (``worker process
+    died: signal 9 (SIGKILL)``). Retried like any failure; ``retry_on``/``fail_on`` see it."""
+
+
 class ScriptError(StreamqError):
     """A streamq Lua script failed on the server (a bug or a corrupted key).
 

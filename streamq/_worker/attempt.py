@@ -31,6 +31,7 @@ from .._core.timeseries import SeriesRecorder
 from .cancel import cancelled
 from .invoke import Expired, SyncRunner, bounded, error_info
 from .lease import Lease
+from .pool import Encoded, ProcessPool
 from .progress import Progress
 from .registry import HandlerSpec, Registry
 from .state import Finish, QState, WorkerStats
@@ -71,6 +72,8 @@ class Attempts:
         self.registry = registry
         self.stats = stats
         self.runner: SyncRunner | None = None
+        self.pool: ProcessPool | None = None
+        """The process pool, when a handler runs isolated (pool.py)."""
         self.progress: Progress | None = None
         self.series: SeriesRecorder | None = None
         self.in_flight = tel.InFlight()
@@ -167,14 +170,18 @@ class Attempts:
             if lease.cancel.is_set():  # asked before the handler began: it never runs
                 item = cancelled(lease)
             else:  # interrupt() cancels an async handler's task (cancel.py)
-                if spec.is_async:
+                pool = self.pool if spec.isolation == "process" or \
+                    self.config.pool == "process" else None
+                if spec.is_async and pool is None:  # (a pool child is told: pool.py)
                     lease.task = task
                 timeout = spec.timeout_s or self.config.default_timeout_s
                 _last_exc.set(None)
                 _deliberate.set(False)
                 try:
                     try:
-                        if spec.is_async:  # without a limit: no Timeout context, no extra task
+                        if pool is not None:  # a child process; the timeout is a hard limit
+                            result = await pool.run(job, timeout, lease.cancel)
+                        elif spec.is_async:  # without a limit: no Timeout context, no extra task
                             coro = spec.fn(job)
                             result = await (coro if timeout is None else bounded(coro, timeout))
                         else:  # the timeout counts from when a thread starts the handler
@@ -288,7 +295,7 @@ class Attempts:
         if timeout is not None and isinstance(exc, Expired):
             if self.runner is not None:
                 self.stats.stuck_threads = len(self.runner.stuck())
-            ours = TimeoutError(f"handler timed out after {timeout:g} s")
+            ours = TimeoutError(f"handler timed out after {timeout:g} s{exc}")
             ours.__cause__ = None
             _last_exc.set(ours)
             exc = ours
@@ -308,7 +315,12 @@ class Attempts:
             return (*ident, "ok", b"", 0, "")
         serde = self.queue_config.serde
         try:
-            payload = serde.dumps(result)
+            if type(result) is Encoded:  # encoded by a pool child (pool.py)
+                if result.error:
+                    raise SerializationError(result.error)
+                payload = result.data
+            else:
+                payload = serde.dumps(result)
         except Exception as exc:  # noqa: BLE001 - a custom serde may raise anything
             err = exc if isinstance(exc, SerializationError) else SerializationError(
                 f"result not serialisable: {exc!r}")

@@ -38,6 +38,9 @@ class HandlerSpec:
     """Only these exceptions retry (None: any); another one dead-letters the job at once."""
     fail_on: tuple[type[BaseException], ...] = ()
     """These exceptions dead-letter the job at once (checked before ``retry_on``)."""
+    isolation: str | None = None
+    """``"process"``: runs in the worker's process pool (a child process; ``timeout`` is a
+    hard limit); None: where the worker's ``pool`` says."""
 
 
 def error_types(what: str, value: Any) -> tuple[type[BaseException], ...] | None:
@@ -57,6 +60,12 @@ def error_types(what: str, value: Any) -> tuple[type[BaseException], ...] | None
             raise InvalidArgument(f"{what}: {item.__name__} already says what happens to the"
                                   " job; leave it out")
     return items
+
+
+def check_isolation(value: Any) -> None:
+    if value not in (None, "process"):
+        raise InvalidArgument(f"isolation must be None (where the worker's pool says) or"
+                              f" 'process' (a child process of the worker's pool), got {value!r}")
 
 
 def check_handler(name: str, fn: Any) -> None:
@@ -125,11 +134,13 @@ class Registry:
         retry: RetryPolicy | None = None,
         retry_on: Errors | None = None,
         fail_on: Errors | None = None,
+        isolation: str | None = None,
     ) -> HandlerSpec:
         """Register ``fn`` for jobs of type ``name``. ``retry_on``: only these exceptions
         retry, any other one dead-letters the job at once; ``fail_on``: these dead-letter it
         at once (checked first). Both take an exception class or a tuple of them; a timeout
-        is a ``TimeoutError``."""
+        is a ``TimeoutError``. ``isolation="process"``: run it in a child process of the
+        worker's process pool (docs/production.md#isolated-handlers-process-pool)."""
         if callable(name) and isinstance(fn, str):
             raise RegistryError(
                 f"register() takes the job type first: write registry.register({fn!r},"
@@ -144,6 +155,7 @@ class Registry:
             raise InvalidArgument(f"max_attempts must be a positive integer, got {max_attempts!r}")
         if timeout is not None and (not isinstance(timeout, (int, float)) or not timeout > 0):
             raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+        check_isolation(isolation)
         retrying = error_types("retry_on", retry_on)
         failing = error_types("fail_on", fail_on) or ()
         both = set(retrying or ()) & set(failing)
@@ -152,7 +164,7 @@ class Registry:
                                   " retry_on and fail_on: give each exception one rule")
         spec = HandlerSpec(name, fn, inspect.iscoroutinefunction(fn), version, max_attempts,
                            float(timeout) if timeout is not None else None, retry, retrying,
-                           failing)
+                           failing, isolation)
         self._handlers[(name, version)] = spec
         return spec
 
@@ -166,6 +178,7 @@ class Registry:
         retry: RetryPolicy | None = None,
         retry_on: Errors | None = None,
         fail_on: Errors | None = None,
+        isolation: str | None = None,
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`; async functions run on the loop, sync in threads."""
         if callable(name):
@@ -178,17 +191,20 @@ class Registry:
 
         error_types("retry_on", retry_on)  # bad rules fail here, not at decoration
         error_types("fail_on", fail_on)
+        check_isolation(isolation)
 
         def deco(fn: F) -> F:
             self.register(name, fn, version=version, max_attempts=max_attempts, timeout=timeout,
-                          retry=retry, retry_on=retry_on, fail_on=fail_on)
+                          retry=retry, retry_on=retry_on, fail_on=fail_on,
+                          isolation=isolation)
             return fn
 
         return deco
 
     def task(self, name: str, *, version: int | None = None, max_attempts: int | None = None,
              timeout: float | None = None, retry: RetryPolicy | None = None,
-             retry_on: Errors | None = None, fail_on: Errors | None = None) -> TaskDecorator:
+             retry_on: Errors | None = None, fail_on: Errors | None = None,
+             isolation: str | None = None) -> TaskDecorator:
         """Register a function with typed parameters as a typed task (``Task``): enqueue it
         with its own arguments, get its return type back. A parameter annotated ``Job`` (or
         named ``job``) receives the Job."""
@@ -200,9 +216,11 @@ class Registry:
                                 f" @registry.task({fn_name!r})")
         error_types("retry_on", retry_on)
         error_types("fail_on", fail_on)
+        check_isolation(isolation)
         return TaskDecorator(self, name, {"version": version, "max_attempts": max_attempts,
                                           "timeout": timeout, "retry": retry,
-                                          "retry_on": retry_on, "fail_on": fail_on})
+                                          "retry_on": retry_on, "fail_on": fail_on,
+                                          "isolation": isolation})
 
     def get(self, name: str, version: int = 1) -> HandlerSpec | None:
         return self._handlers.get((name, version)) or self._handlers.get((name, None))

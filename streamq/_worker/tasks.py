@@ -199,12 +199,15 @@ class Task(Generic[P, R]):
                 return self._unstructure(await self.fn(**self._arguments(job)))
 
             run_async.__name__ = getattr(self.fn, "__name__", self.name)
+            run_async.__module__ = getattr(self.fn, "__module__", run_async.__module__)
             return run_async
 
         def run(job: Job) -> Any:
             return self._unstructure(self.fn(**self._arguments(job)))
 
         run.__name__ = getattr(self.fn, "__name__", self.name)
+        # (the function's module: a process pool finds the registry there, pool.py)
+        run.__module__ = getattr(self.fn, "__module__", run.__module__)
         return run
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

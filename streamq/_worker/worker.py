@@ -28,6 +28,7 @@ from .._core import telemetry as tel
 from .._core.args import check_queue_list
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.conn import async_client, averify, server_address, sync_client
+from .._core.errors import StartupFailed
 from .._core.keys import DEFAULT_PRIORITY, Keys, queues_key, shard_keys
 from .._core.queues import publish_types
 from .._core.retry import acall
@@ -41,6 +42,7 @@ from .groups import GroupKeeper
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
 from .lease import Lease, LeaseKeeper
+from .pool import ProcessPool, registry_spec
 from .progress import Progress
 from .promote import Promoter
 from .registry import Registry
@@ -62,9 +64,12 @@ class Worker(Fetching):
 
     def __init__(self, url: str, queues: Sequence[str], registry: Registry,
                  config: WorkerConfig | None = None, queue_config: QueueConfig | None = None,
-                 *, consumer: str | None = None, **client_kwargs: Any) -> None:
+                 *, consumer: str | None = None, pool: str | None = None,
+                 **client_kwargs: Any) -> None:
         check_queue_list(queues)  # a str would iterate into one-letter queues
         self.config = config or WorkerConfig()
+        if pool is not None:  # (the same as WorkerConfig(pool=...))
+            self.config = attrs.evolve(self.config, pool=pool)
         self.queue_config = queue_config or QueueConfig()
         self.registry = registry
         self.url = url
@@ -100,6 +105,8 @@ class Worker(Fetching):
         self._progress: Progress | None = None
         self._client: aredis.Redis | None = None
         self._runner: SyncRunner | None = None
+        self.pool: ProcessPool | None = None
+        """The process pool of isolated handlers while running (None without one)."""
         self._settler: Settler | None = None
         self._hk: Housekeeper | None = None
         self._cancels: CancelWatch | None = None
@@ -200,10 +207,15 @@ class Worker(Fetching):
                 tel.zero_counters(self._names, self.registry.names())
                 self._attempts.started.zero(self._names, self.registry.names())
                 await self._first_gauges(hk)
+            self.pool = await self._start_pool()
             await self.registry.lifecycle.start()  # startup hooks (once per process)
         except BaseException:
+            if self.pool is not None:
+                await self.pool.close()
+                self.pool = None
             await client.aclose()
             raise
+        self._attempts.pool = self.pool
         self._client, self._hk = client, hk
         self._settler = Settler(client, self.queue_config, self._leases, self.stats,
                                 self.consumer, self._settled_n, self._outage)
@@ -265,6 +277,26 @@ class Worker(Fetching):
         except Exception as exc:  # noqa: BLE001 - the gauges loop reads them again soon
             log.warning("queue gauges not read at start: %s: %s", type(exc).__name__, exc)
             hk.gauges_read = True
+
+    async def _start_pool(self) -> ProcessPool | None:
+        """The process pool, started, when some handler runs isolated; else None."""
+        if self.config.pool != "process" and not any(
+                s.isolation == "process" for s in self.registry.specs()):
+            return None
+        spec = self.config.pool_registry or registry_spec(self.registry)
+        if spec is None:
+            raise StartupFailed("of the process pool", LookupError(
+                "the pool's children import the registry by module path, and none of the"
+                " handlers' modules holds it as a global: pass"
+                " WorkerConfig(pool_registry='myapp.tasks:registry')"))
+        size = self.config.pool_size or os.cpu_count() or 1
+        pool = ProcessPool(size, spec, self.queue_config.serde,
+                           max_jobs_per_child=self.config.max_jobs_per_child,
+                           max_memory_per_child_mb=self.config.max_memory_per_child_mb,
+                           start_timeout_s=self.config.pool_start_timeout_s,
+                           names=self.registry.names())
+        await pool.start()
+        return pool
 
     async def _register(self, client: aredis.Redis) -> None:
         try:
@@ -340,6 +372,9 @@ class Worker(Fetching):
                 self._watchdog.stop()
                 self._watchdog = None
             self._runner.shutdown()
+            if self.pool is not None:  # what still runs was handed back: no child outlives us
+                await self.pool.close()
+                self.pool = self._attempts.pool = None
             assert self._client is not None
             try:
                 await self._client.aclose()

@@ -115,9 +115,16 @@ def _worker(args: argparse.Namespace) -> int:
                                  args.metrics_port)
     _serve_metrics(args, "streamq-worker")
     registry = load_registry(args.registry, args.debug)
-    cfg = WorkerConfig(concurrency=args.concurrency, visibility_timeout_s=args.visibility_timeout,
-                       grace_period_s=args.grace_period, promote=not args.no_promote,
-                       gauges_interval_s=args.metrics_interval)
+    try:
+        cfg = WorkerConfig(concurrency=args.concurrency,
+                           visibility_timeout_s=args.visibility_timeout,
+                           grace_period_s=args.grace_period, promote=not args.no_promote,
+                           gauges_interval_s=args.metrics_interval, pool=args.pool,
+                           pool_size=args.pool_size, pool_registry=args.registry,
+                           max_jobs_per_child=args.max_jobs_per_child,
+                           max_memory_per_child_mb=args.max_memory_per_child)
+    except InvalidArgument as exc:
+        raise SystemExit(f"streamq: {exc}") from None
     qcfg = queue_config(args)
     Worker(args.url, args.queue, registry, cfg, qcfg).run()
     return 0
@@ -317,6 +324,17 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--processes", type=processes_count, metavar="N",
                    help="run N worker processes under a supervisor that restarts one that"
                    " dies (auto: one per CPU); without it, one worker in this process")
+    w.add_argument("--pool", choices=("thread", "process"), default="thread",
+                   help="where handlers run: thread (async ones on the event loop, sync ones"
+                   " in threads; the default) or process (every handler in a pool of child"
+                   " processes: hard timeouts, crash isolation; isolation='process' on a"
+                   " handler does it for that one)")
+    w.add_argument("--pool-size", type=int, metavar="N",
+                   help="child processes of the process pool (default: one per CPU)")
+    w.add_argument("--max-jobs-per-child", type=int, metavar="N",
+                   help="replace a pool child after N jobs")
+    w.add_argument("--max-memory-per-child", type=float, metavar="MIB",
+                   help="replace a pool child whose resident memory reaches MIB after a job")
     _metrics_options(w)
     _reload_option(w)
     w.set_defaults(func=_worker)

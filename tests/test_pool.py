@@ -1,0 +1,274 @@
+"""The process pool (#30): isolated handlers in child processes, hard timeouts, crash
+isolation, recycling, outcomes as in-process, graceful stop without orphans. Handlers live in
+tests/pool_jobs.py (the children import it by module path)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import decimal
+import os
+import signal
+import uuid
+from typing import Any
+
+import pool_jobs
+import pytest
+import redis
+from helpers import eventually, fast, finished, state
+
+from streamq import Job, Queue, Registry, StartupFailed, Worker
+from streamq.admin import Admin
+
+START_S = 60.0  # children import streamq and the registry: slow on a loaded machine
+
+
+def children_of_this_process() -> set[int]:
+    """Child pids of this process, live or zombie (all threads' children)."""
+    out: set[int] = set()
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{tid}/children") as f:
+                out.update(int(p) for p in f.read().split())
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def pool_worker(url: str, qname: str, **cfg: Any) -> Worker:
+    base: dict[str, Any] = {"pool": "process", "pool_size": 1, "concurrency": 1}
+    return Worker(url, [qname], pool_jobs.registry, fast(**{**base, **cfg}))
+
+
+async def done(q: Queue, job_id: str, timeout_s: float = START_S) -> Any:
+    await eventually(lambda: finished(q, job_id), timeout_s, f"job {job_id} to finish")
+    return q.get(job_id)
+
+
+async def test_payload_and_result_cross_in_the_serde(url: str, q: Queue, qname: str) -> None:
+    """Values JSON has no type for cross both ways in the queue's serde; the child's startup
+    hook filled its own job.ctx; the job's fields arrive as in-process."""
+    payload = {"when": dt.datetime(2025, 5, 6, 7, 8, 9, tzinfo=dt.UTC), "n": [1, 2.5, None],
+               "amount": decimal.Decimal("9.99"), "text": "héllo"}
+    async with pool_worker(url, qname):
+        jid = q.enqueue("echo", payload).job_id
+        info = await done(q, jid)
+    assert info.state == "completed"
+    res = info.result
+    assert res["payload"] == payload
+    assert res["when"] == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    assert res["amount"] == decimal.Decimal("1.25") and res["uid"] == uuid.UUID(int=7)
+    assert res["pid"] != os.getpid()
+    assert res["ctx_pid"] == res["pid"]  # the startup hook ran in that child
+    assert (res["id"], res["queue"], res["attempt"]) == (jid, qname, 1)
+
+
+async def test_isolation_per_handler(url: str, q: Queue, qname: str) -> None:
+    """A thread-pool worker runs only isolation='process' handlers in children (an async one
+    here); the others stay in-process."""
+    async with Worker(url, [qname], pool_jobs.registry, fast(concurrency=2, pool_size=1)) as w:
+        assert w.pool is not None and len(w.pool.pids()) == 1
+        isolated = q.enqueue("aecho", {"x": 1}).job_id
+        local = q.enqueue("pid", None).job_id
+        a, b = await done(q, isolated), await done(q, local)
+    assert a.result["payload"] == {"x": 1} and a.result["pid"] != os.getpid()
+    assert b.result == os.getpid()
+
+
+async def test_sigkill_mid_job_retries_that_job(url: str, q: Queue, qname: str,
+                                                r: redis.Redis) -> None:
+    """A child killed mid-job fails only that attempt with the exit cause; the job runs
+    again (attempt 2) on a fresh child and the worker goes on."""
+    pids, key = f"{qname}:pids", f"{qname}:go"
+    async with pool_worker(url, qname) as w:
+        jid = q.enqueue("hold", {"url": url, "pids": pids, "key": key}).job_id
+        first = int(await eventually(lambda: r.lpop(pids), START_S, "the job to start"))
+        os.kill(first, signal.SIGKILL)
+        info = await done(q, jid)
+        assert info.state == "completed" and info.result == 2 and info.attempts == 2
+        assert [e["type"] for e in info.errors] == ["ProcessDied"]
+        # max_attempts=1: the dead letter names the exit cause
+        dead = q.enqueue("wait", {"url": url, "pids": pids, "key": key}).job_id
+        second = int(await eventually(lambda: r.lpop(pids), START_S, "the job to start"))
+        assert second != first
+        os.kill(second, signal.SIGKILL)
+        info = await done(q, dead)
+        assert info.state == "failed"
+        assert info.error is not None and info.error["type"] == "ProcessDied"
+        assert info.error["message"] == "worker process died: signal 9 (SIGKILL)"
+        after = q.enqueue("pid", None).job_id
+        info = await done(q, after)
+        assert info.state == "completed" and info.result not in (first, second)
+        assert w.pool is not None and w.pool.died == 2
+    assert not alive(first) and not alive(second)
+
+
+async def test_endless_loop_is_killed_at_its_timeout(url: str, q: Queue, qname: str,
+                                                     r: redis.Redis) -> None:
+    """A sync handler that never returns (timeout=1) is killed: the attempt fails with a
+    TimeoutError, and its slot runs the next job in a fresh child."""
+    pids = f"{qname}:pids"
+    async with pool_worker(url, qname) as w:
+        jid = q.enqueue("spin", {"url": url, "pids": pids}).job_id
+        nxt = q.enqueue("pid", None).job_id
+        info = await done(q, jid)
+        assert info.state == "failed"
+        assert info.error is not None and info.error["type"] == "TimeoutError"
+        assert info.error["message"] == ("handler timed out after 1 s; its process was"
+                                         " killed")
+        spun = int(r.lindex(pids, 0) or b"0")
+        assert spun
+        info = await done(q, nxt)
+        assert info.state == "completed" and info.result != spun  # pool_size 1: the same slot
+        assert w.pool is not None and w.pool.killed == 1
+    assert not alive(spun)
+
+
+async def test_leaking_handler_is_recycled_at_the_memory_limit(url: str, q: Queue,
+                                                               qname: str) -> None:
+    """Each job keeps 40 MiB more; a child at 110 MiB or more after a job is replaced before
+    its next one (a child starts at about 45 MiB: it runs one job, then is retired)."""
+    got: list[int] = []
+    async with pool_worker(url, qname, max_memory_per_child_mb=110) as w:
+        for _ in range(4):
+            got.append((await done(q, q.enqueue("leak", None).job_id)).result)
+        assert w.pool is not None and w.pool.recycled >= 1
+    assert got[0] == got[1]  # below the limit after its first job
+    assert len(set(got)) >= 2  # replaced once over it
+
+
+async def test_max_jobs_per_child_recycles(url: str, q: Queue, qname: str) -> None:
+    got: list[int] = []
+    async with pool_worker(url, qname, max_jobs_per_child=2) as w:
+        for _ in range(5):
+            got.append((await done(q, q.enqueue("pid", None).job_id)).result)
+        assert w.pool is not None and w.pool.recycled == 2
+    assert got[0] == got[1] != got[2] == got[3] != got[4]
+    assert not any(alive(p) for p in set(got))
+
+
+async def test_outcomes_settle_as_in_process(url: str, q: Queue, qname: str,
+                                             r: redis.Redis) -> None:
+    """Fail, Retry, RateLimited, fail_on/retry_on, os._exit, progress and log lines."""
+    async with pool_worker(url, qname, pool_size=2, concurrency=2):
+        ids = {
+            "fail": q.enqueue("fail", None).job_id,
+            "retry": q.enqueue("retry", None).job_id,
+            "limited": q.enqueue("limited", {"url": url, "key": f"{qname}:rl"}).job_id,
+            "permanent": q.enqueue("rules", {"raise": "permanent"}).job_id,
+            "flaky": q.enqueue("rules", {"raise": "flaky"}).job_id,
+            "exit": q.enqueue("exit", None).job_id,
+            "progress": q.enqueue("progress", None).job_id,
+            "none": q.enqueue("none", None).job_id,
+        }
+        got = {name: await done(q, jid) for name, jid in ids.items()}
+    assert (got["fail"].state, got["fail"].reason) == ("failed", "no such address")
+    assert got["fail"].attempts == 1 and got["fail"].error["type"] == "Fail"
+    assert (got["retry"].state, got["retry"].result) == ("completed", 2)
+    # rate limited once (the key), back without counting: attempt 1 again
+    assert r.get(f"{qname}:rl") == b"1"
+    assert (got["limited"].state, got["limited"].result) == ("completed", 1)
+    assert got["permanent"].state == "failed" and got["permanent"].attempts == 1
+    assert got["permanent"].reason == "Permanent is in fail_on"
+    assert got["permanent"].error["type"] == "Permanent"
+    assert "gone for good" in got["permanent"].error["traceback"]  # the child's traceback
+    assert (got["flaky"].state, got["flaky"].result) == ("completed", 2)
+    assert (got["exit"].state, got["exit"].result) == ("completed", 2)
+    assert [e["type"] for e in got["exit"].errors] == ["ProcessDied"]
+    assert got["progress"].result == "done" and got["progress"].progress == {"done": 50}
+    assert [line["m"] for line in got["progress"].logs] == ["half way"]
+    assert got["none"].state == "completed" and got["none"].result is None
+
+
+async def test_cancel_reaches_the_child(url: str, q: Queue, qname: str,
+                                        r: redis.Redis) -> None:
+    """A cancel of a running isolated job turns its job.cancel_requested True in the child;
+    the job ends cancelled and the child stays (it returned)."""
+    pids = f"{qname}:pids"
+    async with pool_worker(url, qname) as w:
+        jid = q.enqueue("cancellable", {"url": url, "pids": pids}).job_id
+        pid = int(await eventually(lambda: r.lpop(pids), START_S, "the job to start"))
+        q.cancel(jid)
+        info = await done(q, jid)
+        assert info.state == "cancelled"
+        assert w.pool is not None and w.pool.pids() == [pid] and w.pool.killed == 0
+
+
+async def test_graceful_stop_leaves_no_children_and_dead_letters_nothing(
+        url: str, q: Queue, qname: str, r: redis.Redis) -> None:
+    """Stop while two max_attempts=1 jobs run past the grace period: their children are
+    killed, the jobs handed back uncounted (a later worker completes them), nothing is
+    dead-lettered, and no child process is left (not even a zombie)."""
+    pids, key = f"{qname}:pids", f"{qname}:go"
+    before = children_of_this_process()
+    w = pool_worker(url, qname, pool_size=2, concurrency=2, grace_period_s=0.5)
+    await w.start()
+    try:
+        assert w.pool is not None
+        started = set(w.pool.pids())
+        assert started <= children_of_this_process() - before
+        ids = [q.enqueue("wait", {"url": url, "pids": pids, "key": key}).job_id
+               for _ in range(2)]
+        await eventually(lambda: r.llen(pids) == 2, START_S, "both jobs to start")
+    finally:
+        await w.stop()
+    assert children_of_this_process() == before
+    assert not any(alive(p) for p in started)
+    assert Admin.from_url(url).count_dead(qname)[0] == 0
+    assert [state(q, i) for i in ids] == ["queued", "queued"]
+    r.rpush(key, "go", "go")
+    async with Worker(url, [qname], pool_jobs.registry, fast()):  # in-process this time
+        infos = [await done(q, i) for i in ids]
+    assert [(i.state, i.result) for i in infos] == [("completed", "released")] * 2
+
+
+async def test_graceful_stop_waits_for_running_children(url: str, q: Queue, qname: str,
+                                                        r: redis.Redis) -> None:
+    """A job that ends within the grace period is settled, then the children go."""
+    pids, key = f"{qname}:pids", f"{qname}:go"
+    before = children_of_this_process()
+    w = pool_worker(url, qname, grace_period_s=60.0)
+    await w.start()
+    jid = q.enqueue("wait", {"url": url, "pids": pids, "key": key}).job_id
+    await eventually(lambda: r.llen(pids) == 1, START_S, "the job to start")
+    stopping = asyncio.ensure_future(w.stop())
+    await eventually(lambda: not w._running, 10, "the stop to begin")
+    r.rpush(key, "go")
+    await stopping
+    info = q.get(jid)
+    assert info is not None and (info.state, info.result) == ("completed", "released")
+    assert children_of_this_process() == before
+
+
+async def test_pool_needs_the_registry_by_module_path(url: str, qname: str) -> None:
+    """A registry no module holds cannot be imported by the children: a clear StartupFailed,
+    and the worker starts nothing."""
+    local = Registry()
+
+    @local.handler("x", isolation="process")
+    def x(job: Job) -> None:
+        return None
+
+    before = children_of_this_process()
+    w = Worker(url, [qname], local, fast())
+    with pytest.raises(StartupFailed, match="pool_registry"):
+        await w.start()
+    assert not w.running and children_of_this_process() == before
+
+
+async def test_pool_registry_without_the_handlers_is_refused(url: str, qname: str) -> None:
+    """pool_registry naming another registry: the children lack the worker's job types."""
+    local = Registry()
+    local.register("not-in-pool-jobs", lambda job: None, isolation="process")
+    w = Worker(url, [qname], local, fast(pool_registry="pool_jobs:registry", pool_size=1))
+    with pytest.raises(StartupFailed, match="not-in-pool-jobs"):
+        await w.start()
+    assert not w.running
