@@ -9,13 +9,16 @@ import datetime as dt
 import decimal
 import os
 import signal
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pool_jobs
 import pytest
 import redis
-from helpers import eventually, fast, finished, state
+from helpers import eventually, fast, finished, state, wait_until
 
 from streamq import Job, Queue, Registry, StartupFailed, Worker
 from streamq.admin import Admin
@@ -272,3 +275,31 @@ async def test_pool_registry_without_the_handlers_is_refused(url: str, qname: st
     with pytest.raises(StartupFailed, match="not-in-pool-jobs"):
         await w.start()
     assert not w.running
+
+
+def test_cli_pool_process(url: str, q: Queue, qname: str) -> None:
+    """`streamq worker ... --pool process --pool-size 1 --max-jobs-per-child 2`: jobs run in
+    children of the worker, recycled every two jobs; SIGTERM stops it cleanly and no child
+    outlives it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamq", "worker", "pool_jobs:registry", "--url", url,
+         "--queue", qname, "--concurrency", "1", "--pool", "process", "--pool-size", "1",
+         "--max-jobs-per-child", "2"], cwd=Path(__file__).parent, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        got: list[int] = []
+        for _ in range(3):
+            jid = q.enqueue("pid", None).job_id
+            wait_until(lambda jid=jid: finished(q, jid), START_S, "the job to finish")  # type: ignore[misc]
+            info = q.get(jid)
+            assert info is not None and info.state == "completed"
+            got.append(info.result)
+        assert got[0] == got[1] != got[2] and proc.pid not in got
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=START_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not any(alive(p) for p in got)

@@ -313,7 +313,7 @@ class WorkerConfig:
     pool: str = attrs.field(default="thread", validator=_pool_kind)
     """Where handlers run: ``"thread"`` (async ones on the event loop, sync ones in threads)
     or ``"process"`` (every handler in a pool of child processes, as ``isolation="process"``
-    does for one handler; docs/production.md#isolated-handlers-process-pool)."""
+    does for one handler; docs/production.md#isolated-handlers-the-process-pool)."""
     pool_size: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(_positive_int))
     """Child processes of the process pool (jobs beyond it wait for a child, their leases

@@ -140,7 +140,7 @@ class Registry:
         retry, any other one dead-letters the job at once; ``fail_on``: these dead-letter it
         at once (checked first). Both take an exception class or a tuple of them; a timeout
         is a ``TimeoutError``. ``isolation="process"``: run it in a child process of the
-        worker's process pool (docs/production.md#isolated-handlers-process-pool)."""
+        worker's process pool (docs/production.md#isolated-handlers-the-process-pool)."""
         if callable(name) and isinstance(fn, str):
             raise RegistryError(
                 f"register() takes the job type first: write registry.register({fn!r},"
