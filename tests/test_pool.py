@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import decimal
+import json
 import os
 import signal
 import subprocess
@@ -303,3 +304,51 @@ def test_cli_pool_process(url: str, q: Queue, qname: str) -> None:
             proc.kill()
             proc.wait()
     assert not any(alive(p) for p in got)
+
+
+SCRIPT = '''
+import asyncio, json, os, sys, time
+from streamq import Job, Queue, Registry, Worker, WorkerConfig
+
+registry = Registry()
+
+
+class Gone(Exception):
+    pass
+
+
+@registry.handler("where", isolation="process")
+def where(job: Job) -> int:
+    return os.getpid()
+
+
+@registry.handler("gone", isolation="process", fail_on=Gone)
+def gone(job: Job) -> None:
+    raise Gone("for good")
+
+
+async def main(url: str, queue: str) -> None:
+    q = Queue.from_url(url, queue)
+    a, b = q.enqueue("where", None).job_id, q.enqueue("gone", None).job_id
+    async with Worker(url, [queue], registry, WorkerConfig(pool_size=1, block_ms=200)):
+        while not all(q.get(i).finished for i in (a, b)):
+            await asyncio.sleep(0.02)
+    ia, ib = q.get(a), q.get(b)
+    print(json.dumps({"pid": os.getpid(), "where": ia.result, "gone": [ib.state, ib.reason]}))
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+'''
+
+
+def test_embedded_script_as_main(url: str, qname: str, tmp_path: Path) -> None:
+    """A script run as __main__: its children run it again as __mp_main__ (its main block
+    does not run twice), and an exception class of the script still matches fail_on."""
+    script = tmp_path / "job_script.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run([sys.executable, str(script), url, qname], capture_output=True,
+                         text=True, timeout=START_S * 2, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["where"] != got["pid"]
+    assert got["gone"] == ["failed", "Gone is in fail_on"]

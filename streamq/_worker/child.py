@@ -68,7 +68,6 @@ def load_registry(spec: str) -> Any:
     where, _, attr = spec.rpartition(":")
     if where.endswith(".py"):
         obj: Any = runpy.run_path(where, run_name="__mp_main__")
-        sys.modules.setdefault("__mp_main__", type(sys)("__mp_main__"))
         first, _, rest = attr.partition(".")
         obj = obj[first]
         attr = rest

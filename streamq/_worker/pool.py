@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -26,6 +27,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -104,7 +106,8 @@ def rebuild(header: dict[str, Any]) -> BaseException:
     a class is looked up among those this process already loaded)."""
     module, qualname = str(header.get("module", "")), str(header.get("qualname", ""))
     name = str(header.get("name", "Exception"))
-    cls: Any = sys.modules.get(module)
+    # (a script's classes are __mp_main__'s in a child, __main__'s here: child.py)
+    cls: Any = sys.modules.get("__main__" if module == "__mp_main__" else module)
     for part in qualname.split("."):
         cls = getattr(cls, part, None) if cls is not None else None
     if not (isinstance(cls, type) and issubclass(cls, BaseException)):
@@ -143,28 +146,106 @@ def registry_spec(registry: Registry) -> str | None:
     return None
 
 
-class _Proc:
-    """One child process and its pipes."""
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(Expired("; its process was killed"))
 
-    def __init__(self, proc: subprocess.Popen[bytes], wfd: int, reader: asyncio.StreamReader,
-                 transport: asyncio.WriteTransport) -> None:
+
+class _Watch:
+    """Looks at a running job's cancel flag every quarter second (a plain flag, set on the
+    event loop or the renewal thread) and tells the child once it is set."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, child: _Proc, job_id: str,
+                 cancel: Any, fut: asyncio.Future[Any]) -> None:
+        self._loop, self._child, self._id, self._cancel, self._fut = (loop, child, job_id,
+                                                                        cancel, fut)
+        self._handle: asyncio.TimerHandle | None = None
+        if cancel is not None:
+            self._handle = loop.call_later(_POLL_CANCEL_S, self._look)
+
+    def _look(self) -> None:
+        self._handle = None
+        if self._fut.done():
+            return
+        if self._cancel.is_set():
+            self._child.send(frame({"op": "cancel", "id": self._id}))
+            return
+        self._handle = self._loop.call_later(_POLL_CANCEL_S, self._look)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class _Frames(asyncio.Protocol):
+    """The child's pipe: frames to ``on_frame`` as they arrive; EOF to ``on_eof``."""
+
+    def __init__(self, proc: _Proc) -> None:
+        self._proc = proc
+        self._buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        while len(buf) >= 4:
+            (n,) = struct.unpack_from(">I", buf)
+            if len(buf) < 4 + n:
+                return
+            got = split(bytes(buf[4:4 + n]))
+            del buf[:4 + n]
+            self._proc.on_frame(got)
+
+    def eof_received(self) -> bool | None:
+        self._proc.on_eof()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._proc.on_eof()
+
+
+class _Proc:
+    """One child process and its pipes. ``expect()`` before a request: the future of the
+    next frame that is not a report (reports go to ``on_report`` meanwhile)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.wfd = wfd
-        self.reader = reader
-        self.transport = transport
+        self.transport: asyncio.WriteTransport | None = None
+        self.reader: asyncio.BaseTransport | None = None
         self.jobs = 0
         self.rss = 0
+        self.eof = False
+        self.waiter: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None
+        self.on_report: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def send(self, data: bytes) -> None:
-        self.transport.write(data)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
-    async def recv(self) -> tuple[dict[str, Any], bytes]:
-        (n,) = struct.unpack(">I", await self.reader.readexactly(4))
-        return split(await self.reader.readexactly(n))
+    def expect(self) -> asyncio.Future[tuple[dict[str, Any], bytes]]:
+        fut = self.waiter = asyncio.get_running_loop().create_future()
+        if self.eof:
+            fut.set_exception(asyncio.IncompleteReadError(b"", None))
+        return fut
+
+    def on_frame(self, got: tuple[dict[str, Any], bytes]) -> None:
+        if got[0].get("op") == "report":
+            if self.on_report is not None:
+                self.on_report(got[0])
+            return
+        fut, self.waiter = self.waiter, None
+        if fut is not None and not fut.done():
+            fut.set_result(got)
+
+    def on_eof(self) -> None:
+        self.eof = True
+        fut, self.waiter = self.waiter, None
+        if fut is not None and not fut.done():
+            fut.set_exception(asyncio.IncompleteReadError(b"", None))
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
@@ -179,7 +260,9 @@ class _Proc:
             self.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(2.0)
-        self.transport.close()
+        for t in (self.transport, self.reader):
+            if t is not None:
+                t.close()
         return self.proc.returncode
 
 
@@ -255,25 +338,27 @@ class ProcessPool:
         except BaseException:
             for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
                 os.close(fd)
+            if refill:
+                self._starting -= 1
             raise
         os.close(to_child_r)
         os.close(from_child_w)
-        reader = asyncio.StreamReader(limit=2 ** 31)
-        rpipe = os.fdopen(from_child_r, "rb", buffering=0)
-        wpipe = os.fdopen(to_child_w, "wb", buffering=0)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), rpipe)
-        transport, _ = await loop.connect_write_pipe(asyncio.Protocol, wpipe)
-        child = _Proc(proc, to_child_w, reader, transport)
+        child = _Proc(proc)
         self._live.add(child)
         if refill:
             self._starting -= 1
         self.started += 1
         try:
+            rpipe = os.fdopen(from_child_r, "rb", buffering=0)
+            wpipe = os.fdopen(to_child_w, "wb", buffering=0)
+            child.reader, _ = await loop.connect_read_pipe(lambda: _Frames(child), rpipe)
+            child.transport, _ = await loop.connect_write_pipe(asyncio.Protocol, wpipe)
+            ready = child.expect()
             child.send(frame({"op": "hello", "registry": self.registry, "path": sys.path,
                               "log_level": logging.getLogger().getEffectiveLevel()},
                              self._serde_blob))
             try:
-                header, _ = await asyncio.wait_for(child.recv(), self.start_timeout_s)
+                header, _ = await asyncio.wait_for(ready, self.start_timeout_s)
             except (asyncio.IncompleteReadError, ConnectionError):
                 code = await child.reap(_REAP_S)
                 raise StartupFailed(_WHO, ProcessDied(
@@ -301,7 +386,7 @@ class ProcessPool:
         while True:
             while self._idle:
                 child = self._idle.pop()
-                if child.proc.poll() is None:
+                if child.proc.poll() is None and not child.eof:
                     return child
                 self._live.discard(child)  # died while idle: not this job's fault
                 self.died += 1
@@ -321,12 +406,9 @@ class ProcessPool:
         self._refilling += 1
 
         async def start() -> None:
-            before = self.started
             try:
                 child = await self._spawn(refill=True)
             except Exception as exc:  # noqa: BLE001 - the next job starts one, or says why
-                if self.started == before:  # (not counted live yet)
-                    self._starting -= 1
                 if not self._closed:
                     log.warning("process pool: a replacement child did not start: %s", exc)
             else:
@@ -352,33 +434,15 @@ class ProcessPool:
         body = self._job_frame(job)  # (a SerializationError is the job's failure)
         async with self._slots:  # (waiting for a child: the timeout does not run yet)
             child = await self._take()
+            fut = child.expect()
+            child.on_report = functools.partial(report, job)
             child.send(body)
             child.jobs += 1
-            told = False
             loop = asyncio.get_running_loop()
-            end = None if timeout_s is None else loop.time() + timeout_s
-            pending: asyncio.Future[tuple[dict[str, Any], bytes]] | None = None
+            timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, fut)
+            watch = _Watch(loop, child, job.id, cancel, fut)
             try:
-                while True:
-                    if pending is None:
-                        pending = asyncio.ensure_future(child.recv())
-                    left = None if end is None else end - loop.time()
-                    wait = _POLL_CANCEL_S if left is None else min(_POLL_CANCEL_S, left)
-                    if wait > 0:
-                        await asyncio.wait({pending}, timeout=wait)
-                    if not pending.done():
-                        if end is not None and loop.time() >= end:
-                            raise Expired("; its process was killed")
-                        if not told and cancel is not None and cancel.is_set():
-                            child.send(frame({"op": "cancel", "id": job.id}))
-                            told = True
-                        continue
-                    header, data = pending.result()
-                    pending = None
-                    if header.get("op") == "report":
-                        report(job, header)
-                        continue
-                    break
+                header, data = await fut
             except asyncio.IncompleteReadError:
                 self._live.discard(child)
                 code = await child.reap(_REAP_S)
@@ -390,8 +454,6 @@ class ProcessPool:
                 self._refill()
                 raise ProcessDied(cause) from None
             except BaseException as exc:  # Expired, CancelledError: the child must go
-                if pending is not None:
-                    pending.cancel()
                 self._live.discard(child)
                 child.kill()
                 self.killed += 1
@@ -400,8 +462,14 @@ class ProcessPool:
                                 " killed and replaced", job.id, timeout_s, child.pid,
                                 extra={"job_id": job.id, "queue": job.queue})
                 self._retire(child, kill=True)
-                self._refill()
+                if not isinstance(exc, asyncio.CancelledError):  # (cancelled: the worker stops)
+                    self._refill()
                 raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                watch.stop()
+                child.on_report = None
             child.rss = int(header.get("rss", 0) or 0)
             self._settle_child(child)
         if header.get("op") == "err":

@@ -208,7 +208,8 @@ class Worker(Fetching):
                 self._attempts.started.zero(self._names, self.registry.names())
                 await self._first_gauges(hk)
             self.pool = await self._start_pool()
-            await self.registry.lifecycle.start()  # startup hooks (once per process)
+            if self.config.pool != "process":  # (with every handler in children: theirs only)
+                await self.registry.lifecycle.start()  # startup hooks (once per process)
         except BaseException:
             if self.pool is not None:
                 await self.pool.close()
@@ -381,7 +382,8 @@ class Worker(Fetching):
             except Exception as exc:  # noqa: BLE001 - closing a broken connection
                 log.debug("closing the client: %s", exc)
             try:  # shutdown hooks, after the last job was settled or handed back
-                await self.registry.lifecycle.stop()
+                if self.config.pool != "process":
+                    await self.registry.lifecycle.stop()
             finally:
                 self._stopped.set()
         log.info("worker %s stopped: %s", self.consumer, self.stats.summary(),
