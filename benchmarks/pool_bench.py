@@ -10,7 +10,9 @@ children, and the per-job cost of process isolation against a thread on a no-op.
   The no-op drain with concurrency 1 gives the end-to-end cost per job.
 * ``direct``: ``--calls`` sequential calls of a no-op sync handler through the thread runner
   (``SyncRunner.run``) and through the pool (``ProcessPool.run``, one child), without Redis:
-  the isolation's own cost per job (µs), the pipe round trip and the serde both ways.
+  the isolation's own cost per job (µs), the pipe round trip and the serde both ways; as
+  wall time, and as CPU time (the parent's, and the child's from /proc), which a busy
+  machine distorts less.
 
 Prints JSON. Run it on a quiet machine; figures from a shared one are noisy.
 """
@@ -88,10 +90,11 @@ async def direct(calls: int) -> dict[str, Any]:
     runner = SyncRunner(1, 1, logging.getLogger("bench"))
     for _ in range(100):
         await runner.run(noop, job, None)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(calls):
         await runner.run(noop, job, None)
     thread_us = (time.perf_counter() - t0) / calls * 1e6
+    thread_cpu_us = (time.process_time() - c0) / calls * 1e6
     runner.shutdown()
     pool = ProcessPool(1, SPEC, JsonSerde(), names=["noop"])
     await pool.start()
@@ -99,15 +102,28 @@ async def direct(calls: int) -> dict[str, Any]:
         flag = CancelFlag()
         for _ in range(100):
             await pool.run(job, None, flag)
-        t0 = time.perf_counter()
+        child = pool.pids()[0]
+        t0, c0, k0 = time.perf_counter(), time.process_time(), _cpu_of(child)
         for _ in range(calls):
             await pool.run(job, None, flag)
         pool_us = (time.perf_counter() - t0) / calls * 1e6
+        parent_cpu_us = (time.process_time() - c0) / calls * 1e6
+        child_cpu_us = (_cpu_of(child) - k0) / calls * 1e6
     finally:
         await pool.close()
     return {"calls": calls, "thread_us_per_job": round(thread_us, 1),
             "pool_us_per_job": round(pool_us, 1),
-            "isolation_overhead_us": round(pool_us - thread_us, 1)}
+            "isolation_overhead_us": round(pool_us - thread_us, 1),
+            "thread_cpu_us_per_job": round(thread_cpu_us, 1),
+            "pool_cpu_us_per_job": {"parent": round(parent_cpu_us, 1),
+                                    "child": round(child_cpu_us, 1)}}
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) a live process used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:

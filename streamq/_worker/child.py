@@ -99,6 +99,10 @@ def error_frame(exc: BaseException, rss: int) -> bytes:
                   "attrs": attrs, "traceback": tb, "rss": rss})
 
 
+def _no_rss() -> int:
+    return 0
+
+
 class _Sent(Awaitable[None]):
     """What ``job.progress(...)`` returns in a child: already done (the parent writes it)."""
 
@@ -195,6 +199,7 @@ class Child:
         except Exception as exc:  # noqa: BLE001 - the parent encoded it: a serde mismatch
             return error_frame(exc, rss_bytes())
         jid = str(header["id"])
+        rss = rss_bytes if header.get("rss") else _no_rss  # (only with a memory limit)
 
         def report(kind: str, value: Any) -> _Sent:
             if kind == "progress":
@@ -230,18 +235,18 @@ class Child:
                     flag.set()
                 result = spec.fn(job)
         except BaseException as exc:  # noqa: BLE001 - the job's failure, judged by the parent
-            return error_frame(exc, rss_bytes())
+            return error_frame(exc, rss())
         finally:
             with self._clock:
                 self._current = None
         if result is None:
-            return frame({"op": "ok", "none": True, "rss": rss_bytes()})
+            return frame({"op": "ok", "none": True, "rss": rss()})
         try:
             data = self.serde.dumps(result)
         except Exception as exc:  # noqa: BLE001 - a custom serde may raise anything
             return frame({"op": "ok", "unserialisable": f"result not serialisable: {exc!r}"[:2000],
-                          "rss": rss_bytes()})
-        return frame({"op": "ok", "rss": rss_bytes()}, data)
+                          "rss": rss()})
+        return frame({"op": "ok", "rss": rss()}, data)
 
     def serve(self) -> int:
         got = self.read()

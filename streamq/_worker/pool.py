@@ -484,7 +484,8 @@ class ProcessPool:
                       "attempt": job.attempt, "max_attempts": job.max_attempts,
                       "queue": job.queue, "idem": job.idempotency_key,
                       "headers": job.headers, "trace": job.trace,
-                      "deadline_ms": job.deadline_ms, "priority": job.priority},
+                      "deadline_ms": job.deadline_ms, "priority": job.priority,
+                      "rss": self.max_rss is not None},
                      self._serde.dumps(job.payload))
 
     def _settle_child(self, child: _Proc) -> None:
