@@ -26,9 +26,23 @@ class Flaky(Exception):
     """In retry_on of 'rules': retried."""
 
 
+def _mark(what: str) -> None:
+    """With POOL_JOBS_MARKS set (a file path): one line per hook run, with the pid."""
+    path = os.environ.get("POOL_JOBS_MARKS")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{what} {os.getpid()}\n")
+
+
 @registry.on_startup
 def startup(ctx: Context) -> None:
     ctx.started_in = os.getpid()
+    _mark("start")
+
+
+@registry.on_shutdown
+async def shutdown(ctx: Context) -> None:
+    _mark("stop")
 
 
 def _client(job: Job) -> redis.Redis:

@@ -352,3 +352,37 @@ def test_embedded_script_as_main(url: str, qname: str, tmp_path: Path) -> None:
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["where"] != got["pid"]
     assert got["gone"] == ["failed", "Gone is in fail_on"]
+
+
+def test_bad_pool_options_are_refused() -> None:
+    from streamq import InvalidArgument, WorkerConfig
+
+    reg = Registry()
+    with pytest.raises(InvalidArgument, match="isolation"):
+        reg.register("x", lambda job: None, isolation="thread")
+    with pytest.raises(InvalidArgument, match="isolation"):
+        reg.handler("x", isolation="fork")
+    with pytest.raises(InvalidArgument, match="pool must be 'thread' or 'process'"):
+        WorkerConfig(pool="fork")
+    with pytest.raises(InvalidArgument, match="MiB"):
+        WorkerConfig(max_memory_per_child_mb=0)
+    with pytest.raises(InvalidArgument, match="module:attribute"):
+        WorkerConfig(pool_registry="myapp.tasks")
+    with pytest.raises(InvalidArgument, match="positive integer"):
+        WorkerConfig(max_jobs_per_child=0)
+
+
+async def test_hooks_run_once_in_each_child(url: str, q: Queue, qname: str, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every child runs the startup hooks once before its first job and the shutdown hooks
+    when it is retired (max_jobs_per_child) or the worker stops; the worker's own process,
+    which runs no handler with pool='process', runs neither."""
+    marks = tmp_path / "marks"
+    monkeypatch.setenv("POOL_JOBS_MARKS", str(marks))
+    async with pool_worker(url, qname, max_jobs_per_child=1):
+        ran = [(await done(q, q.enqueue("pid", None).job_id)).result for _ in range(2)]
+    lines = [line.split() for line in marks.read_text().splitlines()]
+    starts = [int(p) for what, p in lines if what == "start"]
+    stops = [int(p) for what, p in lines if what == "stop"]
+    assert sorted(starts) == sorted(set(starts)) and sorted(stops) == sorted(starts)
+    assert set(ran) <= set(starts) and os.getpid() not in starts

@@ -521,7 +521,9 @@ class ProcessPool:
         for child in idle:
             with contextlib.suppress(Exception):
                 child.send(frame({"op": "exit"}))
-        for child in self._live - set(idle):
+        if self._retiring:  # replacements being started end as the idle ones (_refill)
+            await asyncio.wait(set(self._retiring), timeout=_REAP_S)
+        for child in self._live - set(idle):  # (still starting, or a job's never handed back)
             child.kill()
         live, self._live = list(self._live), set()
         await asyncio.gather(*(c.reap(_REAP_S) for c in live), return_exceptions=True)
