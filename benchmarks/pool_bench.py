@@ -4,15 +4,17 @@ children, and the per-job cost of process isolation against a thread on a no-op.
 ``python -m benchmarks.pool_bench [--jobs 400] [--calls 2000]``. A private redis-server.
 
 * ``drain``: ``--jobs`` CPU-bound jobs (about 5 ms of pure-Python work each, calibrated
-  here) are enqueued, then one Worker (concurrency 2) drains them: sync handlers in threads
-  (``pool="thread"``), then ``pool="process"`` with 1 and 2 children. jobs/s from the worker's
+  here) are enqueued, then one Worker (concurrency 4: a leased job waits for each busy child)
+  drains them: sync handlers in threads (``pool="thread"``), then ``pool="process"`` with 1
+  and 2 children. jobs/s from the worker's
   start to its last completion (the pool's start is excluded: children are started first).
   The no-op drain with concurrency 1 gives the end-to-end cost per job.
 * ``direct``: ``--calls`` sequential calls of a no-op sync handler through the thread runner
   (``SyncRunner.run``) and through the pool (``ProcessPool.run``, one child), without Redis:
   the isolation's own cost per job (µs), the pipe round trip and the serde both ways; as
   wall time, and as CPU time (the parent's, and the child's from /proc), which a busy
-  machine distorts less.
+  machine distorts less. ``direct_cpu``: 100 CPU-bound jobs, two at a time, through two
+  threads and through two children.
 
 Prints JSON. Run it on a quiet machine; figures from a shared one are noisy.
 """
@@ -126,18 +128,41 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def direct_cpu(n: int, jobs: int) -> dict[str, Any]:
+    """``jobs`` CPU-bound jobs called directly, two at a time: two threads (one core, the
+    GIL) against two pool children (two cores). Milliseconds per job."""
+    job = Job("j", "cpu", {"n": n}, 1, 1, "q")
+    runner = SyncRunner(2, 2, logging.getLogger("bench"))
+    t0 = time.perf_counter()
+    await asyncio.gather(*(runner.run(cpu, job, None) for _ in range(jobs)))
+    threads_ms = (time.perf_counter() - t0) / jobs * 1000
+    runner.shutdown()
+    pool = ProcessPool(2, SPEC, JsonSerde(), names=["cpu"])
+    await pool.start()
+    try:
+        flag = CancelFlag()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(pool.run(job, None, flag) for _ in range(jobs)))
+        pool_ms = (time.perf_counter() - t0) / jobs * 1000
+    finally:
+        await pool.close()
+    return {"jobs": jobs, "two_threads_ms_per_job": round(threads_ms, 2),
+            "two_children_ms_per_job": round(pool_ms, 2)}
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     n = calibrate()
     one = Job("c", "cpu", {"n": n}, 1, 1, "q")
     out: dict[str, Any] = {"cpu_loop": n, "cpu_job_ms": round(
         min(_timed(lambda: cpu(one)) for _ in range(5)) * 1000, 2), "cpus": os.cpu_count(),
-        "load_avg_1m": os.getloadavg()[0], "direct": await direct(args.calls)}
+        "load_avg_1m": os.getloadavg()[0], "direct": await direct(args.calls),
+        "direct_cpu": await direct_cpu(n, 100)}
     server = RedisServer().start()
     try:
         runs = []
         for i, (pool, size) in enumerate([("thread", 0), ("process", 1), ("process", 2)]):
             runs.append(await drain(server.url, f"cpu-{i}", "cpu", {"n": n}, args.jobs, pool,
-                                    max(size, 1), 2))
+                                    max(size, 1), 4))
         out["cpu_drain"] = runs
         out["noop_drain"] = [
             await drain(server.url, "noop-t", "noop", None, args.jobs, "thread", 1, 1),
