@@ -169,3 +169,11 @@ def cpu(job: Job) -> int:
     for i in range(job.payload.get("n", 60_000)):
         n += i * i % 7
     return n
+
+
+@registry.handler("deps")
+def deps(job: Job) -> dict[str, Any]:
+    """What a job that waited for others sees of them, in a child."""
+    return {"results": [d.result for d in job.dependency_results()],
+            "states": [d.state for d in job.dependency_results()],
+            "previous": job.previous_result()}

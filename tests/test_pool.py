@@ -386,3 +386,18 @@ async def test_hooks_run_once_in_each_child(url: str, q: Queue, qname: str, tmp_
     stops = [int(p) for what, p in lines if what == "stop"]
     assert sorted(starts) == sorted(set(starts)) and sorted(stops) == sorted(starts)
     assert set(ran) <= set(starts) and os.getpid() not in starts
+
+
+async def test_dependency_results_reach_the_child(url: str, q: Queue, qname: str) -> None:
+    """A job that waited for others (depends_on) reads their results in its child as
+    in-process (docs/workflows.md)."""
+    async with pool_worker(url, qname):
+        first = q.enqueue("echo", {"k": 1}, job_id=f"{qname}-a").job_id
+        second = q.enqueue("pid", None, job_id=f"{qname}-b").job_id
+        last = q.enqueue("deps", None, depends_on=[first, second]).job_id
+        info = await done(q, last)
+    a, b = q.get(first), q.get(second)
+    assert a is not None and b is not None
+    assert info.state == "completed"
+    assert info.result == {"results": [a.result, b.result], "states": ["completed"] * 2,
+                           "previous": a.result}

@@ -194,8 +194,14 @@ class Child:
             exc = LookupError(f"no handler for {header['type']!r} version"
                               f" {header['version']} in the pool's registry")
             return error_frame(exc, rss_bytes())
+        deps: tuple[Any, ...] | None = None
         try:
             payload = self.serde.loads(body)
+            if header.get("deps"):  # (a job that waited for others: their results)
+                from .._core.flow import DependencyResult
+
+                deps = tuple(DependencyResult(**d) for d in payload["deps"])
+                payload = payload["payload"]
         except Exception as exc:  # noqa: BLE001 - the parent encoded it: a serde mismatch
             return error_frame(exc, rss_bytes())
         jid = str(header["id"])
@@ -218,7 +224,7 @@ class Child:
         job = Job(jid, header["type"], payload, header["attempt"], header["max_attempts"],
                   header["queue"], header["version"], header["idem"], header["headers"],
                   header["trace"], header["deadline_ms"], header["priority"], report, flag,
-                  self.registry.lifecycle.ctx)
+                  self.registry.lifecycle.ctx, deps)
         try:
             if spec.is_async:
                 task = self.loop.create_task(spec.fn(job))

@@ -479,14 +479,18 @@ class ProcessPool:
         return Encoded(data, str(header.get("unserialisable", "")))
 
     def _job_frame(self, job: Job) -> bytes:
-        """Control fields in the JSON header, the payload in the queue's serde."""
+        """Control fields in the JSON header, the payload in the queue's serde (with the
+        results of the jobs it waited for, when it did: docs/workflows.md)."""
+        deps = job.dependency_results()
+        body: Any = job.payload if not deps else {
+            "payload": job.payload, "deps": [attrs.asdict(d, recurse=False) for d in deps]}
         return frame({"op": "job", "id": job.id, "type": job.type, "version": job.version,
                       "attempt": job.attempt, "max_attempts": job.max_attempts,
                       "queue": job.queue, "idem": job.idempotency_key,
                       "headers": job.headers, "trace": job.trace,
                       "deadline_ms": job.deadline_ms, "priority": job.priority,
-                      "rss": self.max_rss is not None},
-                     self._serde.dumps(job.payload))
+                      "rss": self.max_rss is not None, "deps": bool(deps)},
+                     self._serde.dumps(body))
 
     def _settle_child(self, child: _Proc) -> None:
         """Back to the idle list, or retired when it ran its share or grew too big."""
