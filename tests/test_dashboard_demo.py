@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.fixture
 def demo() -> Iterator[tuple[str, RedisServer]]:
     """The demo on a server of its own (its queue name is fixed)."""
-    with RedisServer() as server, serve(demo_app(server.url), lifespan="on") as base:
+    with RedisServer() as server, serve(demo_app(server.url, seeded=False), lifespan="on") as base:
         yield base, server
 
 

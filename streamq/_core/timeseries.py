@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -127,6 +127,17 @@ class SeriesRecorder:
                 for q, _k, _a, a in calls[n:]:
                     self.give_back(q, a)
                 raise
+
+
+def bucket_json(completed: int, failed: int, wait: Mapping[int, int], run: Mapping[int, int],
+                oldest_ms: int = 0) -> str:
+    """One bucket in the form timeseries.lua writes (``wait``/``run``: histogram bucket index
+    -> count): what ``streamq demo --web`` writes as its simulated history."""
+    b: dict[str, Any] = {"c": completed, "f": failed, "o": oldest_ms}
+    for name, hist in (("w", wait), ("r", run)):
+        if hist:
+            b[name] = {str(k): v for k, v in sorted(hist.items())}
+    return json.dumps(b, separators=(",", ":"))
 
 
 # ------------------------------------------------------------------ reading

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from .._core.config import RetryPolicy
@@ -24,6 +25,7 @@ from .._core.server import RedisServer
 from .._producer.queue import AsyncQueue
 from .._worker.registry import Registry
 from ..admin import AsyncAdmin
+from . import demo_procs
 
 registry = Registry()
 
@@ -55,9 +57,7 @@ VISIBILITY_S = 3.0
 
 
 def _spawn(url: str, *args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "streamq", "--log-level", "ERROR", *args,
-                             "--url", url], env=env, stdout=subprocess.DEVNULL,
+    return demo_procs.spawn(["--log-level", "ERROR", *args, "--url", url],
                             stderr=subprocess.PIPE)
 
 
@@ -124,15 +124,8 @@ async def _run(url: str, n: int) -> int:
                 err = (failed[0].stderr.read() if failed[0].stderr else b"").decode()
                 print(f"\n  a demo process exited early:\n{err}")
                 break
-    finally:
-        for p in [*workers, scheduler]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in [*workers, scheduler]:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    finally:  # also when a signal cancelled the demo: no worker is left behind
+        demo_procs.stop([*workers, scheduler], grace_s=15)
     print()
     s = await admin.stats(qname)
     c = s.counters
@@ -144,16 +137,49 @@ async def _run(url: str, n: int) -> int:
     ok = c.get("completed", 0) == total - expect_dead and c.get("failed", 0) == expect_dead
     print(f"expected {total - expect_dead} completed and {expect_dead} dead: "
           + ("the numbers match, nothing was lost" if ok else "MISMATCH"))
+    print(f"\nnext: the dashboard over a live queue, with a panel to add jobs, workers, failures"
+          f" and hangs:\n  {_command()} demo --web\nthen open {WEB_URL}")
     return 0 if ok else 1
+
+
+WEB_URL = "http://127.0.0.1:8080/queue?q=demo"
+"""Where ``streamq demo --web`` serves the demo queue with its default --host and --port."""
+
+
+def _command() -> str:
+    """How this process was started (`.venv/bin/streamq` under `make demo`), else `streamq`."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    return argv0 if os.path.basename(argv0) == "streamq" else "streamq"
+
+
+async def _cancelled_on_sigterm(main: Coroutine[Any, Any, int]) -> int:
+    """``main``, cancelled by SIGTERM as asyncio.run cancels it on Ctrl-C."""
+    task = asyncio.ensure_future(main)
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGTERM)
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(url: str, n: int) -> int:
+    try:
+        return asyncio.run(_cancelled_on_sigterm(_run(url, n)))
+    except asyncio.CancelledError:  # SIGTERM: the workers and scheduler were stopped
+        print("\nstopped")
+        return 143
 
 
 def run_demo(url: str | None, n: int = 2000) -> int:
     if url:
-        return asyncio.run(_run(url, n))
+        return _main(url, n)
     try:
         server = RedisServer()
     except RuntimeError as exc:
         raise SystemExit(f"streamq demo: no --url given and {exc}") from None
-    with server:
+    with demo_procs.interrupt_on_sigterm(), server:  # SIGTERM outside the tour: closed too
         print(f"started a private redis-server at {server.url} (stopped when the demo ends)")
-        return asyncio.run(_run(server.url, n))
+        return _main(server.url, n)

@@ -4,8 +4,9 @@ token, like every other action."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
@@ -15,12 +16,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from .._core.config import ALL_EVENTS
+from schedulers import Scheduler
+
+from .._core.config import ALL_EVENTS, QueueConfig
 from .._core.errors import InvalidArgument
 from .._producer.queue import AsyncQueue
 from ..dashboard._actions import _done, _field
 from ..dashboard._app import Dashboard, DashboardConfig, guarded
 from ..dashboard._asgi import create_app
+from .demo_seed import CRON, seed, settled
 from .demo_web import KINDS, QUEUE, VISIBILITY_S, Pool, PoolSettings
 
 MAX_BATCH = 20_000
@@ -37,7 +41,12 @@ def _number(form: Any, name: str, lo: float, hi: float) -> float:
     return v
 
 
-def demo_app(url: str, prefix: str = "streamq") -> Starlette:
+def demo_app(url: str, prefix: str = "streamq", on_ready: Callable[[], None] | None = None,
+             seeded: bool = True) -> Starlette:
+    """The demo: the dashboard of the demo queue and its panel. At startup the queue is
+    seeded (``demo_seed``: history, jobs, cron entries a scheduler fires; not with
+    ``seeded=False``, nor into a queue that has a time series already), two worker processes
+    start, and ``on_ready`` is called once the seeded jobs ran."""
     cfg = DashboardConfig(queues=(QUEUE,), links=(("demo panel", "/demo"),),
                           title="streamq demo", poll_interval_s=0.5)
     dashboard = create_app(url, prefix=prefix, config=cfg)
@@ -98,15 +107,34 @@ def demo_app(url: str, prefix: str = "streamq") -> Starlette:
         await d.admin.audit(QUEUE, "reclaim-now", who="demo", outcome=f"requeued {n}")
         return _done(d, request, QUEUE, f"reclaimed {n} jobs from hung workers", "/demo")
 
+    scheduler = Scheduler.from_url(url, queues=[QUEUE], cron=CRON,
+                                   queue_config=QueueConfig(key_prefix=prefix))
+
+    async def announce(fresh: bool) -> None:
+        if fresh:  # the seeded jobs' outcomes are on the first page
+            await settled(dash.admin)
+        if on_ready is not None:
+            on_ready()
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        await pool.apply(PoolSettings(size=2))
+        fresh = seeded and await seed(producer)
+        if seeded:
+            await scheduler.start()
+        ready = None
         try:
+            await pool.apply(PoolSettings(size=2))
+            ready = asyncio.create_task(announce(fresh))
             yield
         finally:
-            await pool.close()
-            await producer.close()
-            await dash.aclose()
+            try:
+                if ready is not None:
+                    ready.cancel()
+                await pool.close()
+            finally:
+                await scheduler.stop()
+                await producer.close()
+                await dash.aclose()
 
     app = Starlette(routes=[
         Route("/demo", guarded(dash, panel), methods=["GET"]),

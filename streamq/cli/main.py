@@ -217,16 +217,26 @@ def run_web_demo(url: str | None, host: str, port: int, prefix: str = "streamq")
         raise SystemExit(f"streamq demo --web needs the dashboard extra: pip install"
                          f" 'streamq[dashboard]' ({exc})") from None
     from .._core.server import RedisServer
+    from .demo_procs import interrupt_on_sigterm
 
-    server = RedisServer().start() if url is None else None
-    try:
-        app = demo_app(server.url if server else url or "", prefix)
-        print(f"streamq web demo: open http://{host}:{port}/demo (Ctrl-C stops it)",
-              file=sys.stderr)
-        uvicorn.run(app, host=host, port=port, log_level="warning")
-    finally:
-        if server is not None:
-            server.close()
+    # uvicorn stops on SIGTERM, then raises it again under the handler it found: ours turns
+    # it into KeyboardInterrupt, so the private server is closed below (the default handler
+    # would end the process there and then, and leave redis-server running)
+    with interrupt_on_sigterm():
+        server = RedisServer().start() if url is None else None
+        try:
+            def ready() -> None:
+                print(f"streamq web demo: open http://{host}:{port}/queue?q=demo (the queue,"
+                      f" its charts and jobs; the demo panel: http://{host}:{port}/demo)."
+                      " Ctrl-C stops it.", file=sys.stderr, flush=True)
+
+            print("streamq web demo: seeding the demo queue and starting its workers ...",
+                  file=sys.stderr, flush=True)
+            app = demo_app(server.url if server else url or "", prefix, on_ready=ready)
+            uvicorn.run(app, host=host, port=port, log_level="warning")
+        finally:
+            if server is not None:
+                server.close()
     return 0
 
 
@@ -421,6 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             quiet_broken_pipe()
         raise
     args.argv = list(sys.argv[1:] if argv is None else argv)  # --reload runs it again
+    from .demo_procs import die_with_parent
+
+    die_with_parent()  # a demo's worker or scheduler: ends with the demo
     if args.url is None:  # demo starts a private server when neither is given
         args.url = os.environ.get("STREAMQ_URL") or (
             None if args.command == "demo" else "redis://localhost:6379/0")
