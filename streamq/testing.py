@@ -23,6 +23,7 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ __all__ = ["arun_until_idle", "fast_forward", "find_server_binary", "make_job",
            "run_until_idle", "test_config"]
 
 _TERMINAL_EVENTS = frozenset({"completed", "failed"})
+URL_ENV = "STREAMQ_TEST_URL"
+"""An existing server for the plugin's fixtures (as ``--streamq-url``)."""
 
 
 def find_server_binary() -> str:
@@ -215,6 +218,13 @@ except ImportError:  # the helpers above work without pytest
     pass
 else:
 
+    def pytest_addoption(parser: pytest.Parser) -> None:
+        parser.getgroup("streamq").addoption(
+            "--streamq-url", default=None, metavar="URL",
+            help=f"run the streamq fixtures against the Redis at URL (a CI service container)"
+                 f" instead of a private redis-server; each test gets a key prefix of its own"
+                 f" and the database is never emptied. Default: ${URL_ENV}.")
+
     @pytest.fixture(scope="session")
     def streamq_server() -> Iterator[RedisServer]:
         """A private redis-server for the test session (never port 6379)."""
@@ -222,13 +232,54 @@ else:
         yield server
         server.close()
 
+    @pytest.fixture(scope="session")
+    def streamq_url(request: pytest.FixtureRequest) -> str:
+        """``--streamq-url`` or ``$STREAMQ_TEST_URL`` (an existing server), else the URL of
+        ``streamq_server`` (started on first use)."""
+        url: str | None = request.config.getoption("--streamq-url", default=None) or \
+            os.environ.get(URL_ENV)
+        if url:
+            return url
+        server: RedisServer = request.getfixturevalue("streamq_server")
+        return server.url
+
+    def _external(request: pytest.FixtureRequest) -> bool:
+        return bool(request.config.getoption("--streamq-url", default=None)
+                    or os.environ.get(URL_ENV))
+
     @pytest.fixture
-    def redis_url(streamq_server: RedisServer) -> Iterator[str]:
-        """The private server's URL; its database is emptied before each test."""
-        client = sync_client(streamq_server.url)
-        client.flushdb()
-        client.close()
-        yield streamq_server.url
+    def streamq_prefix(request: pytest.FixtureRequest, streamq_url: str) -> Iterator[str]:
+        """This test's key prefix. On the private server: ``"streamq"`` (the default; the
+        database is emptied before each test). On an existing server (``--streamq-url``):
+        ``"streamq-test-<random>"``, and the test's keys are deleted after it."""
+        if not _external(request):
+            yield QueueConfig().key_prefix
+            return
+        prefix = f"streamq-test-{uuid.uuid4().hex[:12]}"
+        yield prefix
+        client: Any = sync_client(streamq_url)
+        try:
+            batch: list[Any] = []
+            for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    client.unlink(*batch)
+                    batch = []
+            for key in batch:  # one by one: on a cluster they lie in different slots
+                client.unlink(key)
+        finally:
+            client.close()
+
+    @pytest.fixture
+    def redis_url(request: pytest.FixtureRequest, streamq_url: str,
+                  streamq_prefix: str) -> str:
+        """The server's URL. The private server's database is emptied before each test; an
+        existing server's is not (each test has its own ``streamq_prefix`` there)."""
+        if not _external(request):
+            client = sync_client(streamq_url)
+            client.flushdb()
+            client.close()
+        return streamq_url
 
     @pytest.fixture
     def streamq_registry() -> Registry:
@@ -238,23 +289,29 @@ else:
             " `streamq_registry` that returns your streamq.Registry")
 
     @pytest.fixture
-    def streamq_queue_config() -> QueueConfig:
-        """Override to give the queue and worker fixtures another QueueConfig (serde, ...)."""
-        return QueueConfig()
+    def streamq_queue_config(streamq_prefix: str) -> QueueConfig:
+        """Override to give the queue and worker fixtures another QueueConfig (serde, ...);
+        they use ``streamq_prefix`` as its key prefix unless it names another one."""
+        return QueueConfig(key_prefix=streamq_prefix)
+
+    def _prefixed(config: QueueConfig, prefix: str) -> QueueConfig:
+        if config.key_prefix != QueueConfig().key_prefix:
+            return config
+        return attrs.evolve(config, key_prefix=prefix)
 
     @pytest.fixture
-    def queue(redis_url: str, streamq_queue_config: QueueConfig) -> Iterator[Queue]:
-        """A blocking ``Queue`` named ``"test"`` on the private server."""
-        q = Queue.from_url(redis_url, "test", streamq_queue_config)
+    def queue(redis_url: str, streamq_queue_config: QueueConfig,
+              streamq_prefix: str) -> Iterator[Queue]:
+        """A blocking ``Queue`` named ``"test"`` on the test server."""
+        q = Queue.from_url(redis_url, "test", _prefixed(streamq_queue_config, streamq_prefix))
         yield q
         q.close()
 
     @pytest.fixture
-    def worker(redis_url: str, queue: Queue, streamq_registry: Registry,
-               streamq_queue_config: QueueConfig) -> Worker:
+    def worker(redis_url: str, queue: Queue, streamq_registry: Registry) -> Worker:
         """A ``Worker`` of the ``queue`` fixture running ``streamq_registry``, not started."""
-        return Worker(redis_url, [queue.name], streamq_registry, test_config(),
-                      streamq_queue_config)
+        return Worker(redis_url, [queue.name], streamq_registry, test_config(), queue.config)
 
-    _ = (streamq_server, redis_url, streamq_registry, streamq_queue_config, queue, worker)
+    _ = (streamq_server, streamq_url, streamq_prefix, redis_url, streamq_registry,
+         streamq_queue_config, queue, worker)
 

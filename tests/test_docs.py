@@ -79,13 +79,16 @@ def test_example(redis_server: RedisServer, example: Example,
     exec(compiled, namespace)
 
 
+_FILE_FENCE = re.compile(r"^```(?:python|toml|ini)[ \t]*\n(# file: .*?)^```[ \t]*$",
+                         re.MULTILINE | re.DOTALL)
+
+
 def _project_files(page: Path) -> dict[str, str]:
+    """The page's ``# file:`` blocks (Python, TOML, ini), by path."""
     out: dict[str, str] = {}
-    for match in _FENCE.finditer(page.read_text(encoding="utf-8")):
-        code = match.group(1)
-        if code.startswith(FILE):
-            name, _, body = code.partition("\n")
-            out[name.removeprefix(FILE).strip()] = body
+    for match in _FILE_FENCE.finditer(page.read_text(encoding="utf-8")):
+        name, _, body = match.group(1).partition("\n")
+        out[name.removeprefix(FILE).strip()] = body
     return out
 
 
@@ -95,20 +98,24 @@ PROJECTS = [p for p in sorted(DOCS.glob("*.md")) if _project_files(p)]
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("page", PROJECTS, ids=[p.name for p in PROJECTS])
 def test_example_projects_pass_their_own_tests(page: Path, tmp_path: Path) -> None:
-    """The `# file:` blocks of a page, written out as a project, pass
-    `pytest -p streamq.testing` (the way a user runs them)."""
-    for name, body in _project_files(page).items():
+    """The `# file:` blocks of a page, written out as they are into an empty directory, pass
+    `pytest -p streamq.testing` run there the way a user runs it: the `pytest` command, no
+    PYTHONPATH, no file added (the page's layout has to work as written)."""
+    files = _project_files(page)
+    for name, body in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body, encoding="utf-8")
-        if path.parent != tmp_path:
-            (path.parent / "__init__.py").touch()
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "streamq.testing", "-q",
-                           "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=tmp_path, env=env,
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "STREAMQ_TEST_URL", "PYTEST_ADDOPTS")}
+    pytest_command = str(Path(sys.executable).parent / "pytest")
+    proc = subprocess.run([pytest_command, "-p", "streamq.testing", "-q",
+                           "-p", "no:cacheprovider"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert " passed" in proc.stdout
+    tests = sum(body.count("\ndef test_") + body.count("\nasync def test_")
+                for name, body in files.items() if Path(name).name.startswith("test_"))
+    assert re.search(rf"^{tests} passed in ", proc.stdout, re.M), proc.stdout  # none skipped
 
 
 def test_pages_exist_and_have_examples() -> None:

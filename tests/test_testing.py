@@ -10,9 +10,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import redis
 
 from streamq import Job, Registry
-from streamq.testing import make_job
+from streamq.testing import URL_ENV, make_job
 
 TASKS = '''
 from streamq import Fail, Job, Registry
@@ -35,6 +36,7 @@ def check_invoice(job: Job) -> None:
 
 USER_TESTS = '''
 import pytest
+import redis
 
 from myapp.tasks import registry, send_email, sent
 from streamq import Registry
@@ -142,3 +144,76 @@ async def test_arun_until_idle_in_async_tests(url: str, qname: str) -> None:
     sq.enqueue("double", 2, delay=3000)
     assert fast_forward(sq, seconds=60) == 1
     sq.close()
+
+
+EXTERNAL_TESTS = '''
+import os
+from pathlib import Path
+
+import pytest
+import redis
+import redis
+
+from streamq import Job, Registry
+from streamq.testing import run_until_idle
+
+registry = Registry()
+
+
+@registry.handler("echo")
+def echo(job: Job) -> object:
+    return job.payload
+
+
+@pytest.fixture
+def streamq_registry() -> Registry:
+    return registry
+
+
+SEEN = Path(os.environ["SEEN_FILE"])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_each_test_has_a_namespace(redis_url, queue, worker, streamq_prefix, n) -> None:
+    assert redis_url == os.environ["EXPECTED_URL"]  # no private server
+    r = redis.Redis.from_url(redis_url)
+    assert r.get("outside") == b"kept"  # the database is not emptied
+    assert not r.keys(f"{streamq_prefix}:*")
+    for earlier in SEEN.read_text().split():  # the keys of the tests before are gone
+        assert earlier != streamq_prefix and not r.keys(f"{earlier}:*")
+    job = queue.enqueue("echo", {"n": n})
+    [done] = run_until_idle(worker)
+    assert (done.id, done.result) == (job.job_id, {"n": n})
+    assert r.keys(f"{streamq_prefix}:*")  # the queue and worker fixtures write there
+    assert not r.keys("streamq:*")  # nothing under the default prefix
+    SEEN.write_text(SEEN.read_text() + " " + streamq_prefix)
+'''
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_the_plugin_runs_against_an_existing_server(tmp_path: Path, how: str) -> None:
+    """``--streamq-url URL`` or ``$STREAMQ_TEST_URL``: the fixtures use that server (here one
+    this test starts, as a CI service container would be), each test under a key prefix of
+    its own whose keys are deleted after it, and the database is never emptied."""
+    from streamq._core.server import RedisServer
+
+    (tmp_path / "test_ci.py").write_text(EXTERNAL_TESTS)
+    (tmp_path / "seen").write_text("")
+    with RedisServer() as server:
+        r = redis.Redis.from_url(server.url)
+        r.set("outside", "kept")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", URL_ENV)}
+        env |= {"SEEN_FILE": str(tmp_path / "seen"), "EXPECTED_URL": server.url}
+        args = [sys.executable, "-m", "pytest", "-p", "streamq.testing", "-p",
+                "no:cacheprovider", "-q"]
+        if how == "option":
+            args += ["--streamq-url", server.url]
+        else:
+            env[URL_ENV] = server.url
+        proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "3 passed" in proc.stdout
+        assert len(set((tmp_path / "seen").read_text().split())) == 3
+        assert r.keys("*") == [b"outside"]  # every test's keys deleted, the rest kept
+        r.close()
