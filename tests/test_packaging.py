@@ -52,3 +52,43 @@ def test_the_console_script_names_a_function_that_exists() -> None:
     assert callable(getattr(importlib.import_module(module), attr))
     main_py = (ROOT / "streamq" / "__main__.py").read_text(encoding="utf-8")
     assert f"from {module.removeprefix('streamq')} import {attr}" in main_py
+
+
+def _make_n(venv: Path, target: str) -> str:
+    """What ``make TARGET`` would run with the virtualenv at ``venv`` (``make -n``)."""
+    import subprocess
+
+    done = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={venv}"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def test_make_demo_installs_the_dashboard_extra_and_make_test_the_rest(tmp_path: Path) -> None:
+    """`make demo` installs only the package and the dashboard extra; `make test` (and the
+    targets like it) the dev extra; a dev install counts for the demo, never the reverse."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        raise AssertionError("make is needed on PATH (the README's first commands use it)")
+    venv = tmp_path / "venv"
+    fresh = _make_n(venv, "demo")
+    assert "-m venv" in fresh and "-e '.[dashboard]'" in fresh and "[dev]" not in fresh
+    assert f"{venv}/bin/streamq demo" in fresh
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / "bin" / "python").chmod(0o755)
+    checksum = subprocess.run(["cksum", "pyproject.toml"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.split()[0]
+    (venv / f".installed-demo-{checksum}").touch()  # after `make demo`
+    assert "pip" not in _make_n(venv, "demo")
+    to_test = _make_n(venv, "test-fast")
+    assert "-e '.[dev]'" in to_test and "-m venv" not in to_test
+    (venv / f".installed-dev-{checksum}").touch()  # after `make test`
+    for target in ("demo", "test-fast", "lint"):
+        assert "pip" not in _make_n(venv, target), target
+    stale = venv / ".installed-dev-1"  # pyproject.toml changed since: both levels again
+    (venv / f".installed-dev-{checksum}").rename(stale)
+    (venv / f".installed-demo-{checksum}").unlink()
+    assert "-e '.[dashboard]'" in _make_n(venv, "demo")
+    assert "-e '.[dev]'" in _make_n(venv, "test-fast")
