@@ -142,7 +142,7 @@ async def _run(url: str, n: int) -> int:
     return 0 if ok else 1
 
 
-WEB_URL = "http://127.0.0.1:8080/queue?q=demo"
+WEB_URL = "http://127.0.0.1:8080/queue?q=demo&tab=charts"
 """Where ``streamq demo --web`` serves the demo queue with its default --host and --port."""
 
 

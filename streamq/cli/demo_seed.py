@@ -1,6 +1,6 @@
 """What ``streamq demo --web`` puts in its queue before the first page loads, so the dashboard
 opens on a queue with something to show: a week of simulated history in the charts' time
-series (one incident in it), jobs that complete and jobs that fail, jobs scheduled for later,
+series (incidents in it), jobs that complete and jobs that fail, jobs scheduled for later,
 and cron entries that fire while the demo runs.
 
 The history is simulated (the charts say what workers would have written; nothing ran): it is
@@ -39,22 +39,24 @@ SCHEDULED = 10
 MINUTE_MS = 60_000
 
 
-def _minute(m: int) -> tuple[int, int, dict[int, int], dict[int, int], int]:
+def _minute(m: int, now_minute: int) -> tuple[int, int, dict[int, int], dict[int, int], int]:
     """Completed, failed, wait and run histograms (bucket index -> count) and the oldest
-    ready age (ms) of epoch minute ``m``: a daily cycle, noise, and twice a day a 12-minute
-    incident (slow and failing jobs, a backlog)."""
+    ready age (ms) of epoch minute ``m``: a daily cycle, noise, and every 12 hours a 12-minute
+    incident (slow and failing jobs, a backlog), the latest one about 1.5 hours ago."""
     rnd = random.Random(m)
     day = 2 * math.pi * ((m % 1440) / 1440)
     rate = 70 + 45 * math.sin(day - 2.0) + rnd.uniform(-12, 12)
-    incident = m % 720 in range(590, 602)  # twice a day, 12 minutes
+    incident = (now_minute - m) % 720 in range(90, 102)
     completed = max(0, int(rate * (0.55 if incident else 1.0)))
-    failed = int(completed * (0.22 if incident else 0.012) + rnd.random())
+    failed = int(completed * (0.22 if incident else rnd.uniform(0, 0.03)) + rnd.random())
     n = completed + failed
-    # histogram indices: 3 = up to 10 ms, 6 = 100 ms, 7 = 200 ms, 8 = 500 ms, 9 = 1 s ...
-    wait_mix = ((9, 0.3), (10, 0.4), (11, 0.3)) if incident else ((3, 0.35), (4, 0.35),
-                                                                     (5, 0.2), (6, 0.1))
-    run_mix = ((8, 0.5), (9, 0.35), (10, 0.15)) if incident else ((6, 0.15), (7, 0.55),
-                                                                    (8, 0.28), (9, 0.02))
+    # histogram indices: 3 = up to 10 ms, 5 = 50 ms, 6 = 100 ms, 7 = 200 ms, 8 = 500 ms,
+    # 9 = 1 s, 10 = 2 s, 11 = 5 s; the tail shares vary, so the p95 lines move
+    tail = rnd.uniform(0.0, 0.1)
+    wait_mix = ((9, 0.3), (10, 0.4), (11, 0.3)) if incident else (
+        (3, 0.45 - tail), (4, 0.35), (5, 0.2), (6, tail))
+    run_mix = ((8, 0.5), (9, 0.35), (10, 0.15)) if incident else (
+        (6, 0.15), (7, 0.6 - tail), (8, 0.25), (9, tail))
 
     def spread(mix: tuple[tuple[int, float], ...]) -> dict[int, int]:
         out = {idx: int(n * share) for idx, share in mix}
@@ -73,7 +75,7 @@ def history(now_ms: int) -> tuple[dict[int, str], dict[int, str]]:
     minutes: dict[int, str] = {}
     hours: dict[int, list[Any]] = {}
     for m in range(first, now_minute):
-        c, f, w, r, o = _minute(m)
+        c, f, w, r, o = _minute(m, now_minute)
         if m >= now_minute - KEEP_MINUTES + 1:
             minutes[m] = bucket_json(c, f, w, r, o)
         acc = hours.setdefault(m // 60, [0, 0, {}, {}, 0])

@@ -226,9 +226,10 @@ def run_web_demo(url: str | None, host: str, port: int, prefix: str = "streamq")
         server = RedisServer().start() if url is None else None
         try:
             def ready() -> None:
-                print(f"streamq web demo: open http://{host}:{port}/queue?q=demo (the queue,"
-                      f" its charts and jobs; the demo panel: http://{host}:{port}/demo)."
-                      " Ctrl-C stops it.", file=sys.stderr, flush=True)
+                print(f"streamq web demo: open http://{host}:{port}/queue?q=demo&tab=charts"
+                      f" (the demo queue's charts, its jobs in the other tabs; the demo panel:"
+                      f" http://{host}:{port}/demo). Ctrl-C stops it.",
+                      file=sys.stderr, flush=True)
 
             print("streamq web demo: seeding the demo queue and starting its workers ...",
                   file=sys.stderr, flush=True)
