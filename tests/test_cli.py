@@ -59,6 +59,7 @@ def test_demo_runs_on_its_own_embedded_redis() -> None:
     assert "started a private redis-server" in proc.stdout
     assert "the numbers match, nothing was lost" in proc.stdout
     assert "SIGKILLed worker" in proc.stdout
+    assert "demo --web\nthen open http://127.0.0.1:8080/queue?q=demo" in proc.stdout  # next
 
 
 @pytest.mark.parametrize(("given", "kinds"), [

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine
 from typing import Any
 
 from .._core.config import RetryPolicy
@@ -66,7 +65,7 @@ def _bar(done: int, total: int, width: int = 30) -> str:
     return "#" * filled + "." * (width - filled)
 
 
-async def _run(url: str, n: int) -> int:
+async def _run(url: str, n: int, stop: asyncio.Event) -> int:
     qname = f"demo-{random.randrange(1 << 24):06x}"
     q = AsyncQueue.from_url(url, qname)
     admin = AsyncAdmin.from_url(url)
@@ -99,6 +98,8 @@ async def _run(url: str, n: int) -> int:
     try:
         while True:
             await asyncio.sleep(0.25)
+            if stop.is_set():  # SIGTERM (its cancel can be absorbed inside a Redis call)
+                raise asyncio.CancelledError
             s = await admin.stats(qname)
             c = s.counters
             done = c.get("completed", 0) + c.get("failed", 0)
@@ -152,12 +153,18 @@ def _command() -> str:
     return argv0 if os.path.basename(argv0) == "streamq" else "streamq"
 
 
-async def _cancelled_on_sigterm(main: Coroutine[Any, Any, int]) -> int:
-    """``main``, cancelled by SIGTERM as asyncio.run cancels it on Ctrl-C."""
-    task = asyncio.ensure_future(main)
+async def _cancelled_on_sigterm(url: str, n: int) -> int:
+    """The tour, cancelled by SIGTERM as asyncio.run cancels it on Ctrl-C."""
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(_run(url, n, stop))
     loop = asyncio.get_running_loop()
     previous = signal.getsignal(signal.SIGTERM)
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+
+    def on_sigterm() -> None:
+        stop.set()
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     try:
         return await task
     finally:
@@ -167,7 +174,7 @@ async def _cancelled_on_sigterm(main: Coroutine[Any, Any, int]) -> int:
 
 def _main(url: str, n: int) -> int:
     try:
-        return asyncio.run(_cancelled_on_sigterm(_run(url, n)))
+        return asyncio.run(_cancelled_on_sigterm(url, n))
     except asyncio.CancelledError:  # SIGTERM: the workers and scheduler were stopped
         print("\nstopped")
         return 143
