@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 # Two install levels share one virtualenv, each with a stamp named after pyproject.toml's
-# checksum: `make demo` installs the package and the dashboard extra (about 100 MB), `make
+# checksum: `make demo` installs the package and the dashboard extra (about 45 MB), `make
 # test` (and the other targets) the [dev] extra, which holds the dashboard's too. A dev install
 # stamps both levels, so test -> demo installs nothing and demo -> test installs the rest.
 SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	find $(VENV) -maxdepth 1 -name '.installed-*' ! -name '.installed-*-$(SUM)' -delete
 	touch $@ $(DEMO_STAMP)
 
-# The terminal tour (about 10 s), which ends by naming the web demo: `make demo-web`.
+# The terminal tour (10-20 s), which ends by naming the web demo: `make demo-web`.
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/streamq demo
 
