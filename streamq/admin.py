@@ -29,10 +29,12 @@ from ._core.keys import Keys, queues_key
 from ._core.model import CancelResult, JobInfo
 from ._core.timeseries import Point
 from ._ops import browse as _browse
+from ._ops import flows as _flows
 from ._ops import groups as _groups
 from ._ops import operations as _ops
 from ._ops import shards as _sh
 from ._ops.browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
+from ._ops.flows import FlowEdge, FlowView
 from ._ops.groups import GroupInfo, GroupPage
 from ._ops.operations import (
     ConsumerInfo,
@@ -47,8 +49,8 @@ T = TypeVar("T")
 MIN_VERSION = (6, 2)
 
 __all__ = ["Admin", "AsyncAdmin", "ConsumerInfo", "CronInfo", "DeadEntry", "DeadFilter", "Event",
-           "JobRow", "Lease", "ListFilter", "Page", "PendingEntry", "Point", "QueueStats",
-           "Timeline", "WorkerInfo"]
+           "FlowEdge", "FlowView", "JobRow", "Lease", "ListFilter", "Page", "PendingEntry",
+           "Point", "QueueStats", "Timeline", "WorkerInfo"]
 
 
 def _who() -> str:
@@ -114,6 +116,14 @@ class Admin:
     def job(self, queue: str, job_id: str) -> JobInfo:
         return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _ops.job(
             k, self.config, job_id)))
+
+    def flow(self, queue: str, job_id: str, *, cursor: str | None = None, limit: int = 100
+             ) -> FlowView:
+        """One page of a job's flow: its dependencies (each with its state; ``blocked_by``:
+        the pending ones) and the jobs waiting for it. Pass ``cursor`` back for the next page
+        ('' on the last one). docs/workflows.md#looking-at-a-flow"""
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _flows.flow(
+            k, self.config.shards, job_id, cursor, limit)))
 
     def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
         return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _ops.requeue(
@@ -345,6 +355,12 @@ class AsyncAdmin:
     async def job(self, queue: str, job_id: str) -> JobInfo:
         return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _ops.job(
             k, self.config, job_id)))
+
+    async def flow(self, queue: str, job_id: str, *, cursor: str | None = None,
+                   limit: int = 100) -> FlowView:
+        """As :meth:`Admin.flow`."""
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _flows.flow(
+            k, self.config.shards, job_id, cursor, limit)))
 
     async def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
         return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _ops.requeue(

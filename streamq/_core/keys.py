@@ -413,6 +413,18 @@ def barrier_key(key: str) -> str:
     return f"{key[:close + 1]}:barrier"
 
 
+def parse_job_key(key: str, prefix: str = "streamq") -> tuple[str, int, str] | None:
+    """(queue, shard, job id) of a job record key this builder made (``Keys.job``), as held
+    in a parents SET member; None for anything else."""
+    m = re.fullmatch(re.escape(prefix) + r":\{([^}#]+)(?:#(\d+))?\}:job:(.+)", key)
+    if m is None:
+        return None
+    try:
+        return check_queue_name(m[1]), int(m[2] or 0), check_job_id(m[3])
+    except InvalidArgument:
+        return None
+
+
 def shard_keys(queue: str, shards: int, prefix: str = "streamq") -> list[Keys]:
     """The key sets of every shard of a queue, shard 0 first."""
     return [Keys(queue, prefix, i) for i in range(shards)]

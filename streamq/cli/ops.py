@@ -1,4 +1,4 @@
-"""Ops commands of the ``streamq`` CLI: stats, pending, job, dead, requeue, cancel, pause,
+"""Ops commands of the ``streamq`` CLI: stats, pending, job, flow, dead, requeue, cancel, pause,
 resume, consumers, purge, enqueue. Every command takes --json, --url and --prefix."""
 
 from __future__ import annotations
@@ -98,6 +98,34 @@ def cmd_pending(ctx: Ctx) -> None:
                                  ["job_id", "type", "state", "consumer", "idle_s", "deliveries",
                                   "attempt", "entry_id"])
             + (f"\nmore: --cursor {page.cursor}" if page.cursor else ""))
+
+
+def cmd_flow(ctx: Ctx) -> None:
+    check_job_id(ctx.args.job_id)
+    view = ctx.admin.flow(ctx.queue(ctx.args.queue), ctx.args.job_id, cursor=ctx.args.cursor,
+                          limit=ctx.args.limit)
+
+    def human() -> str:
+        lines = [f"{view.queue} {view.job_id}: {view.state}"]
+        blocked = view.blocked_by
+        if blocked:
+            lines.append(f"blocked by ({len(blocked)} on this page): " + ", ".join(
+                f"{c.queue} {c.job_id} ({c.state})" for c in blocked[:20])
+                + (" ..." if len(blocked) > 20 else ""))
+        rows = [{"edge": "waits for", "queue": c.queue, "job_id": c.job_id, "state": c.state,
+                 "policy": c.policy or "-", "ended as": c.outcome or "pending"}
+                for c in sorted(view.children, key=lambda c: c.index)]
+        rows += [{"edge": "waited on by", "queue": p.queue, "job_id": p.job_id,
+                  "state": p.state, "policy": p.policy, "ended as": "-"} for p in view.parents]
+        if rows:
+            lines += ["", _table(rows, list(rows[0]))]
+        else:
+            lines.append("no dependencies and no job waiting for it (or they were settled)")
+        if view.cursor:
+            lines.append(f"more: --cursor {view.cursor}")
+        return "\n".join(lines)
+
+    ctx.out({**_plain(view), "blocked_by": [_plain(c) for c in view.blocked_by]}, human)
 
 
 def cmd_job(ctx: Ctx) -> None:
@@ -339,7 +367,7 @@ def cmd_cron(ctx: Ctx) -> None:
 
 
 COMMANDS: dict[str, Callable[[Ctx], None]] = {
-    "stats": cmd_stats, "pending": cmd_pending, "job": cmd_job, "dead": cmd_dead,
+    "stats": cmd_stats, "pending": cmd_pending, "job": cmd_job, "flow": cmd_flow, "dead": cmd_dead,
     "requeue": cmd_requeue, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause,
     "consumers": cmd_consumers, "purge": cmd_purge, "enqueue": cmd_enqueue,
     "queues": cmd_queues, "cron": cmd_cron, "groups": cmd_groups,
@@ -368,6 +396,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("job", parents=[common], help="a job's whole record and error history")
     p.add_argument("queue")
     p.add_argument("job_id")
+    p = sub.add_parser("flow", parents=[common],
+                       help="a job's dependencies, what blocks it, the jobs waiting for it")
+    p.add_argument("queue")
+    p.add_argument("job_id")
+    p.add_argument("--limit", type=page_limit, default=100, help="edges per page (<= 1000)")
+    p.add_argument("--cursor")
     p = sub.add_parser("dead", parents=[common], help="dead letters: list, show, redrive, purge")
     p.add_argument("action", choices=["list", "show", "redrive", "purge"])
     p.add_argument("queue")
