@@ -19,6 +19,7 @@ from .._core.cancel import cancel_call, parse_cancel
 from .._core.config import QueueConfig
 from .._core.driver import Cmd, Op, Step, _dict, _s, _server_ms, ok
 from .._core.errors import InvalidArgument, JobNotFound
+from .._core.flow_cancel import cascade
 from .._core.keys import GROUP, Keys, check_job_id
 from .._core.model import BRIEF_FIELDS, CancelResult, brief, entry_id, record_state
 from .._core.timeseries import Point, decode
@@ -547,6 +548,8 @@ def cancel(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[CancelResu
     ks, args = cancel_call(keys, cfg, job_id)
     (r,) = yield [Call("cancel", ks, args)]
     res = parse_cancel(job_id, ok(r), retried=False)
+    if res.cancelled:  # its unstarted dependencies no other job waits for (flow_cancel)
+        yield from cascade(keys, cfg, job_id)
     yield from audit(keys, cfg, who, "cancel", job_id,
                      "cancelled" if res.cancelled else "cancel requested (running)"
                      if res.code == "cancel_requested" else f"not cancelled: {res.reason}")

@@ -29,6 +29,7 @@ from .._core.errors import (
     WaitTimeout,
 )
 from .._core.flow import DependencyResult, results_page
+from .._core.flow_cancel import cascade
 from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, aeach, call, each
@@ -297,6 +298,8 @@ class Queue(_Base):
         keys, args = _cancel.cancel_call(self.keys, self.config, job_id)
         res = call(lambda retried: _cancel.parse_cancel(
             job_id, SCRIPTS["cancel"](self.client, keys, args), retried=retried))
+        if res.cancelled:  # its unstarted dependencies no other job waits for (flow_cancel)
+            call(lambda _r: drive(self.client, cascade(self.keys, self.config, job_id)))
 
         def state() -> str:
             info = self.get(job_id)
@@ -545,7 +548,10 @@ class AsyncQueue(_Base):
             info = await self.get(job_id)
             return info.state if info is not None else ""
 
-        return await _cancel.await_cancel(await acall(once), wait_s, state)
+        res = await acall(once)
+        if res.cancelled:  # (as Queue.cancel)
+            await acall(lambda _r: adrive(self.client, cascade(self.keys, self.config, job_id)))
+        return await _cancel.await_cancel(res, wait_s, state)
 
     async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
                                on_progress: Callable[[Any], None] | None = None,

@@ -16,6 +16,7 @@
 -- the child's outbox ('p' parent record key, 'i' parent id, 'm' deps member, 'v' value),
 -- which the relay applies with resolve.lua in the parent's slot, then deletes.
 local FLOW = nil
+local CASCADE_KEEP_MS = 3600000
 function lib_flow()
   if FLOW then return FLOW end
   local resolve, settled, while_dead
@@ -125,6 +126,11 @@ function lib_flow()
       local W = words(wk)
       rcall('ZREM', W[5], id)
       if t > 0 then rcall('PEXPIRE', W[3], t); rcall('PEXPIRE', W[4], t)
+      elseif t == -2 and ssub(value, 1, 1) == 'x' then
+        -- cancelled: the pending SET stays for the caller's cascade (flow_cancel.py), which
+        -- deletes it once walked; an hour at most
+        rcall('PEXPIRE', W[3], CASCADE_KEEP_MS)
+        rcall('DEL', W[4])
       elseif t == -2 then rcall('DEL', W[3], W[4]) end
     end
     if pk then

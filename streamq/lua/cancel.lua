@@ -22,10 +22,16 @@
 -- ARGV[4]   cancel channel of the job's shard (pub/sub; absent or '' = an older caller:
 --           running jobs are not cancellable)
 -- ARGV[5]   group defaults (QueueConfig.group_arg), with the group keys
+-- ARGV[6]   (optional) cascade mode (streamq/_core/flow_cancel.py): the member of this job's
+--           parents SET (named by its record's 'pk') of a waiting job that was cancelled. The
+--           member is removed; the job is then cancelled only if no other member is left
+--           and it has not started: else {'kept', state} (others wait for it) or
+--           {'not_cancellable', 'active'} (no cancel request for a running job).
 -- A grouped job leaves its group's wait list, or frees its slot (admitting the next one); a
 -- running one frees its slot when it settles.
 -- A cancelled job's dedup key is freed if it still names the job (_lib.lua's end_cancelled).
--- A job waiting for its dependencies ('waiting') ends 'cancelled' too (docs/workflows.md).
+-- A job waiting for its dependencies ('waiting') ends 'cancelled' too (docs/workflows.md); its
+-- pending SET is kept an hour for the caller's cascade (_flow.lua's settled).
 -- Returns {code, state}: code 'cancelled' | 'cancel_requested' | 'not_found' |
 --           'not_cancellable'; state is the state the job was in.
 local jobkey, stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -37,6 +43,22 @@ local g = G and r[6] or nil
 local lv = (#KEYS == 10 or #KEYS == 21) and (#KEYS - 4) or nil  -- the level keys
 local state = r[1]
 if not state then return {'not_found', ''} end
+local cascade = ARGV[6] or ''
+if cascade ~= '' then
+  local pk = rcall('HGET', jobkey, 'pk')
+  if pk then
+    local P = lib_flow().words(pk)
+    rcall('SREM', P[1], cascade)
+    if rcall('SCARD', P[1]) > 0 then
+      v1_restore()
+      return {'kept', state}
+    end
+  end
+  if state == 'active' then
+    v1_restore()
+    return {'not_cancellable', state}
+  end
+end
 if state == 'active' and channel ~= '' then
   if not r[5] then
     local now = now_ms()
