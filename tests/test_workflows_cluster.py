@@ -67,3 +67,27 @@ async def test_an_edge_across_slots_goes_through_the_outbox(redis_cluster: Clust
         a.close()
         b.close()
         client.close()
+
+
+def test_flow_view_and_cancel_cascade_across_nodes(redis_cluster: ClusterServer) -> None:
+    from streamq.admin import Admin
+
+    url = redis_cluster.url
+    qa, qb = _queues_on_two_nodes(redis_cluster)
+    a, b = Queue.from_url(url, qa), Queue.from_url(url, qb)
+    admin = Admin.from_url(url)
+    try:
+        a.enqueue("add", 1, job_id="leaf", delay=3600)
+        b.enqueue("collect", job_id="mid", depends_on=[(qa, "leaf")])
+        a.enqueue("collect", job_id="top", depends_on=[(qb, "mid")])
+        view = admin.flow(qb, "mid")
+        assert [(c.queue, c.job_id, c.state) for c in view.blocked_by] == [
+            (qa, "leaf", "scheduled")]
+        assert [(p.queue, p.job_id, p.state) for p in view.parents] == [(qa, "top", "waiting")]
+        assert a.cancel("top").cancelled
+        assert b.get("mid").state == "cancelled"  # type: ignore[union-attr]
+        assert a.get("leaf").state == "cancelled"  # type: ignore[union-attr]
+    finally:
+        admin.close()
+        a.close()
+        b.close()

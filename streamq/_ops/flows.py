@@ -139,5 +139,7 @@ def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit:
     for r, v in zip(rows, got, strict=True):
         edge = FlowEdge(r[3], r[4], _states(v), _POLICY.get(r[1], ""), r[2], r[6])
         (children if r[0] == "c" else parents).append(edge)
+    children.sort(key=lambda c: (c.outcome != "", c.index))
+    parents.sort(key=lambda p: (p.queue, p.job_id))
     return FlowView(keys.queue, job_id, state, children, parents,
                     "" if phase >= len(_PHASES) else f"{_PHASES[phase]}:{cur}")

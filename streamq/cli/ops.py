@@ -114,7 +114,7 @@ def cmd_flow(ctx: Ctx) -> None:
                 + (" ..." if len(blocked) > 20 else ""))
         rows = [{"edge": "waits for", "queue": c.queue, "job_id": c.job_id, "state": c.state,
                  "policy": c.policy or "-", "ended as": c.outcome or "pending"}
-                for c in sorted(view.children, key=lambda c: c.index)]
+                for c in view.children]
         rows += [{"edge": "waited on by", "queue": p.queue, "job_id": p.job_id,
                   "state": p.state, "policy": p.policy, "ended as": "-"} for p in view.parents]
         if rows:
