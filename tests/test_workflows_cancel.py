@@ -74,3 +74,18 @@ async def test_the_async_cancel_cascades(url: str, q: Queue, qname: str) -> None
     async with AsyncQueue.from_url(url, qname) as aq:
         assert (await aq.cancel("p")).cancelled
     assert state(q, "kid") == "cancelled"
+
+
+def test_the_cascade_crosses_the_shards_of_a_sharded_queue(url: str, qname: str) -> None:
+    from streamq import QueueConfig
+
+    sq = Queue.from_url(url, qname, QueueConfig(shards=4))
+    try:
+        kids = [f"k{i}" for i in range(8)]
+        for k in kids:
+            sq.enqueue("x", job_id=k)
+        sq.enqueue("x", job_id="fan", depends_on=kids)
+        assert sq.cancel("fan").cancelled
+        assert [sq.get(k).state for k in kids] == ["cancelled"] * 8  # type: ignore[union-attr]
+    finally:
+        sq.close()

@@ -98,3 +98,22 @@ def test_flow_command_text_and_json(url: str, q: Queue, qname: str,
     data = json.loads(capsys.readouterr().out)
     assert data["state"] == "queued" and data["children"] == []
     assert [p["job_id"] for p in data["parents"]] == ["p"]
+
+
+def test_flow_of_a_sharded_queue(url: str, qname: str) -> None:
+    from streamq import QueueConfig
+
+    cfg = QueueConfig(shards=4)
+    sq = Queue.from_url(url, qname, cfg)
+    admin = Admin.from_url(url, cfg)
+    try:
+        kids = [f"k{i}" for i in range(8)]
+        for k in kids:
+            sq.enqueue("noop", job_id=k)
+        sq.enqueue("noop", job_id="fan", depends_on=kids)
+        view = admin.flow(qname, "fan")
+        assert [(c.job_id, c.state) for c in view.children] == [(k, "queued") for k in kids]
+        assert [p.job_id for p in admin.flow(qname, "k5").parents] == ["fan"]
+    finally:
+        admin.close()
+        sq.close()
