@@ -44,6 +44,7 @@ from ._core.errors import (
     StreamqError,
     UnknownJobType,
     UnknownQueue,
+    WaitForChildren,
     WaitTimeout,
 )
 from ._core.flow import DependencyResult, JobRef
@@ -106,6 +107,7 @@ __all__ = [
     "RateLimit",
     "QueueFull",
     "RateLimited",
+    "WaitForChildren",
     "Registry",
     "RegistryError",
     "PartialEnqueueError",

@@ -245,6 +245,18 @@ class RateLimited(StreamqError):
         self.group = group
 
 
+class WaitForChildren(StreamqError):
+    """Raise from a handler after ``Queue.add_children(job.id, ...)``: the job waits for the
+    children it added (state ``waiting``) and runs again once they have all ended, the
+    attempt not counted (the next run has the same ``job.attempt``). If every child has
+    already ended when the job settles, it goes back to the ready stream at once: a child that
+    finished first cannot strand it (docs/workflows.md#dynamic-children)."""
+
+    def __init__(self, reason: str = "waiting for children") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class Retry(Exception):
     """Raise from a handler to retry this job; ``delay_s=None`` uses the backoff policy."""
 

@@ -29,7 +29,7 @@ Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
           "prune", "fire", "requeue", "redrive", "purge", "progress", "claim", "unpark",
-          "reconcile", "group", "ticket", "wait", "link", "resolve")
+          "reconcile", "group", "ticket", "wait", "link", "resolve", "adopt")
 
 
 _pack: Any

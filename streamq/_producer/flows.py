@@ -253,3 +253,39 @@ def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str
                      for j, d in enumerate(n.deps))
     yield from link(links)
     return FlowResult([n.ref for n in nodes], [r for r in results if r is not None])
+
+
+def add_children(keys: Keys, cfg: QueueConfig, parent_id: str, specs: Sequence[JobSpec],
+                 policy: str, call_id: str) -> Op[list[JobRef]]:
+    """``Queue.add_children``: the running job ``parent_id`` takes ``specs`` as children
+    (docs/workflows.md#dynamic-children). Its edges first (adopt.lua, in its slot), then the
+    children (as ``enqueue_flow`` writes a group), then every edge in each child's slot
+    (link.lua; one already ended is resolved at once: recorded on the running job)."""
+    specs = list(specs)
+    if not specs or not all(isinstance(s, JobSpec) for s in specs):
+        raise InvalidArgument("add_children takes a non-empty list of JobSpec")
+    if policy not in ("fail", "continue", "ignore"):
+        raise InvalidArgument(f"policy must be fail, continue or ignore, got {policy!r}")
+    flow_id = f"{parent_id}.{call_id}"
+    nodes = compile_flow(Group(tuple(specs)), keys.queue, flow_id)
+    kids = [JobRef(n.ref.queue, n.ref.job_id, policy) for n in nodes]  # type: ignore[arg-type]
+    pk = keys.for_job(parent_id, cfg.shards)
+    (lv,) = yield [Cmd.of("HGET", pk.job(parent_id), "p")]
+    level = int(ok(lv) or DEFAULT_PRIORITY)
+    (r,) = yield [Call("adopt", [pk.job(parent_id), pk.deps(parent_id),
+                                 pk.dep_results(parent_id)],
+                       [call_id, wk_of(pk, parent_id, level, cfg.events_arg, cfg.dead_ttl_s,
+                                       cfg.dead_maxlen),
+                        *(f"{member(k, 0)[0]} {k.queue} {k.job_id}" for k in kids)])]
+    code = ok(r)[0]
+    code = code.decode() if isinstance(code, bytes) else str(code)
+    if code != "ok":
+        why = "it is in a group" if code == "grouped" else \
+            f"it is {(ok(r)[1] or b'').decode() or 'not found'}, not running"
+        raise InvalidArgument(f"job {parent_id!r} cannot take children: {why}")
+    base = int(ok(r)[1])
+    yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id)
+    sh = yield from shard_counts(keys.prefix, (k.queue for k in kids), {keys.queue: cfg.shards})
+    yield from link([link_call(keys.prefix, sh, pk.job(parent_id), parent_id, k, base + i)
+                     for i, k in enumerate(kids)])
+    return kids

@@ -28,7 +28,7 @@ from .._core.errors import (
     UnknownJobType,
     WaitTimeout,
 )
-from .._core.flow import DependencyResult, results_page
+from .._core.flow import DependencyResult, JobRef, results_page
 from .._core.flow_cancel import cascade
 from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
@@ -217,6 +217,14 @@ class Queue(_Base):
             self.keys, self.config, flow, fid)))
         self._note()
         return out
+
+    def add_children(self, job_id: str, children: Sequence[_flows.JobSpec], *,
+                     policy: str = "fail") -> list[JobRef]:
+        """From the handler of running job ``job_id``: enqueue ``children`` (JobSpec) as its
+        dependencies; ``raise WaitForChildren()`` then waits for them (docs/workflows.md)."""
+        cid = prod.new_job_id()[:12]  # (one per call: a retried call repeats it)
+        return call(lambda _r: drive(self.client, _flows.add_children(
+            self.keys, self.config, check_job_id(job_id), children, policy, cid)))
 
     def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                            ) -> tuple[int, list[DependencyResult]]:
@@ -473,6 +481,13 @@ class AsyncQueue(_Base):
             self.keys, self.config, flow, fid)))
         await self._note()
         return r
+
+    async def add_children(self, job_id: str, children: Sequence[_flows.JobSpec], *,
+                           policy: str = "fail") -> list[JobRef]:
+        """See ``Queue.add_children``."""
+        cid = prod.new_job_id()[:12]
+        return await acall(lambda _r: adrive(self.client, _flows.add_children(
+            self.keys, self.config, check_job_id(job_id), children, policy, cid)))
 
     async def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                                  ) -> tuple[int, list[DependencyResult]]:

@@ -24,6 +24,7 @@ from .._core.errors import (
     RateLimited,
     Retry,
     SerializationError,
+    WaitForChildren,
 )
 from .._core.flow import DEPS_HEADER, all_results
 from .._core.model import Job, envelope_from_data, plain_body
@@ -152,7 +153,8 @@ class Attempts:
                   headers, carrier, deadline_ms, qs.keys.level,
                   self.progress.reporter(lease) if self.progress else None, lease.cancel,
                   self.registry.lifecycle.ctx)
-        if headers and DEPS_HEADER in headers and self.deps_client is not None:
+        if self.deps_client is not None and (spec.children or (headers and DEPS_HEADER in
+                                                               headers)):
             # a job that waited for others: its dependency results, page by page
             deps = await adrive(self.deps_client, all_results(qs.keys, job.id, serde))
             object.__setattr__(job, "_dependencies", tuple(deps))
@@ -290,6 +292,9 @@ class Attempts:
                     str(exc)[:500], "InvalidPayload")
         if isinstance(exc, Retry):
             return self._retry_or_bury(ident, spec, attempt, max_attempts, exc, exc.delay_s)
+        if isinstance(exc, WaitForChildren):  # (finish.lua's 'children': _flow.lua's park)
+            return (*ident, "children", self.queue_config.serde.dumps(error_info(exc)), 0,
+                    "WaitForChildren")
         if isinstance(exc, RateLimited):
             return self._rate_limited(ident, job.type, spec, attempt, max_attempts, exc)
         if timeout is not None and isinstance(exc, Expired):

@@ -41,6 +41,9 @@ class HandlerSpec:
     isolation: str | None = None
     """``"process"``: runs in the worker's process pool (a child process; ``timeout`` is a
     hard limit); None: where the worker's ``pool`` says."""
+    children: bool = False
+    """The handler adds children (``Queue.add_children``): the worker reads the job's
+    dependency results before each run (``job.dependency_results()``)."""
 
 
 def error_types(what: str, value: Any) -> tuple[type[BaseException], ...] | None:
@@ -135,12 +138,15 @@ class Registry:
         retry_on: Errors | None = None,
         fail_on: Errors | None = None,
         isolation: str | None = None,
+        children: bool = False,
     ) -> HandlerSpec:
         """Register ``fn`` for jobs of type ``name``. ``retry_on``: only these exceptions
         retry, any other one dead-letters the job at once; ``fail_on``: these dead-letter it
         at once (checked first). Both take an exception class or a tuple of them; a timeout
         is a ``TimeoutError``. ``isolation="process"``: run it in a child process of the
-        worker's process pool (docs/production.md#isolated-handlers-the-process-pool)."""
+        worker's process pool (docs/production.md#isolated-handlers-the-process-pool).
+        ``children=True``: the handler adds children and raises WaitForChildren; each run
+        gets the job's dependency results (docs/workflows.md#dynamic-children)."""
         if callable(name) and isinstance(fn, str):
             raise RegistryError(
                 f"register() takes the job type first: write registry.register({fn!r},"
@@ -164,7 +170,7 @@ class Registry:
                                   " retry_on and fail_on: give each exception one rule")
         spec = HandlerSpec(name, fn, inspect.iscoroutinefunction(fn), version, max_attempts,
                            float(timeout) if timeout is not None else None, retry, retrying,
-                           failing, isolation)
+                           failing, isolation, bool(children))
         self._handlers[(name, version)] = spec
         return spec
 
@@ -179,6 +185,7 @@ class Registry:
         retry_on: Errors | None = None,
         fail_on: Errors | None = None,
         isolation: str | None = None,
+        children: bool = False,
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`; async functions run on the loop, sync in threads."""
         if callable(name):
@@ -196,7 +203,7 @@ class Registry:
         def deco(fn: F) -> F:
             self.register(name, fn, version=version, max_attempts=max_attempts, timeout=timeout,
                           retry=retry, retry_on=retry_on, fail_on=fail_on,
-                          isolation=isolation)
+                          isolation=isolation, children=children)
             return fn
 
         return deco

@@ -187,6 +187,8 @@ class Settler:
         if state == b"completed":
             self.stats.completed += 1
             tel.COMPLETED.add(1, labels)
+        elif state == b"retrying" and item[3] == "children":  # WaitForChildren: no counter
+            pass
         elif state == b"retrying" and item[3] in ("later", "later_group"):  # RateLimited
             self.stats.rate_limited += 1
             tel.RATE_LIMITED.add(1, labels)

@@ -61,7 +61,21 @@ function lib_flow()
   function resolve(prec, pid, dmember, value, now)
     local r = rcall('HMGET', prec, 's', 'wk', 'wf')
     if r[1] == 'f' and r[2] and r[3] then return while_dead(prec, pid, dmember, value, now, r) end
-    if r[1] ~= 'w' or not r[2] then return 0 end
+    if r[1] ~= 'w' or not r[2] then
+      -- a dynamic child (adopt.lua) of a job not waiting (running, or back in the queue):
+      -- recorded, so WaitForChildren finds it ended (park); the job itself is not moved
+      if r[2] and dmember ~= '' and (r[1] == 'a' or r[1] == 'q' or r[1] == 'r'
+          or r[1] == 's') then
+        local W = words(r[2])
+        if rcall('SREM', W[3], dmember) == 0 then return 0 end
+        rcall('HSET', W[4], ssub(dmember, 2), value)
+        if ssub(value, 1, 1) ~= 'c' and ssub(dmember, 1, 1) == 'f' then
+          rcall('HSETNX', prec, 'wx', dmember)  -- (park dead-letters it)
+        end
+        return 1
+      end
+      return 0
+    end
     local W = words(r[2])
     if dmember == '' then  -- (the repair sweep: nothing pending left, yet still waiting)
       if rcall('SCARD', W[3]) > 0 then return 0 end
@@ -162,6 +176,36 @@ function lib_flow()
     end
   end
 
+  -- A running job raised WaitForChildren (finish.lua's 'children', fenced there): the attempt
+  -- is given back; a child that ended badly under policy 'fail' ('wx', resolve) dead-letters
+  -- it as a waiting job's would be; a child still pending makes it 'waiting' (its last child
+  -- releases it); none pending puts it back in its ready stream now. Returns the state the
+  -- caller reports: 'failed' or 'retrying' (waiting or queued again).
+  local function park(jobkey, id, now, wk)
+    if (tonumber(rcall('HGET', jobkey, 'n')) or 0) > 0 then rcall('HINCRBY', jobkey, 'n', -1) end
+    local W = words(wk)
+    local wx = rcall('HGET', jobkey, 'wx')
+    if wx then
+      local field = ssub(wx, 2)
+      local v = rcall('HGET', W[4], field) or 'm'
+      local ref = string.match(field, '^%S+ (.*)$') or field
+      rcall('HSET', jobkey, 'wf', wx)
+      rcall('HDEL', jobkey, 'wx')
+      lib_cold().bury(jobkey, W[8], W[6], id, 'dependency ' .. ref .. ' '
+        .. (LETTER[ssub(v, 1, 1)] or 'failed'), '', 'DependencyFailed', now, W[11], W[12],
+        W[10], false)
+      return 'failed'
+    end
+    if rcall('SCARD', W[3]) > 0 then
+      rcall('HSET', jobkey, 's', 'w')
+      rcall('ZADD', W[5], now, id)
+      emit(W[6], W[10], id, 'waiting', now, 'children')
+    else
+      release(jobkey, id, W, now)
+    end
+    return 'retrying'
+  end
+
   -- A dead-lettered job is re-driven: the keys settled gave its record's TTL live on.
   local function redriven(jobkey)
     local f = rcall('HMGET', jobkey, 'pk', 'wk')
@@ -174,7 +218,7 @@ function lib_flow()
     end
   end
 
-  FLOW = {words = words, tag_of = tag_of, release = release, resolve = resolve,
+  FLOW = {words = words, tag_of = tag_of, release = release, resolve = resolve, park = park,
     settled = settled, while_dead = while_dead, redriven = redriven}
   return FLOW
 end

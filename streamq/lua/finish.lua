@@ -29,12 +29,16 @@
 -- KEYS[6+N .. 16+N] the group keys (Keys.group_keys; absent: no group slot is freed)
 -- ARGV[6]   N, the number of attempts
 -- ARGV[7 + 7*(i-1) ..] per attempt i: job id, stream entry id, lease token,
---           outcome ('ok' | 'retry' | 'dead' | 'later' | 'cancel'), data (result for ok,
+--           outcome ('ok' | 'retry' | 'dead' | 'later' | 'children' | 'cancel'), data
+--           (result for ok,
 --           '' = None, which is not stored; error JSON otherwise),
 --           delay ms (retry, later) or reason (dead, cancel), error type ('' for ok)
 --           'later': a handler's RateLimited: back in the delayed set after the delay, the
 --           attempt not counted (_lib.lua's put_back_later); 'later_group': the same, and the
---           job's group is held back as long (_lib.lua's g_hold). 'cancel': the worker stopped the
+--           job's group is held back as long (_lib.lua's g_hold). 'children': a handler's
+--           WaitForChildren (_flow.lua's park: waiting while a child it adopted is pending,
+--           else ready again; the attempt not counted); a job that never took children is
+--           dead-lettered ('WaitForChildren without children'). 'cancel': the worker stopped the
 --           handler for a requested cancel. Once a cancel was requested ('cx' in the record,
 --           cancel.lua) every outcome but 'ok' ends the job 'cancelled' (never retried, never
 --           dead-lettered); 'ok' wins when it arrives (the job finished first).
@@ -142,6 +146,16 @@ for i = 1, n do
       rcall('HSET', jobkey, 'ft', 'cancelled:' .. token)
       cancelled = cancelled + 1
       out[i] = 'cancelled'
+    elseif outcome == 'children' and r[9] then  -- WaitForChildren (_flow.lua's park)
+      out[i] = lib_flow().park(jobkey, id, now, r[9])
+      rcall('HSET', jobkey, 'ft', out[i] .. ':' .. token)
+      if out[i] == 'failed' then failed = failed + 1 end
+    elseif outcome == 'children' then  -- WaitForChildren with no child ever added
+      C.bury(jobkey, dead, events, id, 'WaitForChildren without children', data,
+        'WaitForChildren', now, dead_ttl, dead_maxlen, events_maxlen, false)
+      rcall('HSET', jobkey, 'ft', 'failed:' .. token)
+      failed = failed + 1
+      out[i] = 'failed'
     elseif outcome == 'later' or outcome == 'later_group' then
       C.put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
       if outcome == 'later_group' and r[6] then
