@@ -177,3 +177,17 @@ def deps(job: Job) -> dict[str, Any]:
     return {"results": [d.result for d in job.dependency_results()],
             "states": [d.state for d in job.dependency_results()],
             "previous": job.previous_result()}
+
+
+@registry.handler("spawner", children=True)
+def spawner(job: Job) -> Any:
+    """Adds two children from a child process and waits for them (docs/workflows.md)."""
+    from streamq import JobSpec, Queue, WaitForChildren
+
+    done = job.dependency_results()
+    if not done:
+        with Queue.from_url(job.payload["url"], job.queue) as q:
+            q.add_children(job.id, [JobSpec("echo", i, job_id=f"{job.id}-{i}")
+                                    for i in range(2)])
+        raise WaitForChildren()
+    return {"attempt": job.attempt, "kids": [d.result["payload"] for d in done]}

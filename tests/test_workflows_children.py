@@ -98,3 +98,12 @@ async def test_wait_for_children_without_any_is_a_dead_letter(url: str, q: Queue
         await eventually(lambda: state(q, "l") == "failed", 30)
     info = q.get("l")
     assert info is not None and info.reason == "WaitForChildren without children"
+
+
+async def test_wait_for_children_from_the_process_pool(url: str, q: Queue, qname: str) -> None:
+    from test_pool import done, pool_worker
+
+    async with pool_worker(url, qname):
+        q.enqueue("spawner", {"url": url}, job_id="sp")
+        info = await done(q, "sp")
+    assert info.state == "completed" and info.result == {"attempt": 1, "kids": [0, 1]}
