@@ -107,3 +107,31 @@ async def test_wait_for_children_from_the_process_pool(url: str, q: Queue, qname
         q.enqueue("spawner", {"url": url}, job_id="sp")
         info = await done(q, "sp")
     assert info.state == "completed" and info.result == {"attempt": 1, "kids": [0, 1]}
+
+
+async def test_children_in_another_queue_resolve_through_the_outbox(url: str, q: Queue,
+                                                                    qname: str) -> None:
+    from helpers import fast
+
+    from streamq import Worker
+
+    other = f"{qname}-o"
+    reg = Registry()
+
+    @reg.handler("parent", children=True)
+    def parent(job: streamq.Job) -> Any:
+        done = job.dependency_results()
+        if not done:
+            q.add_children(job.id, [JobSpec("kid", i, queue=other, job_id=f"o{i}")
+                                    for i in range(2)], policy="continue")
+            raise WaitForChildren()
+        return [(d.queue, d.result) for d in done]
+
+    @reg.handler("kid")
+    def kid(job: streamq.Job) -> Any:
+        return job.payload + 1
+
+    q.enqueue("parent", job_id="p")
+    async with Worker(url, [qname, other], reg, fast()):
+        await eventually(lambda: state(q, "p") == "completed", 30)
+    assert q.result("p") == [[other, 1], [other, 2]]
