@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import Options, render, run
+from .harness import FAULTS, Options, render, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,12 +27,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="mean seconds between two faults")
     p.add_argument("--filler-keys", type=int, default=Options.filler_keys,
                    help="filler keys that make each Redis restart spend a while LOADING")
+    p.add_argument("--faults", default=",".join(FAULTS),
+                   help="the fault menu, comma-separated (default: all of them), e.g."
+                   " term_short,term_long,reload,reload_proc for deploys only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else int(time.time()) % 100_000
+    faults = tuple(f for f in a.faults.split(",") if f)
+    if unknown := set(faults) - set(FAULTS):
+        p.error(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
     opts = Options(minutes=a.minutes, seed=seed, out=a.out, workdir=a.workdir, rate=a.rate,
                    workers=a.workers, fault_every_s=a.fault_every, filler_keys=a.filler_keys,
-                   verbose=not a.quiet)
+                   verbose=not a.quiet, faults=faults)
     # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C: the harness stops what it started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rep = run(opts)

@@ -3,12 +3,14 @@ on its own, and stopping them all (each must exit 0 on SIGTERM)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from streamq._core.keys import GROUP
@@ -29,7 +31,8 @@ class Children(ChaosBase):
                            "default_max_attempts": MAX_ATTEMPTS},
                 "events_maxlen": self.qcfg.events_maxlen}
 
-    def _spawn(self, name: str, role: str, argv: list[str]) -> Child:
+    def _spawn(self, name: str, role: str, argv: list[str], grace_file: Path | None = None,
+               reload_file: Path | None = None) -> Child:
         """Start ``argv`` (a script or ``-m module`` with its arguments) under a fake host
         clock whose offset file the harness writes (``fakeclock.py``), starting at 0."""
         log = self.dir / f"{role}-{name}.log"
@@ -40,23 +43,30 @@ class Children(ChaosBase):
                 [sys.executable, str(HERE / "fakeclock.py"), str(clock), *argv],
                 stdout=subprocess.DEVNULL, stderr=err, cwd=HERE,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "STREAMQ_CHAOS_QUEUE": self.queue})
-        child = Child(name, role, proc, log, clock=clock)
+        child = Child(name, role, proc, log, clock=clock, grace_file=grace_file,
+                      reload_file=reload_file)
         self.children.append(child)
         return child
 
-    def start_worker(self, slot: str) -> None:
+    def start_worker(self, slot: str, same_name: bool | None = None) -> None:
+        """Start the worker of ``slot`` (``e*`` slots run the embedded worker, ``embedded.py``).
+        A replacement takes over its predecessor's name half the time (it then restarts the
+        entries pending under that name at once), or comes up under a new name; ``same_name``
+        decides instead when given (a name is reused only once its last process exited)."""
         self.generation[slot] += 1
         prev = [c.name for c in self.children if c.role == "worker" and
                 c.name.split(".")[0] == slot]
-        # a replacement takes over its predecessor's name half the time (it then restarts the
-        # entries pending under that name at once), or comes up under a new name
-        if prev and self.rng.random() < 0.5:
+        if prev and (self.rng.random() < 0.5 if same_name is None else same_name):
             name = prev[-1]
         else:
             name = slot if self.generation[slot] == 1 else f"{slot}.{self.generation[slot]}"
+        n = len(self.children)
+        grace, reloads = self.dir / f"grace-{name}-{n}", self.dir / f"reloads-{name}-{n}"
+        config = {**self.worker_config(), "grace_file": str(grace), "reload_file": str(reloads)}
+        script = "embedded.py" if slot.startswith("e") else "worker.py"
         self.wslots[slot] = self._spawn(name, "worker", [
-            str(HERE / "worker.py"), self.proxy_url, self.queue,
-            str(self.ledger), name, json.dumps(self.worker_config())])
+            str(HERE / script), self.proxy_url, self.queue,
+            str(self.ledger), name, json.dumps(config)], grace, reloads)
 
     def start_scheduler(self, slot: str) -> None:
         self.sslots[slot] = self._spawn(slot, "scheduler", [
@@ -78,8 +88,48 @@ class Children(ChaosBase):
         self.proxy_url = f"redis://127.0.0.1:{line[0]}/0"
         self.ctl = ProxyControl(int(line[1]))
 
+    def watch_draining(self) -> None:
+        """Workers stopped gracefully: each must exit 0 within its grace period and 15 s;
+        its exit ends the fault's window, and starts its replacement when one waits."""
+        for c in list(self.draining):
+            ev = c.stopping
+            assert ev is not None
+            if c.alive():
+                if time.time() - ev["t"] > ev["grace_s"] + 15 and not ev.get("late"):
+                    ev["late"] = True
+                    self.unclean.append(f"{c.name}: graceful stop ({ev['kind']}, grace"
+                                        f" {ev['grace_s']} s) still running after 15 s more")
+                continue
+            self.draining.remove(c)
+            c.died = ev["t1"] = time.time()
+            ev["exit_s"] = round(c.died - ev["t"], 2)
+            ev["rc"] = c.proc.returncode
+            if c.proc.returncode != 0:
+                self.unclean.append(f"{c.name}: exit {c.proc.returncode} after a graceful stop"
+                                    f" (see {c.log})")
+            if ev.get("replace_on_exit"):
+                self.start_worker(ev["slot"], same_name=True)
+
+    def watch_reloads(self) -> None:
+        """An in-process reload ends when the embedded worker wrote its count."""
+        for c, ev in list(self.reloading):
+            done = 0
+            if c.reload_file is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    done = int(c.reload_file.read_text().strip() or 0)
+            if done >= ev["n"] or not c.alive():
+                self.reloading.remove((c, ev))
+                ev["t1"] = time.time()
+                ev["reload_s"] = round(ev["t1"] - ev["t"], 2)
+            elif time.time() - ev["t"] > ev["grace_s"] + 15 and not ev.get("late"):
+                ev["late"] = True
+                self.unclean.append(f"{c.name}: reload (grace {ev['grace_s']} s) not done"
+                                    " after 15 s more")
+
     def watch_children(self) -> None:
         """A process that exits on its own is a finding: record it, and replace it."""
+        self.watch_draining()
+        self.watch_reloads()
         for slots, start in ((self.wslots, self.start_worker),
                              (self.sslots, self.start_scheduler)):
             for slot, c in slots.items():
@@ -89,8 +139,9 @@ class Children(ChaosBase):
                           "rc": c.proc.returncode, "log": str(c.log)}
                     c.died = died
                     tail = c.log.read_text(errors="replace")[-2000:] if c.log.exists() else ""
-                    at_startup = time.time() - c.spawned < 20 and (
-                        "ConnectionError" in tail or "cannot reach Redis" in tail)
+                    at_startup = time.time() - c.spawned < 20 and any(
+                        m in tail for m in ("ConnectionError", "cannot reach Redis",
+                                            "BusyLoadingError"))
                     (self.tl.startup_exits if at_startup else self.tl.exits).append(ev)
                     self.say(f"{c.role} {c.name} (pid {c.pid}) exited with"
                              f" {c.proc.returncode}; replacing it")
@@ -125,6 +176,8 @@ class Children(ChaosBase):
         unclean: list[str] = []
         live = [c for c in children if c.alive()]
         for c in live:
+            if c.grace_file is not None:  # the configured grace period
+                c.grace_file.unlink(missing_ok=True)
             if c.stopped_since is not None:
                 os.kill(c.pid, signal.SIGCONT)
                 c.stopped_since = None

@@ -30,24 +30,48 @@ from . import liveness
 from .proxy import ProxyControl
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("instant", "delayed", "retry", "slow", "slow_sync", "fail")
-MIX = (55, 15, 12, 6, 4, 8)
-"""Relative share of each kind in KINDS."""
+KINDS = ("instant", "delayed", "retry", "slow", "slow_sync", "fail", "once", "last")
+MIX = (46, 13, 10, 6, 4, 7, 9, 5)
+"""Relative share of each kind in KINDS (``Options.mix`` overrides it)."""
 REPORT_KINDS = (*KINDS, "cron")
 """Job kinds in the report: the producer's, and the jobs fired by the cron entries."""
 FAULTS = ("kill_worker", "stop_worker", "kill_scheduler", "kill_redis", "cut", "delay",
           "oom", "readonly", "busy", "loading", "drop_replies", "clock_worker",
-          "clock_scheduler", "stop_scheduler", "pause")
-FAULT_WEIGHTS = (3, 2, 2, 1, 3, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1)
+          "clock_scheduler", "stop_scheduler", "pause", "term_short", "term_long", "reload",
+          "reload_proc")
+FAULT_WEIGHTS = (3, 2, 2, 1, 3, 1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 2, 2, 1, 1)
+GRACEFUL_FAULTS = ("term_short", "term_long", "reload", "reload_proc")
+"""Graceful stops, as deploys do them: SIGTERM to a worker process with a short grace period
+(0.2-0.5 s: running jobs are handed back) or a long one (4-6 s: longer than most jobs); and
+``uvicorn --reload``-style restarts of the embedded worker (``embedded.py``): its ``Worker``
+stopped gracefully and a new one started in the same process (``reload``), or the process
+stopped with SIGTERM and a replacement started under the same name once it exited
+(``reload_proc``). None of them may make a lease lapse, or cost an attempt (invariant 15)."""
 SERVER_ERROR_FAULTS = ("oom", "readonly", "busy")
 """Faults after which the server answers errors for a while (t .. t1), one at a time."""
 MAX_ATTEMPTS = 25
 """Generous, so that a job that should complete is never dead-lettered by lapses alone."""
+KIND_MAX_ATTEMPTS = {"once": 1, "last": 2}
+"""Kinds with few attempts: ``once`` jobs have ``max_attempts=1``; ``last`` jobs
+``max_attempts=2`` and a first attempt that fails by design (``Retry``), so their second run
+is their last. A lapsed lease (SIGKILL, SIGSTOP, an outage) may dead-letter them; a graceful
+stop must not."""
+LAPSED = "attempts exhausted (lease lapsed)"
+"""The dead-letter reason of a job whose last attempt's lease lapsed."""
+
+
+def max_attempts_of(kind: str) -> int:
+    return KIND_MAX_ATTEMPTS.get(kind, MAX_ATTEMPTS)
+
+
 EXPLANATIONS = ("worker_killed", "worker_stopped", "redis_crash", "connection_cut",
-                "proxy_delay", "server_error", "stall", "unexplained")
-"""Causes of a lapsed lease. Deliberately none: a clock step (leases and due times run on the
-server's clock, so a step of a host's clock must not make a lease lapse), and a dropped reply
-(the command ran; a repeated start returns the same lease, a dropped renewal renewed)."""
+                "proxy_delay", "server_error", "stall", "handed_back", "unexplained")
+"""Causes of a duplicate execution: a lapsed lease's, or ``handed_back`` (no lapse: a handler
+still running when a graceful stop's grace period ended; the job was handed back with its
+attempt refunded, and that attempt ran again). Causes of a lapsed lease. Deliberately none: a
+clock step (leases and due times run on the server's clock, so a step of a host's clock must
+not make a lease lapse), a dropped reply (the command ran; a repeated start returns the same
+lease, a dropped renewal renewed), and a graceful stop (it hands its jobs back)."""
 _SERVER_CODES = ("OOM", "READONLY", "BUSY", "LOADING", "UNBLOCKED", "MASTERDOWN", "TRYAGAIN")
 
 
@@ -90,6 +114,12 @@ class Options:
     filler_keys: int = 800_000
     """Keys of 50 bytes in database 1, so that a restart spends about a second LOADING."""
     verbose: bool = True
+    faults: tuple[str, ...] = FAULTS
+    """The fault menu (a subset of ``FAULTS``: the graceful-stop test uses only those)."""
+    embedded: int = 1
+    """Worker slots running the embedded worker (``embedded.py``), besides ``workers``."""
+    mix: tuple[int, ...] = MIX
+    """Relative share of each kind in KINDS."""
 
 
 @dataclass
@@ -104,6 +134,18 @@ class Child:
     """The offset file of its fake host clock (``fakeclock.py``)."""
     clock_offset_s: float = 0.0
     died: float | None = None
+    stopping: dict[str, Any] | None = None
+    """A graceful stop under way: its timeline event (exit time and status go there)."""
+    reloads: int = 0
+    """In-process reloads asked of it (``embedded.py``)."""
+    grace_file: Path | None = None
+    """Where the harness writes the grace period of its next graceful stop (``worker.py``)."""
+    reload_file: Path | None = None
+    """Where it writes how many reloads it finished (``embedded.py``)."""
+
+    @property
+    def embedded(self) -> bool:
+        return self.name.startswith("e")
 
     @property
     def pid(self) -> int:
@@ -181,6 +223,10 @@ class ChaosBase:
         self.proxy_url = ""
         self.direct: redis.Redis | None = None
         self.wslots: dict[str, Child | None] = {}
+        self.draining: list[Child] = []
+        """Workers stopped gracefully and not yet exited (no longer in a slot)."""
+        self.reloading: list[tuple[Child, dict[str, Any]]] = []
+        """In-process reloads asked and not yet done: (the embedded worker, its event)."""
         self.sslots: dict[str, Child | None] = {}
         self.children: list[Child] = []
         self.later: list[tuple[float, str, str, int]] = []

@@ -16,6 +16,7 @@ from redis.exceptions import ResponseError
 from streamq._core.retry import TRANSIENT
 from streamq.admin import Admin
 
+from . import liveness
 from .children import Children
 from .common import SERVER_ERROR_FAULTS, Child, transient
 
@@ -33,6 +34,8 @@ class FaultInjection(Children):
         for _, action, slot, pid in due:
             if action == "start_worker":
                 self.start_worker(slot)
+            elif action == "start_worker_new":  # its predecessor may still be stopping
+                self.start_worker(slot, same_name=False)
             elif action == "start_scheduler":
                 self.start_scheduler(slot)
             elif action == "cont":
@@ -276,6 +279,8 @@ class FaultInjection(Children):
             self.set_paused(True)
             self.tl.add(kind)  # t: once pause returned
             self.schedule(span, "resume")
+        elif kind in ("term_short", "term_long", "reload", "reload_proc"):
+            return self.graceful(kind)
         elif kind in ("clock_worker", "clock_scheduler"):
             slots = self.wslots if kind == "clock_worker" else self.sslots
             steady = [c for c in slots.values() if c is not None and c.alive()
@@ -291,6 +296,47 @@ class FaultInjection(Children):
         else:
             raise ValueError(kind)
         return True
+
+    def graceful(self, kind: str) -> bool:
+        """A graceful stop, as a deploy or ``uvicorn --reload`` does it (``GRACEFUL_FAULTS``).
+        The grace period goes into the child's grace file before the signal: short (0.2-0.5
+        s), long (4-6 s) or, for reloads, either or the configured 3 s."""
+        embedded = kind in ("reload", "reload_proc")
+        ready = [s for s in self.running_workers() if s.startswith("e") == embedded
+                 and time.time() - self._child(s).spawned > liveness.STARTUP_S
+                 and not any(ev["pid"] == self._child(s).pid for _, ev in self.reloading)]
+        if not ready or (not embedded and len(self.running_workers()) < 2):
+            return False
+        slot = self.rng.choice(ready)
+        c = self._child(slot)
+        assert c.grace_file is not None
+        short, long = round(self.rng.uniform(0.2, 0.5), 2), round(self.rng.uniform(4.0, 6.0), 2)
+        g = short if kind == "term_short" else long if kind == "term_long" else \
+            self.rng.choice((short, long, 3.0))
+        tmp = c.grace_file.with_suffix(".tmp")
+        tmp.write_text(f"{g}\n")
+        tmp.replace(c.grace_file)
+        if kind == "reload":  # in the same process: SIGHUP, done when the file counts it
+            c.reloads += 1
+            ev = self.tl.add(kind, name=c.name, pid=c.pid, grace_s=g, n=c.reloads)
+            c.proc.send_signal(signal.SIGHUP)
+            self.reloading.append((c, ev))
+            return True
+        ev = self.tl.add(kind, name=c.name, pid=c.pid, grace_s=g, slot=slot)
+        c.stopping = ev
+        c.proc.send_signal(signal.SIGTERM)
+        self.wslots[slot] = None
+        self.draining.append(c)
+        if kind == "reload_proc":  # the reloader starts the new server once the old exited
+            ev["replace_on_exit"] = True
+        else:  # a rolling deploy: the new pod (a new name) comes up while the old one stops
+            self.schedule(self.rng.uniform(0.0, 1.0), "start_worker_new", slot)
+        return True
+
+    def _child(self, slot: str) -> Child:
+        c = self.wslots[slot]
+        assert c is not None
+        return c
 
     def probe(self) -> None:
         """Note every time this process or Redis did not answer for over a second."""

@@ -79,14 +79,16 @@ class Chaos(FaultInjection, Verification):
             self.blackhole.bind(("127.0.0.1", 0))
             self.fill()
             self.start_proxy(self.server.port)
-            for k in range(self.o.workers):
-                self.wslots[f"w{k + 1}"] = None
-                self.start_worker(f"w{k + 1}")
+            slots = [f"w{k + 1}" for k in range(self.o.workers)]
+            slots += [f"e{k + 1}" for k in range(self.o.embedded)]  # embedded.py
+            for slot in slots:
+                self.wslots[slot] = None
+                self.start_worker(slot)
             for k in range(self.o.schedulers):
                 self.sslots[f"s{k + 1}"] = None
                 self.start_scheduler(f"s{k + 1}")
             direct = self.direct
-            self.wait_for(lambda: direct.zcard(self.keys.workers) >= self.o.workers, 60,
+            self.wait_for(lambda: direct.zcard(self.keys.workers) >= len(slots), 60,
                           "the workers are up")
             self.timing["setup_s"] = time.time() - t_start
             self.say(f"seed {self.o.seed}, queue {self.queue}, dir {self.dir}, redis port"
@@ -96,7 +98,8 @@ class Chaos(FaultInjection, Verification):
             probe.start()
             self.monitor = liveness.Monitor(self.server.port, self.keys)
             self.monitor.start()
-            producer = Producer(self.proxy_url, self.queue, self.qcfg, self.o.rate, self.o.seed)
+            producer = Producer(self.proxy_url, self.queue, self.qcfg, self.o.rate, self.o.seed,
+                                self.o.mix)
             producer.start()
             self.fault_phase(producer)
             self.quiesce(producer)
@@ -161,7 +164,9 @@ class Chaos(FaultInjection, Verification):
     def fault_phase(self, producer: Producer) -> None:
         t0 = time.time()
         end = t0 + self.o.minutes * 60
-        first = list(FAULTS)  # every kind once, in a seeded order, then at random
+        menu = list(self.o.faults)
+        weights = [FAULT_WEIGHTS[FAULTS.index(f)] for f in menu]
+        first = list(menu)  # every kind once, in a seeded order, then at random
         self.rng.shuffle(first)
         next_fault = t0 + 3.0
         last_report = t0
@@ -178,8 +183,8 @@ class Chaos(FaultInjection, Verification):
                     if not self.inject(kind):  # not now: try the next kind, this one later
                         first.append(kind)
                 else:
-                    kind = self.rng.choices(FAULTS, FAULT_WEIGHTS)[0]
-                    if not self.inject(kind):
+                    kind = self.rng.choices(menu, weights)[0]
+                    if not self.inject(kind) and "cut" in menu:
                         self.inject("cut")
                 next_fault = time.time() + self.rng.uniform(0.5, 1.5) * self.o.fault_every_s
             if now - last_report >= 15:
@@ -211,6 +216,7 @@ class Chaos(FaultInjection, Verification):
         assert self.ctl is not None and self.direct is not None
         self.ctl.send("delay", 0)
         self.ctl.send("drop", 0, 0)
+        self.wait_for(lambda: self.graceful_done(), 60, "graceful stops and reloads ended")
         self.watch_children()
         self.say(f"quiescing: {len(producer.accepted)} jobs accepted; waiting for the queue"
                  " to drain")
@@ -234,6 +240,11 @@ class Chaos(FaultInjection, Verification):
         self.sslots = dict.fromkeys(self.sslots)
         self.wait_for(lambda: self.drained(producer), 30, "the last cron jobs finished")
         self.timing["quiesce_s"] = time.time() - t0
+
+    def graceful_done(self) -> bool:
+        self.run_due(everything=True)  # replacements waiting for a start
+        self.watch_children()
+        return not self.draining and not self.reloading
 
     def drained(self, producer: Producer) -> bool:
         assert self.direct is not None

@@ -22,9 +22,9 @@ entry of the delayed set, and every pending entry with its job's state and owner
 
 Time is counted in *healthy seconds*: wall time minus the time a disruption covered (Redis
 down or loading, OOM, READONLY, BUSY, a slow network, replies being dropped; for one
-process, its own SIGSTOP; for the schedulers' loops, moments when no scheduler was running;
-for starting jobs, the queue being paused; for the sample-based checks, moments the monitor
-could not sample).
+process, its own SIGSTOP or graceful stop (``GRACEFUL``); for the schedulers' loops, moments
+when no scheduler was running; for starting jobs, the queue being paused; for the sample-based
+checks, moments the monitor could not sample).
 So a loop gets the bound's worth of usable time after the end of each fault, whatever faults
 came before. A clock step is not a disruption: the engine takes its time from the server, so a
 step of a host's clock must not stop any loop. A new process gets ``STARTUP_S`` more for its
@@ -59,6 +59,9 @@ STARTUP_S = 8.0
 SERVER_FAULTS = ("kill_redis", "loading", "oom", "readonly", "busy", "delay", "drop_replies",
                  "cut")
 """Faults that disrupt every client (windows from ``t`` to ``t1``; a cut is a moment)."""
+GRACEFUL = ("term_short", "term_long", "reload", "reload_proc")
+"""A graceful stop or reload of one worker process, from the signal until it exited or its new
+worker was up: its loops stop on purpose (not a disruption of any other process)."""
 
 
 # --------------------------------------------------------------------------- time arithmetic
@@ -229,7 +232,7 @@ def analyse(x: Inputs) -> dict[str, Check]:
               if f["kind"] in SERVER_FAULTS]
     stops: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
     for f in x.faults:
-        if f["kind"] in ("stop_worker", "stop_scheduler", "probe_freeze"):
+        if f["kind"] in ("stop_worker", "stop_scheduler", "probe_freeze", *GRACEFUL):
             stops[int(f["pid"])].append((float(f["t"]), float(f.get("t1", x.observed_until))))
     scheds = [p for p in x.procs if p.role == "scheduler"]
     no_scheduler = _nobody(scheds, stops, x.fault_phase[0], x.observed_until)

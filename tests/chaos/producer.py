@@ -9,14 +9,20 @@ from typing import Any
 
 from streamq import Queue, QueueConfig
 
-from .common import KINDS, MAX_ATTEMPTS, MIX, transient
+from .common import KINDS, MIX, max_attempts_of, transient
 
 
-def job_spec(i: int, rng: random.Random) -> dict[str, Any]:
-    kind = rng.choices(KINDS, MIX)[0]
+def job_spec(i: int, rng: random.Random, mix: tuple[int, ...] = MIX) -> dict[str, Any]:
+    kind = rng.choices(KINDS, mix)[0]
     spec: dict[str, Any] = {"type": f"chaos.{kind}", "job_id": f"{kind}-{i:07d}",
-                            "max_attempts": MAX_ATTEMPTS, "payload": {}}
-    if kind == "delayed":
+                            "max_attempts": max_attempts_of(kind), "payload": {}}
+    if kind == "once":  # max_attempts=1: at once (60 %) or running for a while
+        spec["type"] = "chaos.slow"
+        spec["payload"] = {"s": 0 if rng.random() < 0.6 else round(rng.uniform(0.3, 2.5), 2)}
+    elif kind == "last":  # max_attempts=2, the first attempt fails by design: the 2nd is last
+        spec["type"] = "chaos.retry"
+        spec["payload"] = {"fails": 1, "d": round(rng.uniform(0.1, 0.5), 2)}
+    elif kind == "delayed":
         spec["delay"] = round(rng.uniform(1.0, 5.0), 3)
     elif kind == "retry":
         spec["payload"] = {"fails": rng.choice((1, 2)), "d": round(rng.uniform(0.2, 1.0), 2)}
@@ -33,8 +39,10 @@ class Producer(threading.Thread):
     """Offers ``rate`` jobs per second until told to stop; a batch whose reply is lost is sent
     again with the same ids until acknowledged (a duplicate then means: ours, accepted)."""
 
-    def __init__(self, url: str, queue: str, qcfg: QueueConfig, rate: float, seed: int) -> None:
+    def __init__(self, url: str, queue: str, qcfg: QueueConfig, rate: float, seed: int,
+                 mix: tuple[int, ...] = MIX) -> None:
         super().__init__(name="chaos-producer", daemon=True)
+        self.mix = mix
         self.url, self.queue, self.qcfg, self.rate = url, queue, qcfg, rate
         self.rng = random.Random(seed)
         self.stop = threading.Event()
@@ -55,7 +63,7 @@ class Producer(threading.Thread):
                     time.sleep(0.05)
                     continue
                 n = min(due - i, 500)
-                self._send(q, [job_spec(i + k, self.rng) for k in range(n)])
+                self._send(q, [job_spec(i + k, self.rng, self.mix) for k in range(n)])
                 i += n
         except BaseException as exc:  # noqa: BLE001 - reported by the harness
             self.error = exc
@@ -77,5 +85,5 @@ class Producer(threading.Thread):
             if res.status not in ("queued", "scheduled", "duplicate"):
                 raise RuntimeError(f"job {res.job_id} not accepted: {res}")
             self.accepted[spec["job_id"]] = kind = kind_of(spec["job_id"])
-            if kind == "retry":
+            if kind in ("retry", "last"):
                 self.fails[spec["job_id"]] = spec["payload"]["fails"]

@@ -42,7 +42,14 @@ def render(rep: dict[str, Any]) -> str:
               f" {len(rep['liveness'])} processes ok",
               f"- stream {rep['keyspace']['stream_len']}, PEL {rep['keyspace']['pel']},"
               f" delayed {rep['keyspace']['delayed']}, dead {rep['keyspace']['dead_len']}",
-              f"- **lost = {rep['lost']}**, wrong terminal state = {rep['wrong_state']}",
+              f"- **lost = {rep['lost']}**, wrong terminal state = {rep['wrong_state']}"
+              " (a dead letter nothing explains is one)",
+              f"- dead letters {rep['dead_letters']['total']:,}, every one explained: "
+              + (", ".join(f"{why} {n:,}" for why, n in
+                           sorted(rep["dead_letters"]["by_reason"].items())) or "none"),
+              "- graceful stops (signal to exit or to the new worker, longest): "
+              + (", ".join(f"{k} {g['count']} ({g['max_s']:g} s)"
+                           for k, g in rep.get("graceful", {}).items()) or "none"),
               f"- checks: {'all passed' if rep.get('ok') else 'FAILED'}"]
     lines += [f"  - {f}" for f in rep["failures"]]
     return "\n".join(lines)

@@ -18,7 +18,14 @@ from streamq._core.model import V1_FIELDS, normalize_record
 
 from . import liveness
 from .children import Children
-from .common import EXPLANATIONS, FAULTS, REPORT_KINDS, SERVER_ERROR_FAULTS
+from .common import (
+    EXPLANATIONS,
+    GRACEFUL_FAULTS,
+    LAPSED,
+    REPORT_KINDS,
+    SERVER_ERROR_FAULTS,
+    max_attempts_of,
+)
 from .cron_entries import ENTRIES as CRON_ENTRIES
 from .producer import Producer, kind_of
 
@@ -54,19 +61,14 @@ class Verification(Children):
         error_ev = [e for e in self.tl.faults if e["kind"] in SERVER_ERROR_FAULTS]
         vt = self.o.visibility_s
 
-        def explain(e: dict[str, Any], execs: list[dict[str, Any]]) -> str:
-            """Why the lease of execution ``e`` lapsed: a fault between the start of that lease
-            (start.lua's 'started' event; the handler may begin much later) and the takeover
-            (the next start of the job, executed or not)."""
-            jid, a = e["job"], e["a"]
-            starts = events.started.get(jid, {})
-            later = [t for n, t in starts.items() if n > a]
-            later += [s["t"] for s in execs if s["a"] > a]
-            lo = min(e["t"], starts.get(a, e["t"])) - 0.05
-            hi = min(later) + 0.5 if later else time.time()
-            if any(x["pid"] == e["pid"] and lo <= x["t"] <= hi for x in kill_ev):
+        grace_ev = [e for e in self.tl.faults if e["kind"] in GRACEFUL_FAULTS]
+
+        def lapse(pid: int, lo: float, hi: float) -> str:
+            """Why a lease of process ``pid`` held from ``lo`` lapsed by ``hi`` (a fault in that
+            window; a graceful stop is none: it hands its jobs back)."""
+            if any(x["pid"] == pid and lo <= x["t"] <= hi for x in kill_ev):
                 return "worker_killed"
-            if any(x["pid"] == e["pid"] and x["t"] <= hi and x["t1"] >= lo for x in stop_ev):
+            if any(x["pid"] == pid and x["t"] <= hi and x["t1"] >= lo for x in stop_ev):
                 return "worker_stopped"
             if any(x["t"] <= hi and x["t1"] >= lo for x in crash_ev):
                 return "redis_crash"
@@ -81,11 +83,65 @@ class Verification(Children):
             if any(x["t"] <= hi and x["t1"] >= lo - vt and x["t1"] - x["t"] >= vt / 3
                    for x in error_ev):
                 return "server_error"
-            stalls = [s for s in led.stalls if s[0] == e["pid"]]
+            stalls = [s for s in led.stalls if s[0] == pid]
             if any(a <= hi and b >= lo - 1 for _, a, b in stalls) or any(
                     a <= hi and b >= lo - 1 for a, b in self.tl.stalls):
                 return "stall"
             return "unexplained"
+
+        def explain(e: dict[str, Any], execs: list[dict[str, Any]]) -> str:
+            """Why the lease of execution ``e`` lapsed: a fault between the start of that lease
+            (start.lua's 'started' event; the handler may begin much later) and the takeover
+            (the next start of the job, executed or not)."""
+            jid, a = e["job"], e["a"]
+            starts = events.started.get(jid, {})
+            later = [t for n, t in starts.items() if n > a]
+            later += [s["t"] for s in execs if s["a"] > a]
+            lo = min(e["t"], starts.get(a, e["t"])) - 0.05
+            hi = min(later) + 0.5 if later else time.time()
+            return lapse(e["pid"], lo, hi)
+
+        def handed_back(e: dict[str, Any], execs: list[dict[str, Any]]) -> bool:
+            """Was execution ``e`` still running when a graceful stop of its process began
+            (before the job's next execution)? Then it was handed back, its attempt refunded."""
+            nxt = [o["t"] for o in execs if o["t"] > e["t"]]
+            hi = min(nxt) if nxt else time.time()
+            return any(g["pid"] == e["pid"] and g["t"] <= hi and g.get("t1", hi) >= e["t"]
+                       for g in grace_ev)
+
+        def owner_pid(name: str, t: float) -> int:
+            """The pid of the worker process named ``name`` alive at ``t`` (-1: none known)."""
+            procs = [c for c in self.children if c.role == "worker" and c.name == name
+                     and c.spawned <= t + 1 and (c.died is None or c.died >= t - 1)]
+            return max(procs, key=lambda c: c.spawned).pid if procs else -1
+
+        def dead_letter(jid: str, kind: str, h: dict[bytes, bytes], runs: int,
+                        execs: list[dict[str, Any]]) -> str | None:
+            """Why job ``jid`` was dead-lettered, or None when nothing explains it. Every dead
+            letter's job either ran ``max_attempts`` times (the ledger: ``Retry`` raised by the
+            last one) or has a reason that is not an attempt count: ``Fail`` raised by its
+            handler, or a lapse of its last lease explained by a fault (a SIGKILL, a SIGSTOP,
+            an outage...; never by a graceful stop, which hands its jobs back). A lapse needs
+            its fault also when the job ran ``max_attempts`` times: a run cut short by a stop is
+            refunded, so only a lapse may consume the last attempt."""
+            reason = h.get(b"reason", b"").decode()
+            if _EXEC_RE.search(reason) and kind == "fail":
+                return "Fail raised by the handler"
+            if reason == "attempts exhausted":  # Retry raised on the last attempt
+                ok = runs >= max_attempts_of(kind) and any(
+                    led.ends.get(e["x"], {}).get("o") == "retry" and e["a"] == runs
+                    for e in execs)
+                return "retries exhausted (ran max_attempts times)" if ok else None
+            if reason != LAPSED:
+                return None
+            started = int(h.get(b"started", b"0")) / 1000
+            finished = int(h.get(b"finished", b"0")) / 1000 or time.time()
+            why = lapse(owner_pid(h.get(b"owner", b"").decode(), started), started - 0.05,
+                        finished + 0.5)
+            if why == "unexplained":  # a graceful stop alone: its hand-back cost the attempt
+                return None
+            return f"lease lapsed: {why}" + (" (ran max_attempts times)"
+                                             if runs >= max_attempts_of(kind) else "")
 
         for jid in ids:
             kind = accepted[jid]
@@ -95,20 +151,27 @@ class Verification(Children):
             if state not in ("completed", "failed", "cancelled"):
                 v.lost.append(f"{jid}: {state or 'no record'}")
                 continue
-            expected = "failed" if kind == "fail" else "completed"
-            if state != expected:
-                v.wrong.append(f"{jid}: {state} ({h.get(b'reason', b'').decode()})")
-                continue
-            v.outcome[kind][state] += 1
             attempts = int(h.get(b"attempts", b"0"))
-            execs = led.starts.get(jid, [])
-            v.executions[kind] += len(execs)
+            execs = sorted(led.starts.get(jid, []), key=lambda e: e["t"])
             atts = [e["a"] for e in execs]
-            if len(set(atts)) != len(atts):
-                v.add("attempt number executed twice (a lease token reissued)", jid, atts)
-            if len(execs) > attempts or any(a > attempts for a in atts):
+            runs = len(set(atts))
+            why_dead = dead_letter(jid, kind, h, runs, execs) if state == "failed" else None
+            if kind == "fail":
+                wrong = state != "failed"
+            else:
+                wrong = state == "cancelled" or (state == "failed" and why_dead is None)
+            if wrong:
+                v.wrong.append(f"{jid}: {state} ({h.get(b'reason', b'').decode()};"
+                               f" ran {runs} of {max_attempts_of(kind)} attempts)")
+                continue
+            if why_dead is not None:
+                v.dead[why_dead] += 1
+            v.outcome[kind][state] += 1
+            v.executions[kind] += len(execs)
+            if runs > attempts or any(a > attempts for a in atts):
                 v.add("more executions than counted attempts", jid, (atts, attempts))
-            v.skipped_attempts += attempts - len(set(atts))
+            v.skipped_attempts += attempts - runs
+            applied: set[str] = set()  # the executions whose outcome the record shows
             # the outcome in the record: written by the execution of the last attempt
             if state == "completed":
                 result = json.loads(h[b"result"])
@@ -121,7 +184,9 @@ class Verification(Children):
                 elif result.get("w") != h.get(b"owner", b"").decode():
                     v.add("result written by another worker than the lease owner", jid,
                           (result, h.get(b"owner")))
-            else:
+                else:
+                    applied.add(end["x"])
+            elif kind == "fail":
                 m = _EXEC_RE.search(h.get(b"reason", b"").decode())
                 end = led.ends.get(m.group(1)) if m else None
                 if end is None or end["job"] != jid or end["o"] != "fail":
@@ -130,23 +195,34 @@ class Verification(Children):
                 elif end["a"] != attempts:
                     v.add("dead-lettered by an execution that was not the last attempt", jid,
                           (end["a"], attempts))
+                else:
+                    applied.add(end["x"])
             errors = json.loads(h.get(b"errors", b"[]"))
             retried = {int(x["attempt"]) for x in errors if x.get("type") == "Retry"}
             for a in retried:
-                if not any(e["a"] == a and led.ends.get(e["x"], {}).get("o") == "retry"
-                           for e in execs):
+                tried = [e for e in execs
+                         if e["a"] == a and led.ends.get(e["x"], {}).get("o") == "retry"]
+                if not tried:
                     v.add("retry applied for an attempt that did not end in Retry", jid, a)
-            if kind == "retry" and attempts <= producer.fails[jid]:
+                else:
+                    applied.add(tried[-1]["x"])
+            if kind in ("retry", "last") and state == "completed" and \
+                    attempts <= producer.fails[jid]:
                 v.add("retrying job completed before its planned failures", jid, attempts)
             if kind == "delayed" and int(h[b"started"]) < int(h[b"due"]):
                 v.add("delayed job started before it was due", jid,
                       (int(h[b"started"]), int(h[b"due"])))
-            # executions whose outcome was not applied: duplicates, each needing a lapse
-            applied = retried | {attempts}
+            # executions whose outcome was not applied: duplicates, each needing a lapse of
+            # its lease, or a graceful stop that handed it back (then its attempt number ran
+            # again: refunded, invariant 15)
             for e in execs:
-                if e["a"] in applied:
+                if e["x"] in applied:
                     continue
-                why = explain(e, execs)
+                reused = atts.count(e["a"]) > 1 or (e["a"] == attempts and state == "completed")
+                if reused and not handed_back(e, execs):
+                    v.add("attempt number executed twice (a lease token reissued, no graceful"
+                          " stop handed it back)", jid, atts)
+                why = "handed_back" if reused else explain(e, execs)
                 v.duplicates[kind] += 1
                 v.explained[why] += 1
                 if why == "unexplained":
@@ -163,24 +239,31 @@ class Verification(Children):
         keyspace: dict[str, int] = {"stream_len": r.xlen(k.stream),
                                     "pel": int(pending["pending"]),
                                     "delayed": r.zcard(k.delayed), "dead_len": r.xlen(k.dead)}
-        n_fail = sum(1 for x in accepted.values() if x == "fail")
+        n_fail = sum(v.outcome[kind]["failed"] for kind in REPORT_KINDS)
+        n_done = sum(v.outcome[kind]["completed"] for kind in REPORT_KINDS)
         dead_jobs = collections.Counter(kind_of(j) for j in self.dead_job_ids())
         if keyspace["stream_len"] or keyspace["pel"] or keyspace["delayed"]:
             v.add("orphans left in the stream, PEL or delayed set", "-", keyspace)
-        if keyspace["dead_len"] != n_fail or set(dead_jobs) - {"fail"}:
-            v.add("dead letters differ from the always-failing jobs", "-",
+        if keyspace["dead_len"] != n_fail or sum(dead_jobs.values()) != n_fail:
+            v.add("dead letters differ from the failed jobs", "-",
                   (keyspace["dead_len"], n_fail, dict(dead_jobs)))
-        expect = {"enqueued": len(accepted), "completed": len(accepted) - n_fail,
-                  "failed": n_fail, "retrying_now": 0,
-                  "started": sum(int(h.get(b"attempts", b"0")) for h in records.values())}
+        expect = {"enqueued": len(accepted), "completed": n_done, "failed": n_fail,
+                  "retrying_now": 0}
         for name, want in expect.items():
             if stats.get(name, 0) != want:
                 v.add("counter off", name, (stats.get(name, 0), want))
+        # 'started' counts every start; a graceful stop's refund gives an attempt back
+        # without taking the start back, so it may exceed the attempts by the hand-backs
+        counted = sum(int(h.get(b"attempts", b"0")) for h in records.values())
+        if not counted <= stats.get("started", 0) <= counted + stats.get("released", 0):
+            v.add("counter off", "started", (stats.get("started", 0), counted,
+                                             stats.get("released", 0)))
 
         # the lifecycle events: each job reached its terminal state exactly once
         if events.complete:
-            for jid, kind in accepted.items():
-                once = {"failed": 1} if kind == "fail" else {"completed": 1}
+            for jid in accepted:
+                end_state = (records.get(jid) or {}).get(b"state", b"").decode()
+                once = {end_state: 1}
                 got = events.terminal.get(jid, {})
                 if got != once:
                     v.add("not exactly one terminal event", jid, got)
@@ -225,7 +308,7 @@ class Verification(Children):
             failures.append(f"alive but not working (liveness probe): {stuck}")
         if self.tl.exits:
             failures.append(f"processes exited on their own: {self.tl.exits}")
-        missing = [f for f in FAULTS if not faults[f]]
+        missing = [f for f in self.o.faults if not faults[f]]
         if missing:
             failures.append(f"fault kinds never injected: {missing}")
         loops = self.check_liveness(led, records, cron_ids)
@@ -242,7 +325,9 @@ class Verification(Children):
                             "executions": v.executions[kind],
                             "duplicates": v.duplicates[kind]} for kind in REPORT_KINDS},
             "accepted": len(accepted), "lost": len(v.lost), "wrong_state": len(v.wrong),
-            "faults": {f: faults[f] for f in FAULTS},
+            "faults": {f: faults[f] for f in self.o.faults},
+            "dead_letters": {"total": sum(v.dead.values()), "by_reason": dict(v.dead)},
+            "graceful": self.graceful_report(),
             "duplicates": sum(v.duplicates.values()),
             "duplicates_by_cause": {w: v.explained[w] for w in EXPLANATIONS},
             "skipped_attempts": v.skipped_attempts,
@@ -261,6 +346,16 @@ class Verification(Children):
             "startup_exits": self.tl.startup_exits,
             "unexplained": v.unexplained[:50], "failures": failures,
         }
+
+    def graceful_report(self) -> dict[str, Any]:
+        """How long the graceful stops and reloads took (signal to exit, or to the new worker)."""
+        out: dict[str, Any] = {}
+        for kind in GRACEFUL_FAULTS:
+            evs = [e for e in self.tl.faults if e["kind"] == kind]
+            took = [float(e.get("t1", e["t"])) - e["t"] for e in evs]
+            out[kind] = {"count": len(evs), "max_s": round(max(took), 2) if took else 0.0,
+                         "grace_s": sorted({e["grace_s"] for e in evs})[:3]}
+        return out
 
     def cron_job_ids(self) -> list[str]:
         """Every job the cron entries fired (a SCAN: this is a test, not a user path)."""
@@ -356,6 +451,8 @@ class Verdict:
     lost: list[str] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
     skipped_attempts: int = 0
+    dead: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Dead letters by their explanation (``dead_letter`` in ``check``)."""
     problems: dict[str, tuple[int, Any]] = field(default_factory=dict)
 
     def add(self, what: str, jid: str, detail: Any) -> None:

@@ -2,7 +2,11 @@
 in a ledger file outside the Redis under test.
 
 Usage: ``python worker.py URL QUEUE LEDGER NAME CONFIG_JSON`` where CONFIG_JSON is
-``{"worker": {WorkerConfig kwargs}, "events_maxlen": N}``.
+``{"worker": {WorkerConfig kwargs}, "events_maxlen": N, "grace_file": PATH}``.
+
+SIGTERM (or SIGINT) stops the worker gracefully, as ``Worker.run()`` does, with the grace
+period the harness wrote into ``grace_file`` just before the signal (a deploy's short or long
+one; the configured one when the file is absent); a second signal hurries the stop.
 
 The ledger holds one JSON line per event, each written with a single ``write`` on an
 ``O_APPEND`` descriptor (lines of several processes and threads never interleave, and a SIGKILL
@@ -30,6 +34,7 @@ execution id). Every value returned is ``{"x", "w", "a"}``: it identifies the ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -40,6 +45,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from streamq import ALL_EVENTS, Fail, Job, QueueConfig, Registry, Retry, Worker, WorkerConfig
 
@@ -132,7 +139,38 @@ def build_registry(ledger: Ledger) -> Registry:
     return reg
 
 
-def main(argv: list[str]) -> int:
+def grace(worker: Worker, grace_file: str | None) -> None:
+    """Give the stop the grace period the harness chose for it (the file holds seconds)."""
+    if not grace_file:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        s = float(Path(grace_file).read_text().strip())
+        worker.config = attrs.evolve(worker.config, grace_period_s=s)
+
+
+async def serve(worker: Worker, grace_file: str | None) -> None:
+    """``Worker.run()``'s loop, with the grace period read at the signal."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            worker.hurry()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await worker.start()
+    try:
+        await stop.wait()
+    finally:
+        grace(worker, grace_file)
+        await worker.stop()
+
+
+def setup(argv: list[str]) -> tuple[str, str, str, dict[str, Any], Ledger]:
+    """Logging, the stack dump on SIGUSR1, the ledger and its watchdog: (url, queue, name,
+    config, ledger)."""
     url, queue, ledger_path, name, config_json = argv
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
@@ -140,9 +178,19 @@ def main(argv: list[str]) -> int:
     config = json.loads(config_json)
     ledger = Ledger(ledger_path, name)
     threading.Thread(target=ledger.watch, name="chaos-watchdog", daemon=True).start()
-    Worker(url, [queue], build_registry(ledger), WorkerConfig(**config["worker"]),
-           QueueConfig(events_maxlen=int(config["events_maxlen"]), event_kinds=ALL_EVENTS),
-           consumer=name).run()
+    return url, queue, name, config, ledger
+
+
+def make_worker(url: str, queue: str, name: str, config: dict[str, Any],
+                ledger: Ledger) -> Worker:
+    return Worker(url, [queue], build_registry(ledger), WorkerConfig(**config["worker"]),
+                  QueueConfig(events_maxlen=int(config["events_maxlen"]),
+                              event_kinds=ALL_EVENTS), consumer=name)
+
+
+def main(argv: list[str]) -> int:
+    url, queue, name, config, ledger = setup(argv)
+    asyncio.run(serve(make_worker(url, queue, name, config, ledger), config.get("grace_file")))
     return 0
 
 
