@@ -39,7 +39,9 @@ from streamq import (
 )
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.conn import sync_client
+from streamq._core.driver import _send, drive
 from streamq._core.keys import MAX_SHARDS, shard_keys, shard_of
+from streamq._core.shards import check as check_shards
 from streamq.admin import Admin
 
 
@@ -286,6 +288,33 @@ def test_a_shard_count_that_disagrees_is_refused(where: tuple[str, ClusterServer
         assert sync_client(url).exists(Keys(legacy, shard=1).stream) == 0
     with Queue.from_url(url, legacy, QueueConfig(shards=1)) as q:
         assert q.enqueue("ok", job_id="old").status == "duplicate"
+
+
+def test_two_first_users_of_a_sharded_queue_agree(url: str) -> None:
+    """Two workers start together on a fresh queue with shards=3: one reads no stored count,
+    the other stores it and creates its keys, then the first finds keys. It must read the count
+    again (3: agreed), not take the queue for one used before sharding (ShardCountMismatch
+    stored=1: the chaos run's cluster mode saw a worker exit on it at start-up)."""
+    client = sync_client(url)
+    name = f"race-{uuid.uuid4().hex[:8]}"
+    keys = Keys(name)
+    slow = check_shards(keys, 3)
+    step = next(slow)  # the slow starter's first read: no count stored yet
+    assert _send(client, step) == [None]
+    assert drive(client, check_shards(keys, 3)) == 3  # the other one stores 3 ...
+    client.xgroup_create(keys.stream, "g", id="0", mkstream=True)  # ... and creates its keys
+    try:
+        step = slow.send([None])
+        while True:
+            step = slow.send(_send(client, step))
+    except StopIteration as done:
+        assert done.value == 3
+    # a queue with keys and truly no count is still the unsharded layout
+    legacy = Keys(f"legacy-{uuid.uuid4().hex[:8]}")
+    client.xgroup_create(legacy.stream, "g", id="0", mkstream=True)
+    with pytest.raises(ShardCountMismatch, match="stored with shards=1"):
+        drive(client, check_shards(legacy, 3))
+    client.close()
 
 
 def test_due_and_run_at_route_like_any_job(where: tuple[str, ClusterServer | None]) -> None:

@@ -16,7 +16,9 @@ def check(keys: Keys, shards: int) -> Op[int]:
     shard (the layout before sharding). Raises ShardCountMismatch; writes nothing then.
 
     Safe to repeat: HSETNX writes only the first count; a second caller reads it back. The
-    unsharded count is never written (an N = 1 queue keeps exactly its old keys)."""
+    unsharded count is never written (an N = 1 queue keeps exactly its old keys). Two first
+    users at once agree: keys found after an empty read send the reader back to the count
+    (the other one stored it before its first key)."""
     k0 = keys.of_shard(0)
     (stored,) = yield [Cmd.of("HGET", k0.meta, SHARDS_FIELD)]
     if stored is None or isinstance(stored, Exception):
@@ -25,11 +27,17 @@ def check(keys: Keys, shards: int) -> Op[int]:
             return 1
         (present,) = yield [Cmd.of("EXISTS", k0.stream, k0.delayed, k0.dead, k0.stats)]
         if ok(present):
-            raise ShardCountMismatch(keys.queue, shards, 1)
-        (wrote,) = yield [Cmd.of("HSETNX", k0.meta, SHARDS_FIELD, shards)]
-        if ok(wrote):
-            return shards
-        (stored,) = yield [Cmd.of("HGET", k0.meta, SHARDS_FIELD)]
+            # another first user may have stored its count and created keys since the HGET
+            # (it stores the count before it writes a key): read the count again
+            (again,) = yield [Cmd.of("HGET", k0.meta, SHARDS_FIELD)]
+            if ok(again) is None:
+                raise ShardCountMismatch(keys.queue, shards, 1)
+            stored = again
+        else:
+            (wrote,) = yield [Cmd.of("HSETNX", k0.meta, SHARDS_FIELD, shards)]
+            if ok(wrote):
+                return shards
+            (stored,) = yield [Cmd.of("HGET", k0.meta, SHARDS_FIELD)]
     n = int(ok(stored))
     if n != shards:
         raise ShardCountMismatch(keys.queue, shards, n)
