@@ -86,3 +86,11 @@ SEED ?=
 soak: $(STAMP)
 	$(PY) -m tests.chaos --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) \
 		--out .streamq/chaos-report.json
+
+# The cluster chaos run: a sharded, grouped, prioritised queue on a loopback Redis Cluster
+# (3 primaries, 3 replicas) while primaries are SIGKILLed (failover) and its slots migrate.
+# make soak-cluster MINUTES=10 SEED=7; the JSON report goes to .streamq/chaos-cluster.json.
+.PHONY: soak-cluster
+soak-cluster: $(STAMP)
+	$(PY) -m tests.chaos --cluster --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) \
+		--out .streamq/chaos-cluster.json

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from .cluster import ClusterOptions, render_cluster, run_cluster
 from .harness import FAULTS, Options, render, run
 
 
@@ -31,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the fault menu, comma-separated (default: all of them), e.g."
                    " term_short,term_long,reload,reload_proc for deploys only")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--cluster", action="store_true",
+                   help="the cluster run instead (tests/chaos/cluster.py): a sharded, grouped,"
+                   " prioritised queue on a loopback Redis Cluster while primaries are"
+                   " SIGKILLed (failover) and its slots migrated; --minutes, --seed, --out,"
+                   " --workdir, --quiet apply")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else int(time.time()) % 100_000
     faults = tuple(f for f in a.faults.split(",") if f)
@@ -41,8 +47,13 @@ def main(argv: list[str] | None = None) -> int:
                    verbose=not a.quiet, faults=faults)
     # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C: the harness stops what it started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rep = run(opts)
-    print(render(rep))
+    if a.cluster:
+        rep = run_cluster(ClusterOptions(minutes=a.minutes, seed=seed, out=a.out,
+                                         workdir=a.workdir, verbose=not a.quiet))
+        print(render_cluster(rep))
+    else:
+        rep = run(opts)
+        print(render(rep))
     if not rep["ok"]:
         print(f"\nlogs, ledger and Redis directory kept in {rep.get('workdir')}", file=sys.stderr)
     return 0 if rep["ok"] else 1

@@ -2,7 +2,8 @@
 in a ledger file outside the Redis under test.
 
 Usage: ``python worker.py URL QUEUE LEDGER NAME CONFIG_JSON`` where CONFIG_JSON is
-``{"worker": {WorkerConfig kwargs}, "events_maxlen": N, "grace_file": PATH}``.
+``{"worker": {WorkerConfig kwargs}, "events_maxlen": N, "grace_file": PATH}`` (and
+``"queue": {QueueConfig kwargs}`` for the cluster run's sharded, grouped queue).
 
 SIGTERM (or SIGINT) stops the worker gracefully, as ``Worker.run()`` does, with the grace
 period the harness wrote into ``grace_file`` just before the signal (a deploy's short or long
@@ -183,9 +184,10 @@ def setup(argv: list[str]) -> tuple[str, str, str, dict[str, Any], Ledger]:
 
 def make_worker(url: str, queue: str, name: str, config: dict[str, Any],
                 ledger: Ledger) -> Worker:
-    return Worker(url, [queue], build_registry(ledger), WorkerConfig(**config["worker"]),
-                  QueueConfig(events_maxlen=int(config["events_maxlen"]),
-                              event_kinds=ALL_EVENTS), consumer=name)
+    qcfg = QueueConfig(**{"events_maxlen": int(config["events_maxlen"]),
+                          "event_kinds": ALL_EVENTS, **config.get("queue", {})})
+    return Worker(url, [queue], build_registry(ledger), WorkerConfig(**config["worker"]), qcfg,
+                  consumer=name)
 
 
 def main(argv: list[str]) -> int:
