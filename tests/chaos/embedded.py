@@ -8,7 +8,7 @@ startup, ``await worker.stop()`` at shutdown, as docs/production.md shows for Fa
   worker stops gracefully, with the configured grace period: jobs still running after it are
   handed back), then a new app object starts a new ``Worker`` under the same consumer name,
   in the same process. When the new worker is up, the count of finished reloads is written to
-  ``reload_file`` (the harness polls it to end the fault's window).
+  ``reload_file`` (the harness polls it to end the fault's window; a 0 once the first is up).
 - SIGTERM stops it for good (the reloader's own restart of its server process is this, then a
   new process: the harness starts the replacement, ``reload_proc``); a second signal hurries.
 """
@@ -24,7 +24,7 @@ from typing import Any
 from streamq import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
-from chaos.worker import Ledger, grace, make_worker, setup
+from chaos.worker import Ledger, grace, make_worker, setup, written
 
 
 class App:
@@ -39,13 +39,6 @@ class App:
 
     async def shutdown(self) -> None:
         await self.worker.stop()
-
-
-def written(path: str, n: int) -> None:
-    """Write ``n`` into ``path`` at once (a rename: a reader never sees half of it)."""
-    tmp = Path(path + ".tmp")
-    tmp.write_text(f"{n}\n")
-    tmp.replace(path)
 
 
 async def serve(argv: list[str]) -> None:
@@ -64,6 +57,8 @@ async def serve(argv: list[str]) -> None:
     loop.add_signal_handler(signal.SIGHUP, reload.set)
     await app.startup()
     done = 0
+    if config.get("reload_file"):  # up, signals handled: reloads may come
+        written(config["reload_file"], done)
     try:
         while not stop.is_set():
             waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(reload.wait())]

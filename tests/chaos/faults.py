@@ -303,6 +303,8 @@ class FaultInjection(Children):
         s), long (4-6 s) or, for reloads, either or the configured 3 s."""
         embedded = kind in ("reload", "reload_proc")
         ready = [s for s in self.running_workers() if s.startswith("e") == embedded
+                 and self._child(s).reload_file is not None
+                 and self._child(s).reload_file.exists()  # type: ignore[union-attr]
                  and time.time() - self._child(s).spawned > liveness.STARTUP_S
                  and not any(ev["pid"] == self._child(s).pid for _, ev in self.reloading)]
         if not ready or (not embedded and len(self.running_workers()) < 2):

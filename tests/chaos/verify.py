@@ -112,7 +112,9 @@ class Verification(Children):
         def owner_pid(name: str, t: float) -> int:
             """The pid of the worker process named ``name`` alive at ``t`` (-1: none known)."""
             procs = [c for c in self.children if c.role == "worker" and c.name == name
-                     and c.spawned <= t + 1 and (c.died is None or c.died >= t - 1)]
+                     and c.spawned <= t and (c.died is None or c.died >= t - 0.05)]
+            # a replacement under the same name spawned after t is not it (the latest
+            # spawned before t is)
             return max(procs, key=lambda c: c.spawned).pid if procs else -1
 
         def dead_letter(jid: str, kind: str, h: dict[bytes, bytes], runs: int,

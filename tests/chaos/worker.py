@@ -149,8 +149,16 @@ def grace(worker: Worker, grace_file: str | None) -> None:
         worker.config = attrs.evolve(worker.config, grace_period_s=s)
 
 
-async def serve(worker: Worker, grace_file: str | None) -> None:
-    """``Worker.run()``'s loop, with the grace period read at the signal."""
+def written(path: str, n: int) -> None:
+    """Write ``n`` into ``path`` at once (a rename: a reader never sees half of it)."""
+    tmp = Path(path + ".tmp")
+    tmp.write_text(f"{n}\n")
+    tmp.replace(path)
+
+
+async def serve(worker: Worker, grace_file: str | None, ready_file: str | None = None) -> None:
+    """``Worker.run()``'s loop, with the grace period read at the signal; ``ready_file``
+    gets a 0 once the worker is up."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
 
@@ -162,6 +170,8 @@ async def serve(worker: Worker, grace_file: str | None) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await worker.start()
+    if ready_file:  # up, signals handled: the harness may stop it gracefully now
+        written(ready_file, 0)
     try:
         await stop.wait()
     finally:
@@ -192,7 +202,8 @@ def make_worker(url: str, queue: str, name: str, config: dict[str, Any],
 
 def main(argv: list[str]) -> int:
     url, queue, name, config, ledger = setup(argv)
-    asyncio.run(serve(make_worker(url, queue, name, config, ledger), config.get("grace_file")))
+    asyncio.run(serve(make_worker(url, queue, name, config, ledger), config.get("grace_file"),
+                      config.get("reload_file")))
     return 0
 
 
