@@ -92,7 +92,8 @@ def test_chaos_graceful_stops_dead_letter_nothing(tmp_path: Path) -> None:
     where = f"\n(logs, ledger and Redis directory in {tmp_path / 'run'})"
     assert rep["ok"], summary + where
     assert rep["lost"] == 0 and rep["wrong_state"] == 0, summary + where
-    assert all(rep["faults"][f] >= 2 for f in GRACEFUL_FAULTS), summary
+    assert all(rep["faults"][f] >= 1 for f in GRACEFUL_FAULTS), summary
+    assert sum(rep["faults"].values()) >= 10, summary
     # a starved machine may stall a worker past its lease (the watchdog sees it): only that
     # may dead-letter a job here; a graceful stop never does
     dead = dict(rep["dead_letters"]["by_reason"])
