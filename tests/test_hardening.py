@@ -223,7 +223,11 @@ def test_server_errors_are_classified_in_one_place() -> None:
                 redis.ResponseError("Command # 1 (EXISTS streamq:{q}:paused) of pipeline caused"
                                     " error: ('BUSY Redis is busy running a script.',)"),
                 redis.ResponseError("ERR Error running script (call to f_1): @user_script:3:"
-                                    " -OOM command not allowed")]
+                                    " -OOM command not allowed"),
+                # Redis 7.0, a script's write on a server turned replica (the chaos soak's
+                # 'readonly' fault: claim.lua logged at ERROR with a traceback before)
+                redis.ResponseError("user_script:1018: READONLY You can't write against a read"
+                                    " only replica. script: e1f0, on @user_script:1018.")]
     for exc in cases:
         assert transient(exc), exc
         wrapped = ScriptError("finish.lua failed")
@@ -234,7 +238,8 @@ def test_server_errors_are_classified_in_one_place() -> None:
         redis.ResponseError("NOGROUP No such key"), redis.exceptions.NoPermissionError(),
         ScriptError("start.lua failed: ERR user_script:1 bad"), ValueError("bug"),
         redis.ResponseError("Command # 2 (HGET k f) of pipeline caused error: ('WRONGTYPE x',)"),
-        redis.ResponseError("ERR unknown command 'BUSYX'")]
+        redis.ResponseError("ERR unknown command 'BUSYX'"),
+        redis.ResponseError("user_script:7: WRONGTYPE Operation against a key")]
     for exc in permanent:
         assert not transient(exc), exc
 

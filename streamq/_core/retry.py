@@ -57,8 +57,8 @@ map is changing (a failover not yet agreed on, a reshard in progress) and the ca
 run, so the same call may succeed later."""
 _TRANSIENT_CODES = frozenset({"OOM", "READONLY", "BUSY", "LOADING", "MISCONF", "TRYAGAIN",
                               "CLUSTERDOWN", "MASTERDOWN", "NOREPLICAS", "UNBLOCKED"})
-_CODE_RE = re.compile(r"(?:^|-|caused error: \(?'?)(" + "|".join(sorted(_TRANSIENT_CODES))
-                      + r") ")
+_CODE_RE = re.compile(r"(?:^|-|^user_script:\d+: |caused error: \(?'?)("
+                      + "|".join(sorted(_TRANSIENT_CODES)) + r") ")
 RETRIES = 4
 """Further tries after a transient failure, with exponential backoff and jitter (≈ 3 s in all)."""
 
@@ -76,8 +76,9 @@ def transient(exc: BaseException) -> bool:
             # try was refused before it ran, so the call may be made again later
             return True
         if isinstance(cur, ResponseError):
-            # a script's redis.call error keeps the server's code first (Redis 7) or quotes
-            # it as "-CODE ..." inside ERR Error running script (Redis 6.2); a pipeline wraps
+            # a script's redis.call error keeps the server's code first (Redis 7; after
+            # "user_script:N: " when a write meets READONLY mid-script) or quotes it as
+            # "-CODE ..." inside ERR Error running script (Redis 6.2); a pipeline wraps
             # it as "Command # 1 (...) of pipeline caused error: ('CODE ...',)"
             return _CODE_RE.search(str(cur)) is not None
         cur = cur.__cause__
