@@ -19,6 +19,11 @@ from . import liveness
 from .common import HERE, MAX_ATTEMPTS, ChaosBase, Child
 from .proxy import ProxyControl
 
+STARTUP_ERRORS = ("ConnectionError", "BusyLoadingError", "ReadOnlyError", "OutOfMemoryError",
+                  "TimeoutError", "BUSY")
+"""Errors that end a start-up (Redis down, loading, read-only, out of memory or busy for
+longer than the start-up's retries): by design the process exits 1 and is started again."""
+
 
 class Children(ChaosBase):
     """Starting, watching and stopping the processes of a run."""
@@ -144,7 +149,7 @@ class Children(ChaosBase):
                     # large AOF can take longer than the start-up's retries
                     at_startup = time.time() - c.spawned < 120 and (
                         "cannot reach Redis" in tail or (", in start\n" in tail and any(
-                            m in tail for m in ("ConnectionError", "BusyLoadingError"))))
+                            m in tail for m in STARTUP_ERRORS)))
                     (self.tl.startup_exits if at_startup else self.tl.exits).append(ev)
                     self.say(f"{c.role} {c.name} (pid {c.pid}) exited with"
                              f" {c.proc.returncode}; replacing it")
