@@ -20,9 +20,11 @@ from .common import HERE, MAX_ATTEMPTS, ChaosBase, Child
 from .proxy import ProxyControl
 
 STARTUP_ERRORS = ("ConnectionError", "BusyLoadingError", "ReadOnlyError", "OutOfMemoryError",
-                  "TimeoutError", "BUSY")
+                  "TimeoutError", "BUSY", "read only replica", "used memory > 'maxmemory'")
 """Errors that end a start-up (Redis down, loading, read-only, out of memory or busy for
-longer than the start-up's retries): by design the process exits 1 and is started again."""
+longer than the start-up's retries; a worker's traceback runs through ``Worker.start``, the
+CLI says "Redis answered with an error"): by design the process exits 1 and is started
+again."""
 
 
 class Children(ChaosBase):
@@ -148,8 +150,9 @@ class Children(ChaosBase):
                     # runs through Worker.start): on a busy machine, a restart LOADING a
                     # large AOF can take longer than the start-up's retries
                     at_startup = time.time() - c.spawned < 120 and (
-                        "cannot reach Redis" in tail or (", in start\n" in tail and any(
-                            m in tail for m in STARTUP_ERRORS)))
+                        "cannot reach Redis" in tail or (
+                            (", in start\n" in tail or "Redis answered with an error" in tail)
+                            and any(m in tail for m in STARTUP_ERRORS)))
                     (self.tl.startup_exits if at_startup else self.tl.exits).append(ev)
                     self.say(f"{c.role} {c.name} (pid {c.pid}) exited with"
                              f" {c.proc.returncode}; replacing it")
