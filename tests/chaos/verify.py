@@ -220,7 +220,9 @@ class Verification(Children):
             for e in execs:
                 if e["x"] in applied:
                     continue
-                reused = atts.count(e["a"]) > 1 or (e["a"] == attempts and state == "completed")
+                # its number ran again later: it was handed back (refunded) by a graceful stop;
+                # the last run of a number is judged like any other (a lapse explains it)
+                reused = any(o["a"] == e["a"] and o["t"] > e["t"] for o in execs)
                 if reused and not handed_back(e, execs):
                     v.add("attempt number executed twice (a lease token reissued, no graceful"
                           " stop handed it back)", jid, atts)
