@@ -401,3 +401,22 @@ async def test_dependency_results_reach_the_child(url: str, q: Queue, qname: str
     assert info.state == "completed"
     assert info.result == {"results": [a.result, b.result], "states": ["completed"] * 2,
                            "previous": a.result}
+
+
+def test_the_serde_crosses_by_reference_in_json_never_pickled() -> None:
+    """The children get the queue's serde as its configuration by reference (JSON: module-level
+    names, plain values), rebuilt alike; one that cannot be named is refused at start."""
+    from streamq._core.serde import JsonSerde, MsgpackSerde
+    from streamq._worker.child import serde_from_ref
+    from streamq._worker.pool import serde_ref
+
+    value = {"n": 1, "s": "x", "l": [1, 2]}
+    for serde in (JsonSerde(), MsgpackSerde(), JsonSerde(default=str)):
+        ref = json.loads(json.dumps(serde_ref(serde)))
+        copy = serde_from_ref(ref)
+        assert type(copy) is type(serde)
+        assert copy.loads(serde.dumps(value)) == value
+    assert serde_from_ref(serde_ref(JsonSerde(default=str))).dumps({"d": object}) \
+        == JsonSerde(default=str).dumps({"d": object})
+    with pytest.raises(TypeError, match="not a module-level"):
+        serde_ref(JsonSerde(default=lambda o: str(o)))

@@ -8,7 +8,8 @@ the job is pickled; the child runs only handlers that its registry, imported by 
 (``module:attribute``), registered by name (invariant 10).
 
 Parent to child: ``hello`` (the registry's module path, the parent's ``sys.path``, the queue's
-serde configuration), then ``job``, ``cancel`` and ``exit`` frames. Child to parent: ``ready`` or
+serde configuration by reference, in JSON), then ``job``, ``cancel`` and ``exit`` frames. Child
+to parent: ``ready`` or
 ``failed`` (startup hooks), then per job any number of ``report`` (progress, log lines) and one
 ``ok`` or ``err`` (with the child's RSS, for recycling).
 """
@@ -21,7 +22,6 @@ import importlib
 import json
 import logging
 import os
-import pickle
 import queue
 import runpy
 import signal
@@ -76,6 +76,19 @@ def load_registry(spec: str) -> Any:
     for part in filter(None, attr.split(".")):
         obj = getattr(obj, part)
     return obj
+
+
+def serde_from_ref(ref: dict[str, Any]) -> Any:
+    """The queue's serde from its configuration by reference (pool.py's ``serde_ref``)."""
+    def arg(v: dict[str, Any]) -> Any:
+        if "ref" in v:
+            return load_registry(str(v["ref"]))
+        if "seq" in v:
+            return tuple(arg(x) for x in v["seq"])
+        return v.get("v")
+
+    make = load_registry(str(ref["make"]))
+    return make(*(arg(a) for a in ref["args"]))
 
 
 def error_frame(exc: BaseException, rss: int) -> bytes:
@@ -177,7 +190,7 @@ class Child:
         from .._core.errors import StartupFailed  # noqa: F401 - the error tree, loaded early
         from .registry import Registry
 
-        self.serde = pickle.loads(body)
+        self.serde = serde_from_ref(json.loads(body))
         registry = load_registry(str(header["registry"]))
         if not isinstance(registry, Registry):
             raise TypeError(f"{header['registry']!r} is a {type(registry).__name__}, not a"

@@ -21,7 +21,6 @@ import inspect
 import json
 import logging
 import os
-import pickle
 import signal
 import struct
 import subprocess
@@ -279,8 +278,8 @@ class ProcessPool:
         self.registry = registry
         self._serde = serde
         try:
-            self._serde_blob = pickle.dumps(serde)
-        except Exception as exc:
+            self._serde_blob = json.dumps(serde_ref(serde)).encode()
+        except (TypeError, ValueError) as exc:
             raise StartupFailed(_WHO, TypeError(
                 f"the queue's serde {serde!r} cannot be sent to the pool's children (it is"
                 f" sent as its configuration, by reference): {exc}")) from exc
@@ -545,3 +544,33 @@ def report(job: Job, header: dict[str, Any]) -> None:
             job.log(str(header.get("value", "")))
     except Exception as exc:  # noqa: BLE001 - a report too big: the job goes on
         log.warning("job %s: progress report dropped: %s", job.id, exc)
+
+
+def _ref(obj: Any) -> str:
+    """A module-level class or function as ``module:qualname`` (what the child imports)."""
+    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not isinstance(mod, str) or not isinstance(qual, str) or "<" in qual:
+        raise TypeError(f"{obj!r} is not a module-level class or function")
+    return f"{mod}:{qual}"
+
+
+def serde_ref(serde: Any) -> dict[str, Any]:
+    """The queue's serde as its configuration by reference, in JSON (never pickle): the
+    callable its ``__reduce__`` names and that callable's arguments, each None, plain JSON
+    data or module-level classes and functions named ``module:qualname`` (the child imports
+    them, as it imports the registry the worker names; nothing of a job is involved)."""
+    reduce = getattr(serde, "__reduce__", None)
+    made = reduce() if callable(reduce) else None
+    plain = isinstance(made, tuple) and len(made) >= 2 and callable(made[0]) and not any(
+        x is not None for x in made[2:])
+    if not plain or made is None:
+        raise TypeError(f"{type(serde).__name__} has no plain __reduce__ (callable, args)")
+
+    def arg(v: Any) -> Any:
+        if v is None or isinstance(v, (str, int, float, bool)):
+            return {"v": v}
+        if isinstance(v, (tuple, list)):
+            return {"seq": [arg(x) for x in v]}
+        return {"ref": _ref(v)}
+
+    return {"make": _ref(made[0]), "args": [arg(a) for a in made[1]]}
