@@ -115,8 +115,9 @@ def _freeze_and_stop(demo: subprocess.Popen[bytes], token: str, victims: list[in
         os.kill(victim, signal.SIGSTOP)
     _poll("the workers to freeze", lambda: all(_state(v) in ("T", "t") for v in victims), 30)
     below = _descendants(demo.pid)
-    assert any(b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
-               for pid, _ in below), below
+    server = Path(os.environ.get("STREAMQ_REDIS_SERVER", "redis-server")).name.encode()
+    assert any(server in Path(f"/proc/{pid}/cmdline").read_bytes()
+               for pid, _ in below), below  # (the suite's Valkey leg: valkey-server)
     assert len(below) >= 3  # redis-server and the workers
     demo.send_signal(signal.SIGTERM)
     try:

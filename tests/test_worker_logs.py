@@ -118,7 +118,7 @@ def test_a_second_signal_stops_at_once_and_hands_the_job_back(url: str, q: Queue
                    what="the long job to start")
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: b"waiting up to 120 s for 1 running jobs" in log.read_bytes(),
-                   what="the stop to say what it waits for")
+                   timeout_s=60, what="the stop to say what it waits for")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0  # well before the 120 s grace period
     finally:
