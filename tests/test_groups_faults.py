@@ -85,19 +85,33 @@ def test_limit_holds_with_workers_killed_and_frozen(url: str, qname: str,
     def ended() -> set[str]:
         return {x["job"] for x in lines() if x["ev"] == "e"}
 
+    def holder(job: str) -> subprocess.Popen[bytes] | None:
+        """The live process running the first attempt of ``job``, once it has started it."""
+        pids = {x["pid"] for x in lines() if x["ev"] == "s" and x["job"] == job and x["a"] == 1}
+        return next((p for p in procs.values() if p.pid in pids), None)
+
+    # Two jobs hold their first attempt for 60 s, so the process killed and the one frozen
+    # are each known to hold a running job (taken over after the visibility timeout).
+    long = {"g": "a", "s": 0.3, "s1": 60}
     cut: dict[int, float] = {}
     try:
         for name in ("A", "B", "C"):
             spawn(name)
-        wait_until(lambda: started() >= 4, timeout_s=30, what="first starts")
-        a = procs["A"]
+        q.enqueue("g", long, group="a", job_id="a12")
+        ids.append("a12")
+        wait_until(lambda: holder("a12") is not None, timeout_s=30, what="a12 started")
+        a = holder("a12")
+        assert a is not None
         a.send_signal(signal.SIGKILL)
         a.wait(10)
         cut[a.pid] = time.time()
-        wait_until(lambda: started() >= 12, timeout_s=30, what="more starts")
-        b = procs["B"]
+        q.enqueue("g", {**long, "g": "b"}, group="b", job_id="b12")
+        ids.append("b12")
+        wait_until(lambda: holder("b12") is not None, timeout_s=30, what="b12 started")
+        b = holder("b12")
+        assert b is not None and b.pid not in cut
         b.send_signal(signal.SIGSTOP)  # frozen past the visibility timeout: taken over
-        wait_until(lambda: _stopped(b.pid), what="B frozen")
+        wait_until(lambda: _stopped(b.pid), what="b12's holder frozen")
         cut[b.pid] = time.time()
         spawn("D")
         wait_until(lambda: ended() == set(ids), timeout_s=90,
@@ -113,7 +127,7 @@ def test_limit_holds_with_workers_killed_and_frozen(url: str, qname: str,
                        what="every slot freed")
             st = admin.stats(qname)
             assert (st.group_waiting, st.groups) == (0, 0)
-            assert st.counters.get("reclaimed", 0) >= 1  # jobs were taken over
+            assert st.counters.get("reclaimed", 0) >= 2  # a12 and b12 at least were taken over
         finally:
             admin.close()
         print(f"\npeak runs per group (limit 2): {peak}")

@@ -4,7 +4,7 @@ descriptor), with the group from its payload and the host's clock.
 
 Usage: ``python group_worker.py URL QUEUE LEDGER CONSUMER CONFIG_JSON`` where CONFIG_JSON is
 ``{"worker": {WorkerConfig kwargs}, "queue": {QueueConfig kwargs}}``. Payload: ``{"g": group,
-"s": seconds to sleep}``.
+"s": seconds to sleep, "s1": seconds to sleep on the first attempt instead (optional)}``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
     @reg.handler("g")
     async def g(job: Job) -> None:
         write("s", job)
-        await asyncio.sleep(float(job.payload.get("s", 0)))
+        secs = job.payload.get("s1") if job.attempt == 1 else None
+        await asyncio.sleep(float(secs if secs is not None else job.payload.get("s", 0)))
         write("e", job)
 
     Worker(url, [queue], reg, WorkerConfig(**cfg["worker"]), QueueConfig(**cfg["queue"]),
