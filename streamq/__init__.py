@@ -16,6 +16,7 @@ from ._core.config import (
 from ._core.context import Context
 from ._core.dedup import Dedup
 from ._core.errors import (
+    BatchClosed,
     ConnectionSetupError,
     Fail,
     InvalidArgument,
@@ -47,11 +48,12 @@ from ._core.errors import (
     WaitForChildren,
     WaitTimeout,
 )
-from ._core.flow import DependencyResult, JobRef
+from ._core.flow import BatchSummary, DependencyResult, JobRef
 from ._core.keys import Keys
 from ._core.model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
 from ._core.serde import JsonSerde, MsgpackSerde, Serde
 from ._core.telemetry import JobContextFilter, JsonFormatter
+from ._producer.batches import AsyncBatch, Batch
 from ._producer.flows import Chain, Chord, FlowResult, Group, JobSpec, chain, chord, group
 from ._producer.queue import AsyncQueue, Queue
 from ._version import VERSION
@@ -65,7 +67,11 @@ __all__ = [
     "ALL_EVENTS",
     "DEFAULT_EVENTS",
     "STATES",
+    "AsyncBatch",
     "AsyncQueue",
+    "Batch",
+    "BatchClosed",
+    "BatchSummary",
     "CancelResult",
     "Chain",
     "Chord",

@@ -169,6 +169,11 @@ class ResultNotReady(StreamqError):
     """The job has not finished yet."""
 
 
+class BatchClosed(StreamqError):
+    """``Batch.add`` on a batch that is closed, cancelled, or whose callbacks have all fired
+    or ended. Nothing was added."""
+
+
 class JobFailed(StreamqError):
     """The job ended in ``failed`` (dead-lettered) or ``cancelled``; ``error`` tells why."""
 

@@ -19,10 +19,12 @@ from .driver import Call, Cmd, Op, ok
 from .errors import InvalidArgument
 from .keys import Keys, check_job_id, check_queue_name
 
-Policy = Literal["fail", "continue", "ignore"]
-POLICIES: dict[str, str] = {"fail": "f", "continue": "c", "ignore": "i"}
+Policy = Literal["fail", "continue", "ignore", "remove", "death"]
+POLICIES: dict[str, str] = {"fail": "f", "continue": "c", "ignore": "i", "remove": "r",
+                            "death": "d"}
 """Per-edge failure policies and their letters in the SET members (docs/workflows.md)."""
-_POLICY_OF: dict[str, Policy] = {"f": "fail", "c": "continue", "i": "ignore"}
+_POLICY_OF: dict[str, Policy] = {"f": "fail", "c": "continue", "i": "ignore", "r": "remove",
+                                 "d": "death"}
 OUTCOMES: dict[str, str] = {"c": "completed", "f": "failed", "x": "cancelled", "p": "purged",
                             "m": "missing"}
 """A dependency results value's first letter -> the dependency's outcome."""
@@ -47,7 +49,10 @@ class JobRef:
     """A dependency: a job of another queue (or of this one), and what its failure does to
     the job that waits for it (``policy``: ``fail``, the default, dead-letters the waiting
     job naming this one; ``continue`` runs it, and it sees the failure in its dependency
-    results; ``ignore`` runs it as if this one had completed)."""
+    results; ``ignore`` runs it as if this one had completed; ``remove`` drops this edge as
+    if it never existed, with no trace in the results; ``death``: the first of its ``death``
+    edges whose job is dead-lettered releases it at once, and it is cancelled when they all
+    ended without one, a batch's ``on_death``: docs/workflows.md)."""
 
     queue: str = attrs.field(validator=lambda _i, _a, v: check_queue_name(v))
     job_id: str = attrs.field(validator=lambda _i, _a, v: check_job_id(v))
@@ -74,6 +79,32 @@ class DependencyResult:
     """The result (completed), as its handler returned it."""
     reason: str = ""
     """Why it failed (failed), else ''."""
+
+
+@attrs.frozen
+class BatchSummary:
+    """What a batch's callback sees of its batch (``Job.batch_summary()``, from its dependency
+    results: index 0 is the batch itself, the others its jobs)."""
+
+    batch_id: str
+    total: int
+    """Jobs that ended and were recorded (every job of the batch, for on_success and
+    on_complete)."""
+    completed: int
+    failed: list[str]
+    """Ids of the jobs that were dead-lettered."""
+    other: list[str]
+    """Ids of the jobs that were cancelled, purged or missing."""
+    results: list[DependencyResult]
+    """Every job's result, in the order they were added."""
+
+    @classmethod
+    def of(cls, deps: Sequence[DependencyResult]) -> BatchSummary:
+        jobs = [d for d in deps if d.index > 0]
+        return cls(next((d.job_id for d in deps if d.index == 0), ""), len(jobs),
+                   sum(1 for d in jobs if d.state == "completed"),
+                   [d.job_id for d in jobs if d.state == "failed"],
+                   [d.job_id for d in jobs if d.state not in ("completed", "failed")], jobs)
 
 
 def refs(queue: str, depends_on: Iterable[Any]) -> list[JobRef]:

@@ -205,6 +205,19 @@ class Job:
         none (docs/workflows.md)."""
         return list(self._dependencies or ())
 
+    @property
+    def batch_id(self) -> str | None:
+        """The batch this job belongs to (a batch's job or callback), else None: add more
+        jobs with ``q.batch_ref(job.batch_id).add([...])`` (docs/workflows.md#batches)."""
+        return self.headers.get("streamq-batch")
+
+    def batch_summary(self) -> Any:
+        """In a batch's callback: a ``streamq.BatchSummary`` (counts, failed ids, every
+        job's result) built from ``dependency_results()``."""
+        from .flow import BatchSummary
+
+        return BatchSummary.of(self.dependency_results())
+
     def previous_result(self) -> Any:
         """The result of the first job this one waited for (a chain's previous step), or
         None."""

@@ -19,7 +19,7 @@ from .._core.flow import OUTCOMES, shard_counts
 from .._core.keys import Keys, check_job_id, parse_job_key
 from .._core.model import record_state
 
-_POLICY = {"f": "fail", "c": "continue", "i": "ignore"}
+_POLICY = {"f": "fail", "c": "continue", "i": "ignore", "r": "remove", "d": "death"}
 _PHASES = ("d", "r", "p")
 """Pages walk the pending SET (d), then the results HASH (r), then the parents SET (p)."""
 MAX_LIMIT = 1000
@@ -39,12 +39,36 @@ class FlowEdge:
     state: str
     """The other job's state now (``missing``: no record: never enqueued, expired, purged)."""
     policy: str
-    """The edge's failure policy: fail | continue | ignore."""
+    """The edge's failure policy: fail | continue | ignore | remove | death."""
     index: int
     """The dependency's place in the waiting job's ``depends_on``."""
     outcome: str = ""
     """Children only: how the dependency ended as the waiting job recorded it (completed,
     failed, cancelled, purged, missing); '' while it is pending."""
+
+
+@attrs.frozen
+class BatchProgress:
+    """A batch's progress (``FlowView.batch``), read from one of its callbacks still waiting
+    (on_complete first): its pending SET and results HASH (HSCAN, at most ``MAX_BATCH_SCAN``
+    results counted)."""
+
+    open: bool
+    """Not closed (nor cancelled) yet: jobs may still be added."""
+    total: int
+    """Jobs added so far (ended + pending)."""
+    completed: int
+    dead: int
+    """Dead-lettered (failed) jobs; cancelled, purged or missing ones count in neither."""
+    pending: int
+    """Jobs not ended yet."""
+    callbacks: dict[str, str] = attrs.field(factory=dict)
+    """Callback kind -> 'job id state' now."""
+    settled: bool = False
+    """No callback waits any more (the counts are then 0: the keys they came from are gone)."""
+
+
+MAX_BATCH_SCAN = 100_000
 
 
 @attrs.frozen
@@ -61,6 +85,8 @@ class FlowView:
     """The jobs waiting for it, on this page (kept until it ends: then they are resolved)."""
     cursor: str = ""
     """'' on the last page; else pass it back for the next one."""
+    batch: BatchProgress | None = None
+    """For a batch's own id (docs/workflows.md#batches): its progress counts."""
 
     @property
     def blocked_by(self) -> list[FlowEdge]:
@@ -91,10 +117,13 @@ def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LIMIT:
         raise InvalidArgument(f"limit must be 1..{MAX_LIMIT}, got {limit!r}")
     phase, cur = _parse_cursor(cursor)
-    (own,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "state")]
+    (own,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "state", "bc")]
     state = _states(own)
     if state == "missing":
         raise JobNotFound(f"job {job_id!r} not found in queue {keys.queue!r}")
+    batch = None
+    if ok(own)[2] is not None:
+        batch = yield from batch_progress(keys, job_id, state, _s(ok(own)[2]))
     # (kind, policy letter, index, queue, id, record key or '', outcome)
     rows: list[tuple[str, str, int, str, str, str, str]] = []
     while phase < len(_PHASES) and len(rows) < limit:
@@ -142,4 +171,37 @@ def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit:
     children.sort(key=lambda c: (c.outcome != "", c.index))
     parents.sort(key=lambda p: (p.queue, p.job_id))
     return FlowView(keys.queue, job_id, state, children, parents,
-                    "" if phase >= len(_PHASES) else f"{_PHASES[phase]}:{cur}")
+                    "" if phase >= len(_PHASES) else f"{_PHASES[phase]}:{cur}", batch)
+
+
+def batch_progress(keys: Keys, batch_id: str, state: str, bc: str) -> Op[BatchProgress]:
+    """A batch's counts from its first callback still waiting (see ``BatchProgress``)."""
+    cbs = [tuple(w.split("=", 1)) for w in bc.split() if "=" in w]
+    order = {"on_complete": 0, "on_success": 1, "on_death": 2}
+    cbs.sort(key=lambda c: order.get(c[0], 3))
+    got = yield [Cmd.of("HMGET", keys.job(cid), "s", "state") for _k, cid in cbs]
+    states = {k: (cid, _states(v)) for (k, cid), v in zip(cbs, got, strict=True)}
+    shown = {k: f"{cid} {st}" for k, (cid, st) in states.items()}
+    is_open = state == "waiting"
+    tracker = next((cid for _k, (cid, st) in states.items() if st == "waiting"), None)
+    if tracker is None:
+        return BatchProgress(is_open, 0, 0, 0, 0, shown, True)
+    (n,) = yield [Cmd.of("SCARD", keys.deps(tracker))]
+    pending = int(ok(n)) - (1 if is_open else 0)
+    completed = dead = ended = 0
+    cur = 0
+    while True:
+        (r,) = yield [Cmd.of("HSCAN", keys.dep_results(tracker), cur, "COUNT", MAX_LIMIT)]
+        nxt, items = ok(r)
+        cur = int(nxt)
+        for i in range(0, len(items) - 1, 2):
+            if _s(items[i]).startswith("0 "):
+                continue  # (index 0: the batch itself)
+            v = items[i + 1]
+            letter = (v if isinstance(v, bytes) else str(v).encode())[:1]
+            ended += 1
+            completed += letter == b"c"
+            dead += letter == b"f"
+        if cur == 0 or ended >= MAX_BATCH_SCAN:
+            break
+    return BatchProgress(is_open, ended + pending, completed, dead, pending, shown)

@@ -264,8 +264,9 @@ def add_children(keys: Keys, cfg: QueueConfig, parent_id: str, specs: Sequence[J
     specs = list(specs)
     if not specs or not all(isinstance(s, JobSpec) for s in specs):
         raise InvalidArgument("add_children takes a non-empty list of JobSpec")
-    if policy not in ("fail", "continue", "ignore"):
-        raise InvalidArgument(f"policy must be fail, continue or ignore, got {policy!r}")
+    if policy not in ("fail", "continue", "ignore", "remove"):
+        raise InvalidArgument(f"policy must be fail, continue, ignore or remove, got"
+                              f" {policy!r}")
     flow_id = f"{parent_id}.{call_id}"
     nodes = compile_flow(Group(tuple(specs)), keys.queue, flow_id)
     kids = [JobRef(n.ref.queue, n.ref.job_id, policy) for n in nodes]  # type: ignore[arg-type]

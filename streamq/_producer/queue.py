@@ -34,6 +34,7 @@ from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, aeach, call, each
 from .._core.scripts import SCRIPTS
+from . import batches as _batches
 from . import flows as _flows
 from . import prepare as prod
 from .autobatch import AsyncBatcher, ShardedAsync, ShardedSync, SyncBatcher
@@ -225,6 +226,21 @@ class Queue(_Base):
         cid = prod.new_job_id()[:12]  # (one per call: a retried call repeats it)
         return call(lambda _r: drive(self.client, _flows.add_children(
             self.keys, self.config, check_job_id(job_id), children, policy, cid)))
+
+    def batch(self, *, on_success: _flows.JobSpec | None = None,
+              on_complete: _flows.JobSpec | None = None, on_death: _flows.JobSpec | None = None,
+              batch_id: str | None = None) -> _batches.Batch:
+        """Open a batch with callbacks (docs/workflows.md#batches); the same ``batch_id``
+        again opens nothing new."""
+        bid = prod.new_job_id() if batch_id is None else check_job_id(batch_id)
+        specs = _batches.callback_specs(on_success, on_complete, on_death)
+        ids = call(lambda _r: drive(self.client, _batches.open_batch(
+            self.keys, self.config, bid, specs)))
+        return _batches.Batch(self, bid, ids)
+
+    def batch_ref(self, batch_id: str) -> _batches.Batch:
+        """An open batch by id (from one of its jobs: ``job.batch_id``), to ``add`` to."""
+        return _batches.Batch(self, check_job_id(batch_id))
 
     def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                            ) -> tuple[int, list[DependencyResult]]:
@@ -488,6 +504,21 @@ class AsyncQueue(_Base):
         cid = prod.new_job_id()[:12]
         return await acall(lambda _r: adrive(self.client, _flows.add_children(
             self.keys, self.config, check_job_id(job_id), children, policy, cid)))
+
+    async def batch(self, *, on_success: _flows.JobSpec | None = None,
+                    on_complete: _flows.JobSpec | None = None,
+                    on_death: _flows.JobSpec | None = None,
+                    batch_id: str | None = None) -> _batches.AsyncBatch:
+        """See ``Queue.batch``."""
+        bid = prod.new_job_id() if batch_id is None else check_job_id(batch_id)
+        specs = _batches.callback_specs(on_success, on_complete, on_death)
+        ids = await acall(lambda _r: adrive(self.client, _batches.open_batch(
+            self.keys, self.config, bid, specs)))
+        return _batches.AsyncBatch(self, bid, ids)
+
+    def batch_ref(self, batch_id: str) -> _batches.AsyncBatch:
+        """See ``Queue.batch_ref``."""
+        return _batches.AsyncBatch(self, check_job_id(batch_id))
 
     async def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                                  ) -> tuple[int, list[DependencyResult]]:

@@ -107,6 +107,12 @@ def cmd_flow(ctx: Ctx) -> None:
 
     def human() -> str:
         lines = [f"{view.queue} {view.job_id}: {view.state}"]
+        b = view.batch
+        if b is not None:
+            lines.append(f"batch ({'open' if b.open else 'closed'}): total {b.total},"
+                         f" completed {b.completed}, dead {b.dead}, pending {b.pending}"
+                         + (" (settled)" if b.settled else "") + "; callbacks: "
+                         + ", ".join(f"{k} {v}" for k, v in b.callbacks.items()))
         blocked = view.blocked_by
         if blocked:
             lines.append(f"blocked by ({len(blocked)} on this page): " + ", ".join(

@@ -55,9 +55,24 @@ function lib_flow()
     emit(W[6], W[10], pid, 'queued', now, 'dependencies ended')
   end
 
+  -- Policy 'death' (a batch's on_death callback, docs/workflows.md#batches): the first
+  -- dependency that was dead-lettered releases the job at once (release drops the rest of its
+  -- pending SET, so a second death finds nothing: it fires once); when every dependency ended
+  -- and none was dead-lettered, the job is not needed: it ends 'cancelled'.
+  local function on_death(prec, pid, W, letter, now)
+    if letter == 'f' then
+      release(prec, pid, W, now)
+      return 3
+    end
+    if rcall('SCARD', W[3]) > 0 then return 1 end
+    lib_cold().end_cancelled(prec, W[6], W[10], pid, now, 'no dependency was dead-lettered')
+    count(W[7], 'cancelled', 1)
+    return 4
+  end
+
   -- Apply one ended dependency to a waiting job in this slot. A repeat is a no-op (SREM of a
   -- set), so is a parent no longer waiting. Returns 0 no-op, 1 recorded, 2 the parent was
-  -- dead-lettered (policy fail), 3 the parent was released.
+  -- dead-lettered (policy fail), 3 the parent was released, 4 cancelled (policy death).
   function resolve(prec, pid, dmember, value, now)
     local r = rcall('HMGET', prec, 's', 'wk', 'wf')
     if r[1] == 'f' and r[2] and r[3] then return while_dead(prec, pid, dmember, value, now, r) end
@@ -68,7 +83,9 @@ function lib_flow()
           or r[1] == 's') then
         local W = words(r[2])
         if rcall('SREM', W[3], dmember) == 0 then return 0 end
-        rcall('HSET', W[4], ssub(dmember, 2), value)
+        if ssub(value, 1, 1) == 'c' or ssub(dmember, 1, 1) ~= 'r' then
+          rcall('HSET', W[4], ssub(dmember, 2), value)
+        end
         if ssub(value, 1, 1) ~= 'c' and ssub(dmember, 1, 1) == 'f' then
           rcall('HSETNX', prec, 'wx', dmember)  -- (park dead-letters it)
         end
@@ -84,9 +101,12 @@ function lib_flow()
     end
     if rcall('SREM', W[3], dmember) == 0 then return 0 end
     local field = ssub(dmember, 2)
-    rcall('HSET', W[4], field, value)
     local letter = ssub(value, 1, 1)
-    if letter ~= 'c' and ssub(dmember, 1, 1) == 'f' then
+    local pol = ssub(dmember, 1, 1)
+    -- policy 'remove': a dependency that did not complete leaves as if it never was (no result)
+    if letter == 'c' or pol ~= 'r' then rcall('HSET', W[4], field, value) end
+    if pol == 'd' then return on_death(prec, pid, W, letter, now) end
+    if letter ~= 'c' and pol == 'f' then
       local ref = string.match(field, '^%S+ (.*)$') or field
       rcall('HSET', prec, 'wf', dmember)  -- (the dependency that dead-lettered it: while_dead)
       lib_cold().bury(prec, W[8], W[6], pid, 'dependency ' .. ref .. ' '

@@ -1,0 +1,21 @@
+-- batch_open.lua: open a batch (docs/workflows.md#batches). The batch is a record in state
+-- 'waiting' that never runs (no stream entry, no 'wk', not in the waiting index): its callbacks
+-- (on_success, on_complete, on_death: waiting jobs in this slot, wait.lua) wait for it as for
+-- any dependency, so none can be released before batch_close.lua ends it; the batch's jobs are
+-- added to the callbacks' pending SETs (adopt.lua) while it is open.
+-- Safe to repeat: an existing record answers {'exists', state} and writes nothing.
+-- KEYS[1]   the batch record HASH (Keys.job of the batch id)
+-- KEYS[2]   events STREAM
+-- ARGV[1]   batch id
+-- ARGV[2]   body ('streamq.batch <serialised description>', what q.get shows)
+-- ARGV[3]   'bc': the callbacks, '<kind>=<job id>' words (kind: on_success | on_complete |
+--           on_death)
+-- ARGV[4]   events: max length and kinds (_lib.lua's emit)
+-- Returns {'opened'} or {'exists', state}.
+local jobkey, events = KEYS[1], KEYS[2]
+local s = rcall('HGET', jobkey, 's')
+if s then return {'exists', state_of(s)} end
+local now = now_ms()
+rcall('HSET', jobkey, 's', 'w', 'b', ARGV[2], 'c', now, 'bc', ARGV[3])
+emit(events, ARGV[4], ARGV[1], 'enqueued', now, 'batch opened')
+return {'opened'}
