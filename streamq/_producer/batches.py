@@ -166,15 +166,17 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     return out
 
 
-def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str) -> Op[bool]:
-    """Close a batch: True when this call closed it, False when it was closed before."""
+def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = False
+                ) -> Op[bool]:
+    """Close a batch: True when this call closed it, False when it was closed before (a
+    retried call after a lost reply that finds it closed: True)."""
     bk = keys.for_job(batch_id, cfg.shards)
     (r,) = yield [Call("batch_close", [bk.job(batch_id), bk.events],
                        [batch_id, cfg.serde.dumps(batch_id), cfg.events_arg])]
     code = _s(ok(r)[0])
     if code == "not_found":
         raise JobNotFound(f"no batch {batch_id!r} in queue {keys.queue!r}")
-    return code == "closed"
+    return code == "closed" or (retried and _s(ok(r)[1]) == "completed")
 
 
 def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str) -> Op[dict[str, str]]:
@@ -213,7 +215,8 @@ class Batch:
         """Close the batch: its callbacks may fire from now on. True when this call closed
         it, False when it was closed (or cancelled) before."""
         q = self.queue
-        return self._run(lambda: close_batch(q.keys, q.config, self.batch_id))  # type: ignore[no-any-return]
+        return call(lambda retried: drive(q.client, close_batch(  # type: ignore[no-any-return]
+            q.keys, q.config, self.batch_id, retried)))
 
     def cancel(self) -> list[CancelResult]:
         """Cancel the batch's waiting callbacks; that cancels, as for any waiting job, the
@@ -255,8 +258,8 @@ class AsyncBatch:
     async def close(self) -> bool:
         """See ``Batch.close``."""
         q = self.queue
-        return await self._run(lambda: close_batch(  # type: ignore[no-any-return]
-            q.keys, q.config, self.batch_id))
+        return await acall(lambda retried: adrive(  # type: ignore[no-any-return]
+            q.client, close_batch(q.keys, q.config, self.batch_id, retried)))
 
     async def cancel(self) -> list[CancelResult]:
         """See ``Batch.cancel``."""
