@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import streamq
 from streamq import BatchClosed, JobRef, JobSpec, Queue, Registry
 from streamq._core.scripts import SCRIPTS
 from streamq.admin import Admin
+from streamq.cli.main import main as cli
 
 
 def _reg(producer: Queue | None = None, runs: list[str] | None = None) -> Registry:
@@ -131,8 +133,9 @@ async def test_jobs_added_from_inside_a_job_after_close(url: str, q: Queue, qnam
         producer.close()
 
 
-def test_lost_replies_repeat_add_and_close_and_open(q: Queue, qname: str, r: redis.Redis
-                                                   ) -> None:
+def test_lost_replies_repeat_add_and_close_and_open(q: Queue, qname: str, r: redis.Redis,
+                                                   url: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     b = q.batch(**_callbacks(), batch_id="b5")
     assert q.batch(**_callbacks(), batch_id="b5").callbacks == b.callbacks  # a repeated open
     specs = [JobSpec("add", i) for i in range(3)]
@@ -142,7 +145,12 @@ def test_lost_replies_repeat_add_and_close_and_open(q: Queue, qname: str, r: red
     for cb in b.callbacks.values():
         assert r.scard(q.keys.deps(cb)) == 4  # the batch + 3 jobs, once each
     assert r.xlen(q.keys.stream) == 3
+    assert cli(["--url", url, "flow", qname, "b5"]) == 0
+    assert "batch (open): total 3, completed 0, dead 0, pending 3" in capsys.readouterr().out
     assert b.close() is True and b.close() is False
+    assert cli(["--url", url, "--json", "flow", qname, "b5"]) == 0
+    got = json.loads(capsys.readouterr().out)["batch"]
+    assert (got["open"], got["total"], got["pending"]) == (False, 3, 3)
     for cb in b.callbacks.values():
         assert r.scard(q.keys.deps(cb)) == 3 and state(q, cb) == "waiting"
 

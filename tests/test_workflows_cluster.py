@@ -91,3 +91,24 @@ def test_flow_view_and_cancel_cascade_across_nodes(redis_cluster: ClusterServer)
         admin.close()
         a.close()
         b.close()
+
+
+async def test_a_batch_with_jobs_on_another_node(redis_cluster: ClusterServer) -> None:
+    url = redis_cluster.url
+    qa, qb = _queues_on_two_nodes(redis_cluster)
+    a = Queue.from_url(url, qa)
+    client = sync_client(url)
+    try:
+        batch = a.batch(on_complete=JobSpec("collect"), batch_id="bx")
+        batch.add([JobSpec("add", 1, queue=qb, job_id="far"), JobSpec("add", 2, job_id="near")])
+        assert batch.close() is True
+        async with Worker(url, [qa, qb], _reg(), fast()):
+            await eventually(lambda: a.get("bx.on_complete").state == "completed",  # type: ignore[union-attr]
+                             timeout_s=30, what="the batch's callback ran")
+        assert a.result("bx.on_complete") == [[qa, "completed", "bx"], [qb, "completed", 1],
+                                              [qa, "completed", 2]]
+        assert client.xlen(Keys(qb).outbox) == 0
+        assert not client.exists(Keys(qa).deps("bx.on_complete"), Keys(qb).parents("far"))
+    finally:
+        a.close()
+        client.close()
