@@ -6,7 +6,14 @@ Against a fresh private redis-server, one in-process worker (concurrency 100), n
 2. a ``fan`` -> 1 fan-in: the same jobs with one job waiting for all of them (``depends_on``),
    timed until the waiting job completed: its rate as a share of the plain drain's;
 3. a chain of ``chain`` steps in one queue (each step waits for the previous one): steps/s,
-   i.e. the same-slot hand-off plus one fetch and one settle per step.
+   i.e. the same-slot hand-off plus one fetch and one settle per step;
+4. a batch of ``fan`` jobs with on_success, on_complete and on_death (docs/workflows.md#batches),
+   added 1,000 at a time and closed before the worker starts, timed until on_complete
+   completed: its rate as a share of the plain drain's (each job's end resolves three
+   callbacks), plus the producer's time to add the jobs and the workflow keys left after.
+
+``--batch-pairs K`` runs only the plain drain and the batch, K interleaved pairs, and prints
+each pair's ratio and the median (on a busy machine one pair says little).
 
 Prints Markdown. A rough first measure (one process for worker and clock); the issue's full
 benchmarks (idle hand-off p50, peers side by side) come later.
@@ -59,12 +66,57 @@ async def _run(url: str, name: str, setup: Any, last: str) -> float:
             return time.perf_counter() - t0
 
 
+def _batch_setup(n: int, added: list[float]) -> Any:
+    def batch(q: Queue) -> None:
+        t = time.perf_counter()
+        b = q.batch(on_success=JobSpec("noop"), on_complete=JobSpec("sink"),
+                    on_death=JobSpec("noop"), batch_id="b")
+        for i in range(0, n, 1000):
+            b.add([JobSpec("noop", job_id=f"j{k}") for k in range(i, min(n, i + 1000))])
+        b.close()
+        added.append(time.perf_counter() - t)
+    return batch
+
+
+def _left(url: str, name: str) -> tuple[list[str], int]:
+    with Queue.from_url(url, name) as q:
+        cbs = [q.get(f"b.{k}") for k in ("on_success", "on_complete", "on_death")]
+        left = sum(1 for k in q.client.scan_iter(match=f"streamq:{{{name}}}:*", count=1000)
+                   if any(p in k for p in (b":deps:", b":dres:", b":par:")))
+    return [c.state if c else "" for c in cbs], left
+
+
+def _pairs(n: int, pairs: int) -> int:
+    jobs = [{"type": "noop", "job_id": f"j{i}"} for i in range(n)]
+    ratios: list[float] = []
+    added: list[float] = []
+    print(f"# A {n:,}-job batch (3 callbacks) vs a plain drain, {pairs} interleaved pairs\n")
+    with RedisServer() as srv:
+        for k in range(pairs):
+            plain = asyncio.run(_run(srv.url, f"plain{k}", lambda q: q.enqueue_many(jobs),
+                                     f"j{n - 1}"))
+            bat = asyncio.run(_run(srv.url, f"batch{k}", _batch_setup(n, added),
+                                   "b.on_complete"))
+            states, left = _left(srv.url, f"batch{k}")
+            ratios.append(plain / bat)
+            print(f"- pair {k + 1}: plain {n / plain:,.0f} jobs/s, batch {n / bat:,.0f} jobs/s"
+                  f" ({plain / bat:.0%}); adding + closing {added[-1]:.2f} s;"
+                  f" callbacks {states}; workflow keys left {left}")
+    ratios.sort()
+    print(f"\nmedian: the batch drains at {ratios[len(ratios) // 2]:.0%} of the plain rate")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fan", type=int, default=10_000)
     ap.add_argument("--chain", type=int, default=200)
+    ap.add_argument("--batch-pairs", type=int, default=0)
     a = ap.parse_args(argv)
     n = a.fan
+    if a.batch_pairs:
+        return _pairs(n, a.batch_pairs)
+    added: list[float] = []
     with RedisServer() as srv:
         jobs = [{"type": "noop", "job_id": f"j{i}"} for i in range(n)]
         plain = asyncio.run(_run(srv.url, "plain", lambda q: q.enqueue_many(jobs),
@@ -79,12 +131,17 @@ def main(argv: list[str] | None = None) -> int:
         flow = chain(*(JobSpec("noop") for _ in range(steps)))
         ch = asyncio.run(_run(srv.url, "chain", lambda q: q.enqueue_flow(flow, flow_id="c"),
                               f"c.{steps - 1}"))
+        bat = asyncio.run(_run(srv.url, "batch", _batch_setup(n, added), "b.on_complete"))
+        states, left = _left(srv.url, "batch")
     print(f"# Workflows, first numbers ({n:,}-job fan-in, {steps}-step chain)\n")
     print(f"- plain drain of {n:,}: {n / plain:,.0f} jobs/s")
     print(f"- {n:,} -> 1 fan-in, until the waiting job completed: {n / fan:,.0f} jobs/s"
           f" ({plain / fan:.0%} of the plain drain's rate)")
     print(f"- chain of {steps} steps in one queue: {steps / ch:,.0f} steps/s"
           f" ({ch / steps * 1000:.1f} ms per step)")
+    print(f"- batch of {n:,} with 3 callbacks, until on_complete completed: {n / bat:,.0f}"
+          f" jobs/s ({plain / bat:.0%} of the plain drain's rate); adding the jobs (1,000 per"
+          f" add) and closing: {added[0]:.2f} s; callbacks {states}; workflow keys left {left}")
     return 0
 
 

@@ -215,7 +215,7 @@ class Batch:
         """Close the batch: its callbacks may fire from now on. True when this call closed
         it, False when it was closed (or cancelled) before."""
         q = self.queue
-        return call(lambda retried: drive(q.client, close_batch(  # type: ignore[no-any-return]
+        return call(lambda retried: drive(q.client, close_batch(
             q.keys, q.config, self.batch_id, retried)))
 
     def cancel(self) -> list[CancelResult]:
@@ -258,7 +258,7 @@ class AsyncBatch:
     async def close(self) -> bool:
         """See ``Batch.close``."""
         q = self.queue
-        return await acall(lambda retried: adrive(  # type: ignore[no-any-return]
+        return await acall(lambda retried: adrive(
             q.client, close_batch(q.keys, q.config, self.batch_id, retried)))
 
     async def cancel(self) -> list[CancelResult]:
