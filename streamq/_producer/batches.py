@@ -147,12 +147,16 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
                            *(f"{letter[0]} {n.ref.queue} {n.ref.job_id}" for n in nodes)]))
     got = yield calls
     bases: dict[str, int] = {}
+    closed = False
     for (kind, _cid), v in zip(cbs.items(), got, strict=True):
         code = _s(ok(v)[0])
-        if code == "closed":
-            raise BatchClosed(f"batch {batch_id!r} is closed: nothing was added")
+        closed = closed or code == "closed"
         if code == "ok":
             bases[kind] = int(ok(v)[1])
+    if closed and not bases:
+        raise BatchClosed(f"batch {batch_id!r} is closed: nothing was added")
+    # (an add that raced the close, accepted by some callbacks only, goes on: those wait for
+    # the jobs, which must then exist)
     if not bases:  # (every callback has fired or ended: the batch is over)
         raise BatchClosed(f"batch {batch_id!r} is {_s(st) if st else 'gone'}: nothing was"
                           " added")
