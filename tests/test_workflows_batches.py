@@ -11,6 +11,8 @@ from helpers import eventually, running, state
 
 import streamq
 from streamq import BatchClosed, JobRef, JobSpec, Queue, Registry
+from streamq._core.driver import drive
+from streamq._core.flow import repair
 from streamq._core.scripts import SCRIPTS
 from streamq.admin import Admin
 from streamq.cli.main import main as cli
@@ -67,7 +69,9 @@ async def test_callbacks_fire_only_after_close_and_memory_returns(
         await eventually(lambda: all(state(q, f"j{i}") == "completed" for i in range(5)), 30)
         # every job ended, the batch is open: no callback left 'waiting'
         assert [state(q, c) for c in cbs] == ["waiting"] * 3
-        view = Admin.from_url(url).flow(qname, "b1")
+        admin = Admin.from_url(url)
+        view = admin.flow(qname, "b1")
+        admin.close()
         assert view.batch is not None
         assert (view.batch.total, view.batch.completed, view.batch.dead,
                 view.batch.pending, view.batch.open) == (5, 5, 0, 0, True)
@@ -194,3 +198,46 @@ def test_batch_refuses_bad_input(q: Queue) -> None:
     b = q.batch(on_complete=JobSpec("summary"))
     with pytest.raises(streamq.InvalidArgument):
         b.add([])
+
+
+def test_the_repair_sweep_covers_a_lost_job_but_never_opens_an_open_batch(
+        q: Queue, r: redis.Redis, qname: str) -> None:
+    b = q.batch(on_success=JobSpec("summary"), on_complete=JobSpec("summary"), batch_id="b7")
+    b.add([JobSpec("add", 1, job_id="lost")])
+    r.delete(q.keys.job("lost"))  # expired, purged by hand, lost in a failover
+    cursors: dict[str, int] = {}
+    drive(r, repair(q.keys, 1, 0, cursors))
+    # the lost job is resolved 'missing'; the batch is open: on_complete keeps waiting for it
+    assert state(q, "b7.on_complete") == "waiting"
+    assert state(q, "b7.on_success") == "failed"  # (policy fail: a missing job is a failure)
+    assert drive(r, repair(q.keys, 1, 0, cursors))[1] == 0  # the open batch is linked, live
+    assert state(q, "b7.on_complete") == "waiting"
+    assert b.close() is True
+    assert state(q, "b7.on_complete") == "queued"
+    _, deps = q.dependency_results("b7.on_complete")
+    assert [(d.job_id, d.state) for d in deps] == [("b7", "completed"), ("lost", "missing")]
+
+
+async def test_re_driving_a_dead_job_re_opens_on_success(url: str, q: Queue, qname: str) -> None:
+    reg = _reg()
+    fixed: list[bool] = []
+
+    @reg.handler("flaky")
+    def flaky(job: streamq.Job) -> Any:
+        if not fixed:
+            raise streamq.Fail("not yet")
+        return 5
+
+    with q.batch(on_success=JobSpec("summary"), batch_id="b8") as b:
+        b.add([JobSpec("flaky", job_id="fl"), JobSpec("add", 1, job_id="one")])
+    admin = Admin.from_url(url)
+    try:
+        async with running(url, qname, reg):
+            await eventually(lambda: state(q, "b8.on_success") == "failed", 30)
+            fixed.append(True)
+            dead = [e for e in admin.dead(qname).items if e.job_id == "fl"]
+            assert admin.redrive(qname, dead) == {"redriven": 1}
+            await eventually(lambda: state(q, "b8.on_success") == "completed", 30)
+        assert q.result("b8.on_success") == ["b8", 2, 2, [], 6]
+    finally:
+        admin.close()
