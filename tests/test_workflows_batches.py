@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, running, state
+from helpers import eventually, fast, running, state
 
 import streamq
 from streamq import BatchClosed, JobRef, JobSpec, Queue, Registry
@@ -241,3 +241,35 @@ async def test_re_driving_a_dead_job_re_opens_on_success(url: str, q: Queue, qna
         assert q.result("b8.on_success") == ["b8", 2, 2, [], 6]
     finally:
         admin.close()
+
+
+async def test_a_batch_of_a_sharded_queue_through_the_async_api(url: str, qname: str,
+                                                                r: redis.Redis) -> None:
+    from streamq._core.keys import shard_of
+
+    cfg = streamq.QueueConfig(shards=4)
+    aq = streamq.AsyncQueue.from_url(url, qname, cfg)
+    sq = Queue.from_url(url, qname, cfg)
+    admin = Admin.from_url(url, cfg)
+    try:
+        async with await aq.batch(on_complete=JobSpec("summary"), batch_id="b9") as b:
+            await b.add([JobSpec("add", i, job_id=f"s{i}") for i in range(8)])
+        cb = b.callbacks["on_complete"]
+        assert shard_of(cb, 4) == shard_of("b9", 4)  # the callbacks live in the batch's shard
+        got = admin.flow(qname, "b9").batch
+        assert got is not None and (got.open, got.total, got.pending) == (False, 8, 8)
+        async with streamq.Worker(url, [qname], _reg(), fast(), queue_config=cfg):
+            await eventually(lambda: state(sq, cb) == "completed", 30)
+        assert sq.result(cb) == ["b9", 8, 8, [], 28]
+        with pytest.raises(BatchClosed):
+            await b.add([JobSpec("add", 1)])
+        other = await aq.batch(on_success=JobSpec("summary"), on_death=JobSpec("summary"))
+        await other.add([JobSpec("add", 1, job_id="s-x")])
+        assert all(c.cancelled for c in await other.cancel())
+        assert state(sq, "s-x") == "cancelled"
+        assert [k for k in r.scan_iter(match=f"streamq:{{{qname}}}*", count=1000)
+                if b":deps:" in k or b":par:" in k or b":dres:" in k] == []
+    finally:
+        admin.close()
+        sq.close()
+        await aq.close()

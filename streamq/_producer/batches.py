@@ -210,6 +210,7 @@ class Batch:
         running job of this batch that adds them (its handler's ``job``): accepted after the
         close too, as long as the callbacks wait (they wait for that job)."""
         q = self.queue
+        q._check()  # (the shard count, as every write does)
         aid = add_id or add_id_of(self.batch_id, specs, q.config)
         inside = _inside(from_job, self.batch_id)
         return self._run(lambda: add_to_batch(  # type: ignore[no-any-return]
@@ -254,6 +255,7 @@ class AsyncBatch:
                   from_job: Job | None = None) -> FlowResult:
         """See ``Batch.add``."""
         q = self.queue
+        await q._check()
         aid = add_id or add_id_of(self.batch_id, specs, q.config)
         inside = _inside(from_job, self.batch_id)
         return await self._run(lambda: add_to_batch(  # type: ignore[no-any-return]
