@@ -31,6 +31,7 @@ from .._core.keys import Keys, check_job_id, shard_of
 from .._core.model import CancelResult, Job
 from .._core.retry import acall, call
 from .flows import FlowResult, Group, JobSpec, compile_flow, enqueue_flow, enqueue_waiting
+from .prepare import new_job_id
 
 if TYPE_CHECKING:
     from .queue import AsyncQueue, Queue
@@ -198,6 +199,17 @@ class Batch:
     callbacks: dict[str, str] = attrs.field(factory=dict)
     """Callback kind (on_success, on_complete, on_death) -> its job id."""
 
+    @classmethod
+    def open(cls, q: Queue, batch_id: str | None, on_success: JobSpec | None,
+             on_complete: JobSpec | None, on_death: JobSpec | None) -> Batch:
+        """``Queue.batch``."""
+        q._check()  # (the shard count, as every write does)
+        bid = new_job_id() if batch_id is None else check_job_id(batch_id)
+        specs = callback_specs(on_success, on_complete, on_death)
+        ids = call(lambda _r: drive(q.client, open_batch(q.keys, q.config, bid, specs)))
+        q._note()
+        return cls(q, bid, ids)
+
     def _run(self, op: Any) -> Any:
         q = self.queue
         return call(lambda _r: drive(q.client, op()))
@@ -246,6 +258,18 @@ class AsyncBatch:
     queue: AsyncQueue
     batch_id: str
     callbacks: dict[str, str] = attrs.field(factory=dict)
+
+    @classmethod
+    async def open(cls, q: AsyncQueue, batch_id: str | None, on_success: JobSpec | None,
+                   on_complete: JobSpec | None, on_death: JobSpec | None) -> AsyncBatch:
+        """``AsyncQueue.batch``."""
+        await q._check()
+        bid = new_job_id() if batch_id is None else check_job_id(batch_id)
+        specs = callback_specs(on_success, on_complete, on_death)
+        ids = await acall(lambda _r: adrive(q.client, open_batch(q.keys, q.config, bid,
+                                                                 specs)))
+        await q._note()
+        return cls(q, bid, ids)
 
     async def _run(self, op: Any) -> Any:
         q = self.queue

@@ -232,13 +232,7 @@ class Queue(_Base):
               batch_id: str | None = None) -> _batches.Batch:
         """Open a batch with callbacks (docs/workflows.md#batches); the same ``batch_id``
         again opens nothing new."""
-        self._check()
-        bid = prod.new_job_id() if batch_id is None else check_job_id(batch_id)
-        specs = _batches.callback_specs(on_success, on_complete, on_death)
-        ids = call(lambda _r: drive(self.client, _batches.open_batch(
-            self.keys, self.config, bid, specs)))
-        self._note()
-        return _batches.Batch(self, bid, ids)
+        return _batches.Batch.open(self, batch_id, on_success, on_complete, on_death)
 
     def batch_ref(self, batch_id: str) -> _batches.Batch:
         """An open batch by id (from one of its jobs: ``job.batch_id``), to ``add`` to."""
@@ -512,13 +506,7 @@ class AsyncQueue(_Base):
                     on_death: _flows.JobSpec | None = None,
                     batch_id: str | None = None) -> _batches.AsyncBatch:
         """See ``Queue.batch``."""
-        await self._check()
-        bid = prod.new_job_id() if batch_id is None else check_job_id(batch_id)
-        specs = _batches.callback_specs(on_success, on_complete, on_death)
-        ids = await acall(lambda _r: adrive(self.client, _batches.open_batch(
-            self.keys, self.config, bid, specs)))
-        await self._note()
-        return _batches.AsyncBatch(self, bid, ids)
+        return await _batches.AsyncBatch.open(self, batch_id, on_success, on_complete, on_death)
 
     def batch_ref(self, batch_id: str) -> _batches.AsyncBatch:
         """See ``Queue.batch_ref``."""
