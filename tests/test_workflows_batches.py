@@ -1,4 +1,5 @@
-"""Batches with callbacks and the ``remove`` policy (docs/workflows.md#batches), on one server."""
+"""Batches with callbacks and the ``remove`` policy (docs/workflows.md#batches-with-callbacks),
+on one server."""
 
 from __future__ import annotations
 
@@ -146,17 +147,19 @@ def test_lost_replies_repeat_add_and_close_and_open(q: Queue, qname: str, r: red
     first = b.add(specs)
     again = b.add(specs)  # the same call repeated (no job ids: the same content)
     assert first.job_ids == again.job_ids and len(set(first.job_ids)) == 3
+    b.add([JobSpec("add", 7, job_id="other")])
+    assert b.add(specs).job_ids == first.job_ids  # an earlier call than the last, repeated
     for cb in b.callbacks.values():
-        assert r.scard(q.keys.deps(cb)) == 4  # the batch + 3 jobs, once each
-    assert r.xlen(q.keys.stream) == 3
+        assert r.scard(q.keys.deps(cb)) == 5  # the batch + 4 jobs, once each
+    assert r.xlen(q.keys.stream) == 4
     assert cli(["--url", url, "flow", qname, "b5"]) == 0
-    assert "batch (open): total 3, completed 0, dead 0, pending 3" in capsys.readouterr().out
+    assert "batch (open): total 4, completed 0, dead 0, pending 4" in capsys.readouterr().out
     assert b.close() is True and b.close() is False
     assert cli(["--url", url, "--json", "flow", qname, "b5"]) == 0
     got = json.loads(capsys.readouterr().out)["batch"]
-    assert (got["open"], got["total"], got["pending"]) == (False, 3, 3)
+    assert (got["open"], got["total"], got["pending"]) == (False, 4, 4)
     for cb in b.callbacks.values():
-        assert r.scard(q.keys.deps(cb)) == 3 and state(q, cb) == "waiting"
+        assert r.scard(q.keys.deps(cb)) == 4 and state(q, cb) == "waiting"
 
 
 def test_cancelling_a_batch_cancels_its_callbacks_and_unstarted_jobs(q: Queue) -> None:

@@ -208,7 +208,8 @@ class Job:
     @property
     def batch_id(self) -> str | None:
         """The batch this job belongs to (a batch's job or callback), else None: add more
-        jobs with ``q.batch_ref(job.batch_id).add([...])`` (docs/workflows.md#batches)."""
+        jobs with ``q.batch_ref(job.batch_id).add([...], from_job=job)``
+        (docs/workflows.md#batches-with-callbacks)."""
         return self.headers.get("streamq-batch")
 
     def batch_summary(self) -> Any:

@@ -86,7 +86,7 @@ class FlowView:
     cursor: str = ""
     """'' on the last page; else pass it back for the next one."""
     batch: BatchProgress | None = None
-    """For a batch's own id (docs/workflows.md#batches): its progress counts."""
+    """For a batch's own id (docs/workflows.md#batches-with-callbacks): its progress counts."""
 
     @property
     def blocked_by(self) -> list[FlowEdge]:

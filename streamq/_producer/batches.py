@@ -1,4 +1,5 @@
-"""Batches with callbacks (docs/workflows.md#batches), over the one workflow primitive.
+"""Batches with callbacks (docs/workflows.md#batches-with-callbacks), over the one workflow
+primitive.
 
 A batch is a record in state ``waiting`` that never runs (batch_open.lua). Its callbacks are
 waiting jobs in its slot whose first dependency (index 0) is the batch itself:
@@ -120,7 +121,7 @@ def add_id_of(batch_id: str, specs: Sequence[JobSpec], cfg: QueueConfig) -> str:
     """A call id from the content of an ``add`` (a repeat of the same list is the same call)."""
     h = hashlib.sha1(batch_id.encode())
     for s in specs:
-        h.update(repr((s.type, s.queue, s.job_id, sorted(s.options))).encode())
+        h.update(repr((s.type, s.queue, s.job_id, sorted(s.options.items()))).encode())
         h.update(cfg.serde.dumps(s.payload))
     return h.hexdigest()[:12]
 
@@ -192,7 +193,8 @@ def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str) -> Op[dict[str, st
 @attrs.define
 class Batch:
     """A batch of a ``Queue`` (``q.batch(...)``, ``q.batch_ref(id)``): ``add``, ``close``,
-    ``cancel``; as a context manager it closes on a clean exit (docs/workflows.md#batches)."""
+    ``cancel``; as a context manager it closes on a clean exit
+    (docs/workflows.md#batches-with-callbacks)."""
 
     queue: Queue
     batch_id: str

@@ -230,8 +230,8 @@ class Queue(_Base):
     def batch(self, *, on_success: _flows.JobSpec | None = None,
               on_complete: _flows.JobSpec | None = None, on_death: _flows.JobSpec | None = None,
               batch_id: str | None = None) -> _batches.Batch:
-        """Open a batch with callbacks (docs/workflows.md#batches); the same ``batch_id``
-        again opens nothing new."""
+        """Open a batch with callbacks (docs/workflows.md#batches-with-callbacks); the same
+        ``batch_id`` again opens nothing new."""
         return _batches.Batch.open(self, batch_id, on_success, on_complete, on_death)
 
     def batch_ref(self, batch_id: str) -> _batches.Batch:

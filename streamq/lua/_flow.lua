@@ -55,7 +55,7 @@ function lib_flow()
     emit(W[6], W[10], pid, 'queued', now, 'dependencies ended')
   end
 
-  -- Policy 'death' (a batch's on_death callback, docs/workflows.md#batches): the first
+  -- Policy 'death' (a batch's on_death callback, docs/workflows.md#batches-with-callbacks): the first
   -- dependency that was dead-lettered releases the job at once (release drops the rest of its
   -- pending SET, so a second death finds nothing: it fires once); when every dependency ended
   -- and none was dead-lettered, the job is not needed: it ends 'cancelled'.

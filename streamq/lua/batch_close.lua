@@ -1,4 +1,4 @@
--- batch_close.lua: close a batch (docs/workflows.md#batches): its record ends 'completed'
+-- batch_close.lua: close a batch (docs/workflows.md#batches-with-callbacks): its record ends 'completed'
 -- (kept for its result TTL) and, in the same script, every callback waiting for it is resolved
 -- (_flow.lua's settled: inline, the callbacks are in this slot): the batch's own edge leaves
 -- each callback's pending SET, so from now on adopt.lua adds nothing more, and a callback whose

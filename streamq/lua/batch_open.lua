@@ -1,4 +1,4 @@
--- batch_open.lua: open a batch (docs/workflows.md#batches). The batch is a record in state
+-- batch_open.lua: open a batch (docs/workflows.md#batches-with-callbacks). The batch is a record in state
 -- 'waiting' that never runs (no stream entry, no 'wk', not in the waiting index): its callbacks
 -- (on_success, on_complete, on_death: waiting jobs in this slot, wait.lua) wait for it as for
 -- any dependency, so none can be released before batch_close.lua ends it; the batch's jobs are
