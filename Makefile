@@ -43,14 +43,19 @@ browser:
 		(apt-get update && apt-get install -y chromium chromium-driver)
 
 # The suite runs twice: against the system redis-server (Redis 7.0 here), then Valkey 8.1.
+# Most tests wait on Redis and on timers, so two pytest workers (-n 2, pytest-xdist; each has
+# its own private servers) halve the wall time on two cores; the slow tests (the chaos runs,
+# Spark, the cluster's) run alone, one at a time, so their fault timing meets no other test.
+XDIST ?= -n 2
 test: export STREAMQ_REQUIRE_BROWSER = 1
 test: $(STAMP) browser
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
+	$(PY) -m pytest -q -p no:cacheprovider -m slow
 	chmod +x "$(VALKEY)"
-	STREAMQ_REDIS_SERVER="$(VALKEY)" $(PY) -m pytest -q -p no:cacheprovider -m "not slow"
+	STREAMQ_REDIS_SERVER="$(VALKEY)" $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not spark"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not spark"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
