@@ -1,13 +1,16 @@
 """Redis Cluster figures next to one server: bulk enqueue, drain, enqueue -> start latency,
 and how the Redis CPU of a drain splits over the primaries.
 
-``python -m benchmarks.cluster_bench [--jobs 6000] [--repeat 3] [--json]``. A private
-3-primary loopback cluster (no replicas: they would only add load on a small machine) and a
-private redis-server; three queues whose slots live on the three primaries; one worker process
-in this process (concurrency 64, no-op handler). Every figure is the median of ``--repeat``
-runs. On a machine with fewer cores than primaries the cluster cannot be faster than one
-server: read the per-node CPU split as the scaling signal (each primary does about a third of
-the work, so N machines give about N times the Redis capacity for traffic spread over queues).
+``python -m benchmarks.cluster_bench [--jobs 20000] [--concurrency 100] [--repeat 3] [--json]
+[--out FILE]``. A private 3-primary loopback cluster (no replicas: they would only add load on a
+small machine) and a private redis-server; three queues whose slots live on the three
+primaries; one worker in this process (no-op handler). The drain's worker CPU is this
+process's CPU time while only the worker runs (``time.process_time``); Redis CPU is each
+server's ``INFO cpu``; script calls per job come from ``INFO commandstats`` (EVALSHA). Every
+figure is the median of ``--repeat`` runs. On a machine with fewer cores than primaries the
+cluster cannot be faster than one server: read the per-node CPU split as the scaling signal
+(each primary does about a third of the work, so N machines give about N times the Redis
+capacity for traffic spread over queues).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -48,8 +53,17 @@ def _cpu(ports: list[int]) -> dict[int, float]:
     return out
 
 
-async def _drain(url: str, names: list[str], ports: list[int], per_queue: int
-                 ) -> dict[str, Any]:
+def _script_calls(ports: list[int]) -> int:
+    total = 0
+    for port in ports:
+        with redis.Redis(port=port, protocol=2) as c:
+            stats: Any = c.info("commandstats")
+            total += int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return total
+
+
+async def _drain(url: str, names: list[str], ports: list[int], per_queue: int,
+                 concurrency: int) -> dict[str, Any]:
     for name in names:
         with Queue.from_url(url, name) as q:
             q.enqueue_many([{"type": "noop"} for _ in range(per_queue)])
@@ -64,15 +78,18 @@ async def _drain(url: str, names: list[str], ports: list[int], per_queue: int
         if done[0] == n:
             finished.set()
 
-    cfg = WorkerConfig(concurrency=64, block_ms=200)
-    before = _cpu(ports)
-    start = time.perf_counter()
+    cfg = WorkerConfig(concurrency=concurrency, block_ms=200)
+    before, calls0 = _cpu(ports), _script_calls(ports)
+    start, own0 = time.perf_counter(), time.process_time()
     async with Worker(url, names, reg, cfg):
         await finished.wait()
         elapsed = time.perf_counter() - start
-    after = _cpu(ports)
+    own = time.process_time() - own0
+    after, calls = _cpu(ports), _script_calls(ports) - calls0
     cpu = {p: (after[p] - before[p]) * 1e6 / n for p in ports}
-    return {"drain_jobs_s": n / elapsed, "redis_cpu_us_per_job": cpu}
+    return {"drain_jobs_s": n / elapsed, "worker_cpu_us_per_job": own * 1e6 / n,
+            "redis_cpu_us_total": sum(cpu.values()), "jobs_per_script_call": n / max(1, calls),
+            "redis_cpu_us_per_job": cpu}
 
 
 def _bulk(url: str, names: list[str], per_queue: int) -> float:
@@ -121,10 +138,10 @@ def _fresh(url: str, n: int) -> list[str]:
         client.close()
 
 
-def run_one(url: str, ports: list[int], jobs: int) -> dict[str, Any]:
+def run_one(url: str, ports: list[int], jobs: int, concurrency: int) -> dict[str, Any]:
     per_queue = jobs // 3
     bulk = _bulk(url, _fresh(url, 3), per_queue)
-    drain = asyncio.run(_drain(url, _fresh(url, 3), ports, per_queue))
+    drain = asyncio.run(_drain(url, _fresh(url, 3), ports, per_queue, concurrency))
     lat = asyncio.run(_latency(url, _fresh(url, 1)[0], 200))
     return {"bulk_enqueue_jobs_s": bulk, **drain,
             "latency_p50_ms": _pct(lat, 50), "latency_p99_ms": _pct(lat, 99)}
@@ -142,27 +159,52 @@ def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=6000, help="jobs per run, over 3 queues")
+    ap.add_argument("--jobs", type=int, default=20000, help="jobs per run, over 3 queues")
+    ap.add_argument("--concurrency", type=int, default=100, help="the worker's concurrency")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None, help="also write the JSON results to this file")
     a = ap.parse_args()
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"settings": {
+        "jobs": a.jobs, "concurrency": a.concurrency, "repeat": a.repeat,
+        "commit": _commit(), "servers": "3-primary loopback cluster, no replicas, persistence"
+        " off; one redis-server; one worker in the harness process, no-op handler"}}
     with RedisServer() as srv:
-        results["standalone"] = _median([run_one(srv.url, [srv.port], a.jobs)
+        results["standalone"] = _median([run_one(srv.url, [srv.port], a.jobs, a.concurrency)
                                          for _ in range(a.repeat)])
     with ClusterServer(primaries=3, replicas=0) as cl:
         ports = cl.primary_ports()
-        results["cluster"] = _median([run_one(cl.url, ports, a.jobs) for _ in range(a.repeat)])
+        results["cluster"] = _median([run_one(cl.url, ports, a.jobs, a.concurrency)
+                                      for _ in range(a.repeat)])
+    one, many = results["standalone"], results["cluster"]
+    results["cluster_over_one_server"] = {
+        k: many[k] / one[k] for k in ("drain_jobs_s", "worker_cpu_us_per_job",
+                                       "redis_cpu_us_total", "latency_p50_ms")}
+    if a.out:
+        Path(a.out).write_text(json.dumps(results, indent=2) + "\n")
     if a.json:
         print(json.dumps(results, indent=2))
         return
-    print("| setup | bulk enqueue jobs/s | drain jobs/s | enqueue->start p50 ms | p99 ms |"
-          " Redis CPU µs/job per node |")
-    print("|---|---|---|---|---|---|")
-    for label, r in results.items():
-        cpu = ", ".join(f"{v:.0f}" for v in r["redis_cpu_us_per_job"].values())
+    print("| setup | bulk enqueue jobs/s | drain jobs/s | worker CPU µs/job | Redis CPU µs/job"
+          " (per node) | jobs per script call | enqueue->start p50 ms | p99 ms |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    for label in ("standalone", "cluster"):
+        r = results[label]
+        cpu = ", ".join(f"{v:.1f}" for v in r["redis_cpu_us_per_job"].values())
         print(f"| {label} | {r['bulk_enqueue_jobs_s']:,.0f} | {r['drain_jobs_s']:,.0f} |"
-              f" {r['latency_p50_ms']:.1f} | {r['latency_p99_ms']:.1f} | {cpu} |")
+              f" {r['worker_cpu_us_per_job']:.1f} | {r['redis_cpu_us_total']:.1f} ({cpu}) |"
+              f" {r['jobs_per_script_call']:.1f} | {r['latency_p50_ms']:.2f} |"
+              f" {r['latency_p99_ms']:.2f} |")
+    ratio = results["cluster_over_one_server"]
+    print("cluster / one server: " + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 if __name__ == "__main__":
