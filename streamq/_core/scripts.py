@@ -23,7 +23,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError, ResponseError,
 from . import nodes
 from .conn import is_cluster, standalone_on_cluster
 from .errors import ScriptError
-from .sends import Kept, exchange
+from .sends import Kept, acluster, cexchange, exchange
 
 Arg = str | bytes | int | float
 
@@ -121,6 +121,10 @@ class Script:
                         args: Sequence[Arg], kept: Kept | None = None,
                         ping_first: bool = False) -> Any:
         if not self._plain(client):
+            if _pack is not None and keys and acluster(client):  # packed for the slot's node
+                return await cexchange(client, keys[0],
+                                       ("EVALSHA", self.sha, len(keys), *keys, *args),
+                                       kept, ping_first)
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         packed = _pack(("EVALSHA", self.sha, len(keys), *keys, *args))
         if ping_first:
@@ -261,8 +265,10 @@ class Script:
         write. Redis writes its clients' pending replies newest-queued client first; with
         the PING's reply already pending for this client, what the script publishes (a
         waiter's result) is written before the script's own reply, so the waiting process
-        wakes before this one, not after it (docs/performance.md). A cluster client sends
-        no PING."""
+        wakes before this one, not after it (docs/performance.md). On a Redis Cluster the
+        same, on a connection to the node that owns the keys' slot (``sends.cexchange``;
+        ``kept``: the slot is computed once, and the connection follows the slot to a new
+        owner)."""
         try:
             try:
                 return await self._aevalsha(client, keys, args, kept, ping_first)

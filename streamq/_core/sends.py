@@ -1,5 +1,6 @@
-"""Writes of an asyncio client without a task per command (a worker's client), and the
-worker's idle blocking read without redis-py's command layer.
+"""Writes of an asyncio client without a task per command (a worker's client), the worker's
+idle blocking read without redis-py's command layer, and the same fast path on a Redis
+Cluster (:func:`cexchange`).
 
 redis-py's asyncio connection writes every command under ``asyncio.wait_for`` when a socket
 timeout is set (streamq always sets one). On Python 3.11 ``wait_for`` wraps the write in a
@@ -17,9 +18,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
+from redis.crc import key_slot
+from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import nodes
 
 _pack: Any
 try:
@@ -28,23 +32,72 @@ except ImportError:  # pragma: no cover - hiredis is a dependency (redis[hiredis
     _pack = None
 
 _CLASSES: dict[type[Any], type[Any]] = {}
+_PING = b"*1\r\n$4\r\nPING\r\n"
+_REDIRECTS = (MovedError, AskError, TryAgainError)
+_DOWN = (RedisConnectionError, RedisTimeoutError)
 
 
 def inline_sends(client: Any) -> bool:
     """Make the connections of ``client`` (a ``redis.asyncio.Redis``, standalone or a
-    Sentinel primary's; its pool must not have made a connection yet) write without a task
-    per command. Returns False, changing nothing, for any other client (a cluster)."""
-    pool = getattr(client, "connection_pool", None)
-    cls = getattr(pool, "connection_class", None)
-    if not isinstance(cls, type) or not issubclass(cls, AbstractConnection):
-        return False
-    if getattr(cls, "_streamq_inline", False):
+    Sentinel primary's, or a ``redis.asyncio.cluster.RedisCluster``: every node's, those
+    the slot map adds later too; connections made already keep their class) write without
+    a task per command. Returns False, changing nothing, for any other client."""
+    if acluster(client):
+        mgr = client.nodes_manager
+        fast = _fast(mgr.connection_kwargs.get("connection_class"))
+        if fast is None:
+            return False
+        mgr.connection_kwargs["connection_class"] = fast
+        for node in (*mgr.startup_nodes.values(), *mgr.nodes_cache.values()):
+            node.connection_class = fast
         return True
+    pool = getattr(client, "connection_pool", None)
+    fast = _fast(getattr(pool, "connection_class", None))
+    if fast is None:
+        return False
+    pool.connection_class = fast  # type: ignore[union-attr]
+    return True
+
+
+def _fast(cls: Any) -> type[Any] | None:
+    """The inline-writing subclass of connection class ``cls`` (None: not one of redis-py's
+    asyncio connections)."""
+    if not isinstance(cls, type) or not issubclass(cls, AbstractConnection):
+        return None
+    if getattr(cls, "_streamq_inline", False):
+        return cls
     fast = _CLASSES.get(cls)
     if fast is None:
         fast = _CLASSES[cls] = _subclass(cls)
-    pool.connection_class = fast  # type: ignore[union-attr]
-    return True
+    return fast
+
+
+_KINDS: dict[type[Any], bool] = {}
+
+
+def acluster(client: Any) -> bool:
+    """True for a ``redis.asyncio.cluster.RedisCluster`` (cached per class: on the path of
+    every script call)."""
+    kind = _KINDS.get(type(client))
+    if kind is None:
+        from redis.asyncio.cluster import RedisCluster
+
+        kind = _KINDS[type(client)] = isinstance(client, RedisCluster)
+    return kind
+
+
+_SLOTS: dict[Any, int] = {}
+
+
+def slot_of(key: str | bytes) -> int:
+    """The cluster slot of ``key`` (CRC16 of its hash tag), remembered: a worker's calls
+    route by a few keys (each lane's first key), over and over."""
+    slot = _SLOTS.get(key)
+    if slot is None:
+        if len(_SLOTS) >= 4096:
+            _SLOTS.clear()
+        slot = _SLOTS[key] = key_slot(key.encode() if isinstance(key, str) else key)
+    return slot
 
 
 def _subclass(cls: type[AbstractConnection]) -> type[Any]:
@@ -82,17 +135,28 @@ def _subclass(cls: type[AbstractConnection]) -> type[Any]:
 class Kept:
     """A connection kept out of the pool by one user that sends one command at a time (a
     fetch loop's blocking reads, a lane's finish.lua calls): redis-py 8's pool takes ~80
-    Python calls to hand a connection out and take it back, on the path of a job."""
+    Python calls to hand a connection out and take it back, on the path of a job. On a
+    Redis Cluster: a connection to the node that owns the user's slot (``slot``: every key
+    the user sends shares one hash tag, so its slot is computed once), changed for one to
+    the new owner when the slot map moves the slot."""
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "node", "slot")
 
     def __init__(self) -> None:
         self.conn: Any = None
+        self.node: Any = None
+        """The cluster node ``conn`` belongs to (None on one server)."""
+        self.slot: int | None = None
 
     async def release(self, client: Any) -> None:
         """Give the connection back to ``client``'s pool (a worker stopping)."""
         conn, self.conn = self.conn, None
-        if conn is not None:
+        node, self.node = self.node, None
+        if conn is None:
+            return
+        if node is not None:
+            node.release(conn)
+        else:
             await client.connection_pool.release(conn)
 
 
@@ -105,15 +169,20 @@ async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, 
     history meets, has None for fields), without its command layer: one packed write and
     one read on a pooled connection, or on the one ``kept`` holds (taken from the pool at
     the first read; one caller at a time). The worker's idle wait: what follows the reply
-    is on the path of the job it brings. A cluster client, or no hiredis, goes through
-    redis-py."""
-    if _pack is None or getattr(client, "connection_pool", None) is None:
+    is on the path of the job it brings. On a cluster (the streams share one hash tag) the
+    same, on a connection to the node that owns them, with no round trip before it (redis-py
+    asks the server for an XREADGROUP's keys: ``COMMAND GETKEYS``). Without hiredis this
+    goes through redis-py."""
+    command = ("XREADGROUP", "GROUP", group, consumer, "COUNT", count, "BLOCK", block,
+               "STREAMS", *streams, *streams.values())
+    if _pack is not None and getattr(client, "connection_pool", None) is not None:
+        raw = await exchange(client, _pack(command), 1, kept)
+    elif _pack is not None and acluster(client):
+        raw = await cexchange(client, next(iter(streams)), command, kept)
+    else:
         reply: Any = await client.xreadgroup(group, consumer, streams, count=count,
                                              block=block)
         return reply or []
-    raw = await exchange(client, _pack(("XREADGROUP", "GROUP", group, consumer, "COUNT",
-                                        count, "BLOCK", block, "STREAMS", *streams,
-                                        *streams.values())), 1, kept)
     if not raw:
         return []
     return [(stream, [(eid, _pairs(fields)) for eid, fields in entries])
@@ -150,6 +219,73 @@ async def exchange(client: Any, packed: bytes, replies: int, kept: Kept | None =
     finally:
         if kept is None:
             await pool.release(conn)
+
+
+async def cexchange(client: Any, key: str | bytes, command: tuple[Any, ...],
+                    kept: Kept | None = None, ping_first: bool = False) -> Any:
+    """:func:`exchange` on a Redis Cluster client: ``command`` (every key of it in ``key``'s
+    slot) packed with hiredis and sent to the primary that owns the slot, on one of its
+    pooled connections or on the one ``kept`` holds (``ping_first``: behind a PING, in the
+    same write). Its reply, raw; an error reply raised, the connection kept.
+
+    A ``MOVED``, ``ASK`` or ``TRYAGAIN`` reply means the command did not run: it is sent
+    again through ``nodes.arun``, which follows redirects (refreshing the slot map) the way
+    every other cluster call does, and the next call finds the slot's new owner in the
+    map. A connection error drops the connection, refreshes the slot map (the node may be
+    gone: a failover) and is raised (transient: the caller's loop sends the call again,
+    which every script call and ``XREADGROUP >`` allow)."""
+    if kept is not None:
+        slot = kept.slot
+        if slot is None:
+            slot = kept.slot = slot_of(key)
+    else:
+        slot = slot_of(key)
+    try:
+        node = client.nodes_manager.slots_cache[slot][0]
+    except (KeyError, IndexError):  # no slot map yet (or a slot not covered): the slow way
+        return await _routed(client, command)
+    if kept is not None:
+        conn = kept.conn
+        if conn is None or kept.node is not node:
+            if conn is not None:  # the slot moved (or the map was rebuilt): the owner's
+                kept.node.release(conn)
+            conn = kept.conn = node.acquire_connection()
+            kept.node = node
+    else:
+        conn = node.acquire_connection()
+    try:
+        packed = _pack(command)
+        if ping_first:
+            await conn.send_packed_command(_PING + packed)
+            with contextlib.suppress(ResponseError):
+                await conn.read_response()
+        else:
+            await conn.send_packed_command(packed)
+        return await conn.read_response()
+    except _REDIRECTS:  # read whole, not run: follow it below
+        pass
+    except ResponseError:
+        raise
+    except BaseException as exc:  # a broken or interrupted exchange: never reuse it
+        await conn.disconnect()
+        if kept is not None:
+            kept.conn = kept.node = None
+            node.release(conn)
+        if isinstance(exc, _DOWN):
+            await nodes._arefresh(client)
+        raise
+    finally:
+        if kept is None:
+            node.release(conn)
+    return await _routed(client, command)
+
+
+async def _routed(client: Any, command: tuple[Any, ...]) -> Any:
+    """``command`` through ``nodes.arun`` (redirects followed); an error reply raised."""
+    (reply,) = await nodes.arun(client, [command])
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
 
 
 def _pairs(fields: list[bytes] | None) -> dict[bytes, bytes] | None:
