@@ -30,7 +30,8 @@ def drained(cluster: ClusterServer, name: str) -> bool:
     """The queue's stream holds no entry and its group none pending."""
     stream = Keys(name).stream
     with cluster.node(cluster.owner(stream)) as c:
-        return c.xlen(stream) == 0 and c.xpending(stream, GROUP)["pending"] == 0
+        pending: Any = c.xpending(stream, GROUP)
+        return bool(c.xlen(stream) == 0 and pending["pending"] == 0)
 
 
 def calls(cluster: ClusterServer, port: int, command: str) -> int:
