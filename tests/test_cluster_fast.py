@@ -120,3 +120,38 @@ async def test_a_slot_moved_mid_drain_still_settles_every_job(
         assert sorted(ran) == sorted(ids)  # each ran once: no lease lapsed, none lost
         assert all(q.get(i).state == "completed" for i in ids[:: 37])  # type: ignore[union-attr]
         assert drained(redis_cluster, name)
+
+
+def test_a_producer_packs_lone_enqueues_and_follows_a_moved_slot(
+        redis_cluster: ClusterServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone enqueue on a cluster client is packed by streamq for the slot's node (not
+    through redis-py's cluster command layer); after the queue's slot moves behind the
+    producer's back (its slot map is stale: MOVED), enqueues go on and nothing is lost."""
+    import redis.cluster
+
+    through_redis_py: list[str] = []
+    original = redis.cluster.RedisCluster.execute_command
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        through_redis_py.append(str(args[0]).upper())
+        return original(self, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(redis.cluster.RedisCluster, "execute_command", spy)
+    name = f"fast-{uuid.uuid4().hex[:10]}"
+    stream = Keys(name).stream
+    source = redis_cluster.owner(stream)
+    target = next(p for p in redis_cluster.primary_ports() if p != source)
+    with Queue.from_url(redis_cluster.url, name) as q:
+        before = [q.enqueue("noop", {"i": i}).job_id for i in range(5)]
+        assert "EVALSHA" not in through_redis_py
+        with redis_cluster.node(source) as c:
+            slot = int(c.execute_command("CLUSTER", "KEYSLOT", stream))
+        moved0 = stat(redis_cluster, source, "errorstats", "errorstat_MOVED", "count")
+        redis_cluster.migrate_slot(slot, target)
+        after = [q.enqueue("noop", {"i": i}).job_id for i in range(5)]
+        assert stat(redis_cluster, source, "errorstats", "errorstat_MOVED", "count") > moved0
+        for job_id in before + after:
+            info = q.get(job_id)
+            assert info is not None and info.state == "queued", (job_id, info)
+        with redis_cluster.node(target) as c:
+            assert c.xlen(stream) == 10

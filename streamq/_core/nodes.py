@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
+from redis.crc import key_slot
 from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 
 _KEYLESS = frozenset({"TIME", "ECHO", "INFO", "PING", "SCRIPT"})
@@ -72,6 +73,57 @@ def key_of(args: Command) -> Any:
         upper = [str(a).upper() for a in args]
         return args[upper.index("STREAMS") + 1]
     return args[1] if len(args) > 1 else None
+
+
+_SLOTS: dict[Any, int] = {}
+
+
+def slot_of(key: str | bytes) -> int:
+    """The cluster slot of ``key`` (CRC16 of its hash tag), remembered: a process's calls
+    route by a few keys (each queue's or lane's first key), over and over."""
+    slot = _SLOTS.get(key)
+    if slot is None:
+        if len(_SLOTS) >= 4096:
+            _SLOTS.clear()
+        slot = _SLOTS[key] = key_slot(key.encode() if isinstance(key, str) else key)
+    return slot
+
+
+def send_one(client: Any, key: str | bytes, command: Command) -> Any:
+    """One command on a blocking cluster client, every key of it in ``key``'s slot: packed
+    with hiredis and sent on a pooled connection of the primary that owns the slot (redis-py
+    packs in Python and hashes every key of a call: ~3x the CPU of a lone enqueue). Its
+    reply, raw; an error reply raised. A MOVED, ASK or TRYAGAIN reply (the command did not
+    run) is followed by :func:`run`; a connection error refreshes the slot map and is
+    raised."""
+    try:
+        node = client.nodes_manager.slots_cache[slot_of(key)][0]
+    except (KeyError, IndexError):  # a slot not covered (yet): the slow way
+        return _routed(client, command)
+    pool = client.get_redis_connection(node).connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([_pack(command)])
+        return conn.read_response()
+    except (MovedError, AskError, TryAgainError):  # read whole, not run: followed below
+        pass
+    except ResponseError:
+        raise
+    except BaseException as exc:  # a broken or interrupted exchange: never reuse it
+        conn.disconnect()
+        if isinstance(exc, _DOWN):
+            _refresh(client)
+        raise
+    finally:
+        pool.release(conn)
+    return _routed(client, command)
+
+
+def _routed(client: Any, command: Command) -> Any:
+    (reply,) = run(client, [command])
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
 
 
 def _packed(conn: Any, commands: Sequence[Command]) -> Any:

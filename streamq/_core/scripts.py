@@ -81,6 +81,19 @@ class SyncKept:
             raise
 
 
+_KINDS: dict[type[Any], bool] = {}
+
+
+def _scluster(client: Any) -> bool:
+    """True for a blocking ``redis.cluster.RedisCluster`` (cached per class)."""
+    kind = _KINDS.get(type(client))
+    if kind is None:
+        from redis.cluster import RedisCluster
+
+        kind = _KINDS[type(client)] = isinstance(client, RedisCluster)
+    return kind
+
+
 class Script:
     """One Lua script, addressed by its SHA1."""
 
@@ -98,6 +111,9 @@ class Script:
 
     def _evalsha(self, client: redis.Redis, keys: Sequence[str], args: Sequence[Arg]) -> Any:
         if not self._plain(client):
+            if _pack is not None and keys and _scluster(client):  # packed for the slot's node
+                return nodes.send_one(client, keys[0],
+                                      ("EVALSHA", self.sha, len(keys), *keys, *args))
             return client.evalsha(self.sha, len(keys), *keys, *args)
         pool: Any = client.connection_pool
         kept = SyncKept.of(client)
@@ -238,9 +254,14 @@ class Script:
             raise ScriptError(f"{self.name}.lua failed: {failed}") from failed
         return replies
 
-    def _error(self, exc: ResponseError) -> Exception:
-        """The error for a script call's error reply. ``MOVED`` reaches here only on a plain
-        client (a cluster client follows it): the URL names one node of a Redis Cluster."""
+    def _error(self, exc: ResponseError, client: Any = None) -> Exception:
+        """The error for a script call's error reply. ``MOVED`` on a plain client: the URL
+        names one node of a Redis Cluster. On a cluster client (which follows redirects) a
+        MOVED, ASK or TRYAGAIN still standing after the redirect rounds is itself (transient:
+        the call did not run)."""
+        if isinstance(exc, MovedError | AskError | TryAgainError) and client is not None and (
+                _scluster(client) or acluster(client)):
+            return exc
         if isinstance(exc, MovedError):
             return standalone_on_cluster(None)
         return ScriptError(f"{self.name}.lua failed: {exc}")
@@ -253,7 +274,10 @@ class Script:
                 client.script_load(self.source)
                 return self._evalsha(client, keys, args)
         except ResponseError as exc:
-            raise self._error(exc) from exc
+            err = self._error(exc, client)
+            if err is exc:
+                raise
+            raise err from exc
 
     async def run_async(
         self, client: aredis.Redis, keys: Sequence[str], args: Sequence[Arg], *,
@@ -276,7 +300,10 @@ class Script:
                 await client.script_load(self.source)
                 return await self._aevalsha(client, keys, args, kept, ping_first)
         except ResponseError as exc:
-            raise self._error(exc) from exc
+            err = self._error(exc, client)
+            if err is exc:
+                raise
+            raise err from exc
 
 
 def _sort(todo: list[int], got: list[Any], replies: list[Any]

@@ -18,12 +18,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection
-from redis.crc import key_slot
 from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import nodes
+from .nodes import slot_of
 
 _pack: Any
 try:
@@ -84,20 +84,6 @@ def acluster(client: Any) -> bool:
 
         kind = _KINDS[type(client)] = isinstance(client, RedisCluster)
     return kind
-
-
-_SLOTS: dict[Any, int] = {}
-
-
-def slot_of(key: str | bytes) -> int:
-    """The cluster slot of ``key`` (CRC16 of its hash tag), remembered: a worker's calls
-    route by a few keys (each lane's first key), over and over."""
-    slot = _SLOTS.get(key)
-    if slot is None:
-        if len(_SLOTS) >= 4096:
-            _SLOTS.clear()
-        slot = _SLOTS[key] = key_slot(key.encode() if isinstance(key, str) else key)
-    return slot
 
 
 def _subclass(cls: type[AbstractConnection]) -> type[Any]:
