@@ -11,6 +11,7 @@ from ._core.config import (
     QueueConfig,
     RateLimit,
     RetryPolicy,
+    SearchConfig,
     WorkerConfig,
 )
 from ._core.context import Context
@@ -26,6 +27,7 @@ from ._core.errors import (
     InvalidPayload,
     InvalidPriority,
     InvalidQueueName,
+    InvalidSearch,
     JobFailed,
     JobNotFound,
     PartialEnqueueError,
@@ -93,6 +95,8 @@ __all__ = [
     "GroupRate",
     "InvalidArgument",
     "InvalidDedup",
+    "InvalidSearch",
+    "SearchConfig",
     "InvalidGroup",
     "InvalidJobId",
     "InvalidPayload",

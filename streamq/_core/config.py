@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
@@ -216,6 +218,16 @@ class QueueConfig:
     inside the enqueue call, so it wakes with a started job (no start round trip on an idle
     queue's path: docs/performance.md#hand-off). Off on either side: none is handed off."""
     rate_limit: RateLimit | None = attrs.field(default=None)
+    search: SearchConfig | None = attrs.field(default=None)
+    """Job search indexes (docs/search.md): None (the default) writes none, so a queue costs
+    what it did; a ``SearchConfig`` makes every enqueue add the job to per-shard sorted sets
+    (all ids, id prefix, type, group, declared payload fields) in the same script."""
+
+    @search.validator
+    def _check_search(self, att: attrs.Attribute[SearchConfig | None],
+                      v: SearchConfig | None) -> None:
+        if v is not None and not isinstance(v, SearchConfig):
+            raise InvalidArgument(f"{att.name} must be a SearchConfig or None, got {v!r}")
     """At most this many job starts per period over the whole queue, checked inside the
     script that starts jobs (docs/fairness.md#queue-wide-rate-limit); None = no limit."""
 
@@ -253,6 +265,51 @@ class QueueConfig:
         if self.event_kinds == ALL_EVENTS:
             return str(self.events_maxlen)
         return f"{self.events_maxlen}:,{','.join(sorted(self.event_kinds))},"
+
+
+def _search_fields(_inst: object, att: attrs.Attribute[Any], v: Any) -> None:
+    from .keys import check_search_term
+
+    if not isinstance(v, Mapping):
+        raise InvalidArgument(f"{att.name} must map a job type to a list of payload field"
+                              f" names, got {v!r}")
+    for jtype, names in v.items():
+        if not isinstance(jtype, str) or isinstance(names, str) or not isinstance(
+                names, (list, tuple)):
+            raise InvalidArgument(f"{att.name}: {jtype!r} must map to a list of field names,"
+                                  f" got {names!r}")
+        for name in names:
+            check_search_term("field name", name)
+
+
+def _frozen_fields(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: tuple(n) if isinstance(n, (list, tuple)) else n for k, n in v.items()}
+    return v
+
+
+@attrs.frozen
+class SearchConfig:
+    """What a queue indexes for search (docs/search.md). Every job gets an entry in the
+    shard's time index (its id, scored by enqueue time), the id-prefix index, its type's
+    index and its group's; ``fields`` adds one per declared payload field value:
+    ``{"email.send": ["customer_id"]}`` indexes ``payload["customer_id"]`` of ``email.send``
+    jobs (a dotted name reaches into nested objects). Only scalar values up to
+    ``MAX_VALUE_BYTES`` are indexed (strings, numbers, booleans)."""
+
+    fields: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, converter=_frozen_fields,
+                                                       validator=_search_fields)
+    retention_s: int | None = attrs.field(default=None)
+    """How long an index entry is kept (from enqueue): None = the queue's ``dead_ttl_s``
+    (a record lives at most that long, but a longer result TTL of its own); entries whose
+    record expired earlier are dropped when a search meets them."""
+
+    @retention_s.validator
+    def _check_retention(self, att: attrs.Attribute[int | None], v: int | None) -> None:
+        if v is not None:
+            _positive_int(self, att, v)  # type: ignore[arg-type]
+
+    MAX_VALUE_BYTES = 128
 
 
 _STALL_WARN_S: float | None = 1.0

@@ -43,6 +43,12 @@ class InvalidDedup(InvalidArgument):
     Nothing was written."""
 
 
+class InvalidSearch(InvalidArgument):
+    """A bad search filter (``Admin.find``, ``streamq find``): an unknown state, a payload field
+    not declared indexable for the job type (``SearchConfig.fields``), a bad time range, id
+    prefix or cursor. Nothing was read."""
+
+
 class PayloadTooLarge(InvalidArgument):
     """The serialised job envelope is larger than the queue's ``max_payload_bytes``."""
 

@@ -99,6 +99,18 @@ def check_group(group: str) -> str:
     return group
 
 
+_TERM_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,63}")
+
+
+def check_search_term(what: str, v: object) -> str:
+    """A declared search field name: 1-64 of A-Z a-z 0-9 . _ / - (dots reach into nested
+    objects); raises InvalidArgument."""
+    if not isinstance(v, str) or not _TERM_RE.fullmatch(v):
+        raise InvalidArgument(f"invalid search {what} {v!r}: 1-64 characters of A-Z a-z 0-9"
+                              " . _ / -")
+    return v
+
+
 def queues_key(prefix: str = "streamq") -> str:
     """SET of queue names that workers and schedulers have served (for `streamq stats`).
 
@@ -346,6 +358,38 @@ class Keys:
 
     def job(self, job_id: str) -> str:
         return f"{self.base}:job:{job_id}"
+
+    # Search (docs/search.md, only with QueueConfig.search): sorted sets of job ids written
+    # by enqueue.lua in the same call as the record, scored by the server's enqueue time (ms).
+    @property
+    def ix_all(self) -> str:
+        """ZSET: every indexed job id of the shard -> enqueue ms (the time index)."""
+        return f"{self.base}:ix:all"
+
+    @property
+    def ix_ids(self) -> str:
+        """ZSET, all scores 0: the same ids, for id-prefix lookups (ZRANGEBYLEX); trimmed
+        with ``ix_all``."""
+        return f"{self.base}:ix:ids"
+
+    def ix_type(self, job_type: str) -> str:
+        """ZSET: ids of one job type -> enqueue ms."""
+        return f"{self.base}:ix:t:{job_type}"
+
+    def ix_group(self, group: str) -> str:
+        """ZSET: ids of one group -> enqueue ms."""
+        return f"{self.base}:ix:g:{group}"
+
+    def ix_field(self, job_type: str, field: str, value: str) -> str:
+        """ZSET: ids of one job type whose declared payload field has one value -> enqueue ms
+        (the value as text: a string as is, a number in JSON form, true/false)."""
+        return f"{self.base}:ix:f:{job_type}:{field}={value}"
+
+    @property
+    def ix_decl(self) -> str:
+        """HASH on shard 0: 'fields' = the declared fields (JSON), 'since' = when a producer
+        with a SearchConfig first wrote to the queue (ms; entries start there)."""
+        return f"{self.base}:ix:decl"
 
     def dedup(self, key: str) -> str:
         """STRING: the id of the job that holds dedup key ``key`` (docs/dedup.md). A queue's

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from .._core import dedup as _dedup
 from .._core import durable
+from .._core import search as _search
 from .._core import telemetry as tel
 from .._core.args import seconds as _seconds
 from .._core.config import QueueConfig
@@ -371,6 +372,8 @@ def enqueue_call(
         k.extend(h.handoff_keys)
     if any(p.dedup is not None for p in batch):  # the dedup section, after everything
         _dedup_section(keys, batch, k, args)
+    if cfg.search is not None and batch:  # the search section, after that (docs/search.md)
+        _search.section(keys, cfg, batch, k, args)
     return k, args
 
 

@@ -15,6 +15,7 @@ import redis.asyncio as aredis
 from .._core import cancel as _cancel
 from .._core import durable
 from .._core import queues as _queues
+from .._core import search as _search
 from .._core import shards as _shards
 from .._core import telemetry as tel
 from .._core.args import seconds
@@ -176,6 +177,9 @@ class Queue(_Base):
         if not self._shards_checked:
             call(lambda _retried: drive(self.client, _shards.check(self.keys,
                                                                    self.config.shards)))
+            if self.config.search is not None:
+                call(lambda _retried: drive(self.client, _search.declare(self.keys,
+                                                                         self.config)))
             self._shards_checked = True
 
     def _note(self) -> None:
@@ -454,6 +458,9 @@ class AsyncQueue(_Base):
         if not self._shards_checked:
             await acall(lambda _retried: adrive(self.client, _shards.check(
                 self.keys, self.config.shards)))
+            if self.config.search is not None:
+                await acall(lambda _retried: adrive(self.client, _search.declare(
+                    self.keys, self.config)))
             self._shards_checked = True
 
     async def _note(self) -> None:

@@ -64,6 +64,17 @@
 --           that names this very job (a repeated call that created it) is passed over (the
 --           id's duplicate answer follows); a folded job remembers the last job id folded
 --           into it ('dl'), so a repeated call is answered the same and writes nothing.
+-- ARGV[4] may be 'N:D:S' (D may be 0: then no dedup section) with S > 0 search index keys
+--           (docs/search.md; QueueConfig.search), a section after all of the above (the
+--           positions above are counted without it): KEYS[#KEYS-S+j] the j-th index ZSET of
+--           this shard (Keys.ix_*), ARGV[#ARGV-S] the retention ms, ARGV[#ARGV-S+j] that
+--           index's kind and the jobs of the call it takes: '<A|L|T> <i> <i> ...' (A: the
+--           time index, always first; L: the id-prefix index, score 0; T: a type, group or
+--           field index). Each job this call accepts (queued or scheduled: never a
+--           duplicate, a refused or a folded one, so a repeat writes nothing new) is added
+--           with the server's now as score; entries older than the retention are trimmed
+--           (the time index's oldest 100 at most per call, also removed from L), and each
+--           index written gets the retention as its TTL (an index nobody writes expires).
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
 --           (queued|scheduled|full); 5 for a duplicate: 'duplicate', its state, result
 --           ('' unless completed), error ('' unless failed), mine: 1 when this very row
@@ -76,18 +87,28 @@ local events_maxlen = ARGV[1]
 local max_depth = tonumber(ARGV[2])
 local wake = ARGV[3]
 local n = tonumber(ARGV[4])
-local NK, NA = #KEYS, #ARGV  -- (without the dedup section)
+local NK, NA = #KEYS, #ARGV  -- (without the dedup and search sections)
 local DD = nil  -- the dedup section: job index -> {key, mode, ttl ms, delay ms, max wait ms}
+local IX = nil  -- the search section: {{key, spec}, ...}, ret = retention ms
 if not n then
   local c = sfind(ARGV[4], ':', 1, true)
-  local d = tonumber(ssub(ARGV[4], c + 1))
+  local c2 = sfind(ARGV[4], ':', c + 1, true)
+  local d = tonumber(ssub(ARGV[4], c + 1, (c2 or 0) - 1))
   n = tonumber(ssub(ARGV[4], 1, c - 1))
-  NK, NA = #KEYS - d, #ARGV - 1 - 5 * d
-  DD = {prefix = ARGV[NA + 1]}
-  for j = 1, d do
-    local a = NA + 2 + 5 * (j - 1)
-    DD[tonumber(ARGV[a])] = {KEYS[NK + j], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
-      tonumber(ARGV[a + 4])}
+  if c2 then
+    local s = tonumber(ssub(ARGV[4], c2 + 1))
+    IX = {ret = tonumber(ARGV[NA - s])}
+    for j = 1, s do IX[j] = {KEYS[NK - s + j], ARGV[NA - s + j]} end
+    NK, NA = NK - s, NA - s - 1
+  end
+  if d > 0 then
+    NK, NA = NK - d, NA - 1 - 5 * d
+    DD = {prefix = ARGV[NA + 1]}
+    for j = 1, d do
+      local a = NA + 2 + 5 * (j - 1)
+      DD[tonumber(ARGV[a])] = {KEYS[NK + j], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
+        tonumber(ARGV[a + 4])}
+    end
   end
 end
 local now = now_ms()
@@ -346,10 +367,42 @@ for i = 1, n do
     if depth >= 0 then depth = depth + 1 end
   end
   out[#out + 1] = status
+  if IX and (status == 'queued' or status == 'scheduled') then IX[-i] = true end
   if status == 'deduplicated' then
     out[#out + 1] = state; out[#out + 1] = result
   elseif status == 'duplicate' then
     out[#out + 1] = state; out[#out + 1] = result; out[#out + 1] = err; out[#out + 1] = mine
+  end
+end
+if IX then  -- the search section (header): index the jobs this call accepted (an index
+  -- key of another type, overwritten by hand, is passed over: the jobs are enqueued)
+  local cut = now - IX.ret
+  for j = 1, #IX do
+    local key, spec = IX[j][1], IX[j][2]
+    local kind = ssub(spec, 1, 1)
+    local z = {}
+    for tok in string.gmatch(ssub(spec, 3), '%d+') do
+      local i = tonumber(tok)
+      if IX[-i] then
+        z[#z + 1] = kind == 'L' and 0 or now
+        z[#z + 1] = ARGV[5 + 10 * (i - 1)]
+      end
+    end
+    if kind == 'A' then  -- the oldest entries past the retention leave A and L together
+      local old = rpcall('ZRANGEBYSCORE', key, '-inf', '(' .. cut, 'LIMIT', 0, 100)
+      if type(old) == 'table' and not old.err and old[1] then
+        rpcall('ZREM', key, unpack(old))
+        if IX[j + 1] and ssub(IX[j + 1][2], 1, 1) == 'L' then
+          rpcall('ZREM', IX[j + 1][1], unpack(old))
+        end
+      end
+    elseif kind == 'T' and z[1] then
+      rpcall('ZREMRANGEBYSCORE', key, '-inf', '(' .. cut)
+    end
+    if z[1] then
+      rpcall('ZADD', key, unpack(z))
+      rpcall('PEXPIRE', key, IX.ret)
+    end
   end
 end
 if handable > 0 then
