@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -32,6 +32,7 @@ from ._ops import browse as _browse
 from ._ops import flows as _flows
 from ._ops import groups as _groups
 from ._ops import operations as _ops
+from ._ops import search as _search
 from ._ops import shards as _sh
 from ._ops.browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
 from ._ops.flows import FlowEdge, FlowView
@@ -44,13 +45,14 @@ from ._ops.operations import (
     PendingEntry,
     QueueStats,
 )
+from ._ops.search import Hit, SearchPage, SearchQuery
 
 T = TypeVar("T")
 MIN_VERSION = (6, 2)
 
 __all__ = ["Admin", "AsyncAdmin", "ConsumerInfo", "CronInfo", "DeadEntry", "DeadFilter", "Event",
-           "FlowEdge", "FlowView", "JobRow", "Lease", "ListFilter", "Page", "PendingEntry",
-           "Point", "QueueStats", "Timeline", "WorkerInfo"]
+           "FlowEdge", "FlowView", "Hit", "JobRow", "Lease", "ListFilter", "Page", "PendingEntry",
+           "Point", "QueueStats", "SearchPage", "Timeline", "WorkerInfo"]
 
 
 def _who() -> str:
@@ -116,6 +118,23 @@ class Admin:
     def job(self, queue: str, job_id: str) -> JobInfo:
         return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _ops.job(
             k, self.config, job_id)))
+
+    def find(self, queue: str | None = None, *, id: str | None = None,
+             id_prefix: str | None = None, type: str | None = None, state: str | None = None,
+             group: str | None = None, error: str | None = None, error_type: str | None = None,
+             since_ms: int | None = None, until_ms: int | None = None,
+             fields: Mapping[str, str] | None = None, limit: int = 50,
+             cursor: str | None = None, max_scan: int = _search.SCAN_DEFAULT) -> SearchPage:
+        """Jobs matching every filter given, newest first, in ``queue`` or every queue of the
+        registry, every shard (docs/search.md). Answered from the indexes of queues with
+        ``QueueConfig(search=...)`` (an exact ``id`` and error filters work on any queue);
+        reads at most ``max_scan`` candidates, then says so (``bound_hit``) with a cursor.
+        Raises InvalidSearch for a bad filter (unknown state, undeclared field, ...)."""
+        q = SearchQuery(queue, id, id_prefix, type, state, group, error, error_type, since_ms,
+                        until_ms, dict(fields or {}))
+        return drive(self.client, _search.find(q, prefix=self.config.key_prefix, limit=limit,
+                                               cursor=cursor, max_scan=max_scan,
+                                               serde=self.config.serde))
 
     def flow(self, queue: str, job_id: str, *, cursor: str | None = None, limit: int = 100
              ) -> FlowView:
@@ -365,6 +384,19 @@ class AsyncAdmin:
     async def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
         return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _ops.requeue(
             k, self.config, job_id, who or _who())))
+
+    async def find(self, queue: str | None = None, *, id: str | None = None,
+             id_prefix: str | None = None, type: str | None = None, state: str | None = None,
+             group: str | None = None, error: str | None = None, error_type: str | None = None,
+             since_ms: int | None = None, until_ms: int | None = None,
+             fields: Mapping[str, str] | None = None, limit: int = 50,
+             cursor: str | None = None, max_scan: int = _search.SCAN_DEFAULT) -> SearchPage:
+        """As :meth:`Admin.find`."""
+        q = SearchQuery(queue, id, id_prefix, type, state, group, error, error_type, since_ms,
+                        until_ms, dict(fields or {}))
+        return await adrive(self.client, _search.find(
+            q, prefix=self.config.key_prefix, limit=limit, cursor=cursor, max_scan=max_scan,
+            serde=self.config.serde))
 
     async def dead(self, queue: str, flt: DeadFilter | None = None, *, limit: int = 100,
                    cursor: str | None = None, oldest_first: bool = False,

@@ -81,7 +81,7 @@ def section(keys: Keys, cfg: QueueConfig, batch: Sequence[Any], k: list[str],
     args.extend((f"A {every}", f"L {every}",
                  *(f"T {' '.join(map(str, ix))}" for ix in by.values())))
     n = args[3]
-    head = f"{n}:0" if not isinstance(n, str) else n
+    head = n if isinstance(n, str) else f"{len(batch)}:0"
     args[3] = f"{head}:{2 + len(by)}"
 
 

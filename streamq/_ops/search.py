@@ -1,0 +1,500 @@
+"""Job search (docs/search.md): sans-IO, over the index sets enqueue.lua writes for queues with
+``QueueConfig(search=...)`` (``_core/search.py``), the dead-letter streams and job records.
+
+A query picks one candidate source per queue shard, the most selective it has: an exact id
+(a record read, no index needed: works on every queue), the id-prefix set, the dead stream
+(error filters, ``state="failed"``), a declared field's set, the group's, the type's, or the
+time index. Candidates come newest first; every other filter is checked on the job record,
+and reading stops when the page is full or ``max_scan`` candidates were checked (the page
+says so: ``bound_hit``). Nothing reads the keyspace.
+
+Results from several queues and shards are merged newest first by (time, source, member);
+the cursor is the last one returned, so the next page starts right after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .._core.driver import Cmd, Op, Step, _s, ok
+from .._core.errors import InvalidSearch, SerializationError
+from .._core.keys import Keys, check_job_id, queues_key, shard_of
+from .._core.model import STATES, _entry_ms, record_state
+from .._core.search import DECL_FIELDS, DECL_SINCE, field_value
+from .._core.serde import JsonSerde, Serde
+
+PAGE_MAX = 1000
+SCAN_DEFAULT = 10_000
+"""Candidates a query checks at most by default before it returns what it found
+(``bound_hit``)."""
+PREFIX_MAX = 1000
+"""Ids an id prefix matches at most per shard (ZRANGEBYLEX ... LIMIT)."""
+_SEQ_MAX = 2**64 - 1
+_REC = ("s", "state", "b", "type", "g", "c", "error", "reason")
+
+
+@attrs.frozen
+class SearchQuery:
+    """Filters of ``Admin.find`` (all optional; all given must match)."""
+
+    queue: str | None = None
+    """One queue, or None: every queue of the registry (``Admin.queues``)."""
+    id: str | None = None
+    id_prefix: str | None = None
+    type: str | None = None
+    state: str | None = None
+    group: str | None = None
+    error: str | None = None
+    """Text in the error (case-insensitive): the dead letter's reason and error type, the
+    record's last error."""
+    error_type: str | None = None
+    since_ms: int | None = None
+    """Enqueued at or after (epoch ms; dead letters: dead-lettered at)."""
+    until_ms: int | None = None
+    fields: Mapping[str, str] = attrs.field(factory=dict)
+    """Declared payload fields (``SearchConfig.fields``) -> value as text."""
+
+
+@attrs.frozen
+class Hit:
+    queue: str
+    job_id: str
+    type: str
+    state: str
+    at_ms: int
+    """Enqueued at (from the index) or dead-lettered at (from the dead stream)."""
+    group: str = ""
+    error: str = ""
+    shard: int = 0
+
+
+@attrs.frozen
+class SearchPage:
+    items: list[Hit]
+    cursor: str | None
+    """Pass it back for the next page; None: nothing more matches."""
+    scanned: int
+    """Candidates checked (index entries and records read)."""
+    bound_hit: bool
+    """Reading stopped at ``max_scan`` (or an id prefix matched more than ``PREFIX_MAX`` ids in
+    a shard) before the page was full: there may be more; ``cursor`` continues."""
+    source: str
+    """What answered: id, prefix, dead, field, group, type or time."""
+    index_since_ms: dict[str, int | None]
+    """Per queue searched: when its index starts (ms), None when it has none (a queue
+    without ``QueueConfig.search``: only an exact id finds its jobs)."""
+
+
+def check_query(q: SearchQuery) -> SearchQuery:
+    if q.state is not None and q.state not in STATES:
+        raise InvalidSearch(f"unknown state {q.state!r}: one of {', '.join(STATES)}")
+    if q.id is not None:
+        try:
+            check_job_id(q.id)
+        except Exception as exc:
+            raise InvalidSearch(str(exc)) from exc
+    if q.id_prefix is not None and (not q.id_prefix or any(
+            c in q.id_prefix for c in "[]()\x00\xff ")):
+        raise InvalidSearch(f"invalid id prefix {q.id_prefix!r}")
+    if (q.since_ms is not None and q.until_ms is not None and q.since_ms > q.until_ms):
+        raise InvalidSearch(f"since ({q.since_ms}) is after until ({q.until_ms})")
+    for name, v in q.fields.items():
+        if not isinstance(name, str) or not isinstance(v, str) or not v:
+            raise InvalidSearch(f"a field filter is a name and a non-empty text value, got"
+                                f" {name!r}={v!r}")
+    return q
+
+
+def encode_cursor(key: tuple[int, str, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        s, label, member = json.loads(raw)
+        if isinstance(s, int) and isinstance(label, str) and isinstance(member, str):
+            return s, label, member
+    except (ValueError, TypeError):
+        pass
+    raise InvalidSearch(f"invalid search cursor {cursor!r}")
+
+
+@attrs.define
+class _Src:
+    """One candidate source: a sorted set by rank ('z'), a dead stream ('d') or a fixed
+    list ('l'), of one queue shard."""
+
+    kind: str
+    queue: str
+    shard: int
+    label: str
+    key: str = ""
+    rank: int = 0
+    end: tuple[int, int] = (0, 0)  # 'd': the next entry at or before (ms, seq)
+    buf: list[tuple[int, str, str, str]] = attrs.field(factory=list)  # (score, label, member, id)
+    done: bool = False
+    extra: dict[str, tuple[str, str]] = attrs.field(factory=dict)  # 'd': id -> reason, etype
+    removed: list[str] = attrs.field(factory=list)
+
+
+def _gkey(c: tuple[int, str, str, str]) -> tuple[int, str, str]:
+    return c[0], c[1], c[2]
+
+
+def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
+         cursor: str | None = None, max_scan: int = SCAN_DEFAULT,
+         serde: Serde | None = None) -> Op[SearchPage]:
+    """One page of jobs matching ``q``, newest first (module docstring)."""
+    check_query(q)
+    limit = max(1, min(int(limit), PAGE_MAX))
+    max_scan = max(limit, int(max_scan))
+    after = decode_cursor(cursor) if cursor else None
+    serde = serde or JsonSerde()
+    if q.queue is not None:
+        queues = [Keys(q.queue, prefix).queue]
+    else:
+        (names,) = yield [Cmd.of("SMEMBERS", queues_key(prefix))]
+        queues = sorted(_s(n) for n in ok(names) or [])
+    infos = yield [c for name in queues for c in (
+        Cmd.of("HGET", Keys(name, prefix).meta, "shards"),
+        Cmd.of("HMGET", Keys(name, prefix).ix_decl, DECL_FIELDS, DECL_SINCE))]
+    shards: dict[str, int] = {}
+    decl: dict[str, dict[str, list[str]]] = {}
+    since: dict[str, int | None] = {}
+    for i, name in enumerate(queues):
+        n, d = infos[2 * i], infos[2 * i + 1]
+        shards[name] = int(n) if n and not isinstance(n, Exception) else 1
+        fields_raw, since_raw = (d if isinstance(d, list) else [None, None])[:2]
+        since[name] = int(since_raw) if since_raw else None
+        try:
+            decl[name] = json.loads(fields_raw) if fields_raw else {}
+        except ValueError:
+            decl[name] = {}
+    source = _source_kind(q)
+    if q.fields:
+        _check_fields(q, queues, decl, since)
+    srcs: list[_Src] = []
+    scanned = 0
+    bound_hit = False
+    if source == "id":
+        assert q.id is not None
+        jid = q.id
+        found = yield [Cmd.of("HMGET", Keys(name, prefix, shard_of(jid, shards[name])).job(jid),
+                              "c", "e") for name in queues]
+        for name, rep in zip(queues, found, strict=True):
+            if isinstance(rep, list) and any(v is not None for v in rep):
+                sh = shard_of(jid, shards[name])
+                ms = _ms(rep[0]) or _ms(_entry_ms(rep[1]))
+                s = _Src("l", name, sh, _label(name, sh))
+                s.buf = [(ms, s.label, jid, jid)]
+                s.done = True
+                srcs.append(s)
+    else:
+        for name in queues:
+            if source != "dead" and since[name] is None:
+                continue  # no index: nothing but an exact id finds its jobs
+            for sh in range(shards[name]):
+                srcs.extend(_sources(q, source, name, Keys(name, prefix, sh), decl[name]))
+        if source == "prefix":
+            b = yield from _prefix_init(q, srcs)
+            bound_hit = bound_hit or b
+        else:
+            yield from _init(q, srcs, after)
+    items: list[Hit] = []
+    chunk = max(10, min(2 * limit, PAGE_MAX) // max(1, len(srcs)) + 1)
+    last: tuple[int, str, str] | None = after
+    while len(items) < limit:
+        need = [s for s in srcs if not s.buf and not s.done]
+        while need:  # (a fetch moves each source on: this ends)
+            yield from _fetch(q, need, chunk, last)
+            chunk = min(chunk * 2, PAGE_MAX)
+            need = [s for s in need if not s.buf and not s.done]
+        live = [s for s in srcs if s.buf or not s.done]
+        if not live:
+            last = None
+            break
+        # entries newer than the oldest of any source still to read are in final order
+        horizon = max((_gkey(s.buf[-1]) for s in live if not s.done and s.buf), default=None)
+        cands = sorted((c for s in live for c in s.buf
+                        if horizon is None or _gkey(c) >= horizon), key=_gkey, reverse=True)
+        if last is not None:
+            cands = [c for c in cands if _gkey(c) < last]
+        room = max_scan - scanned
+        if room <= 0:
+            bound_hit = True
+            break
+        cands = cands[:room]
+        by_label = {s.label: s for s in srcs}
+        recs = yield [Cmd.of("HMGET", Keys(by_label[c[1]].queue, prefix,
+                                           by_label[c[1]].shard).job(c[3]), *_REC)
+                      for c in cands]
+        stop = None
+        for c, rec in zip(cands, recs, strict=True):
+            scanned += 1
+            last = _gkey(c)
+            src = by_label[c[1]]
+            hit = _match(q, src, c, rec, serde)
+            if hit is not None:
+                items.append(hit)
+                if len(items) == limit:
+                    stop = c
+                    break
+        for s in live:
+            s.buf = [c for c in s.buf if last is None or _gkey(c) < last]
+        drop: Step = []
+        for s in srcs:
+            if s.removed and s.kind == "z":
+                drop.append(Cmd.of("ZREM", s.key, *s.removed))
+                s.rank -= len(s.removed)
+            s.removed = []
+        if drop:
+            yield drop  # expired records' index entries, dropped as met
+        if stop is not None:
+            break
+        if scanned >= max_scan and any(s.buf or not s.done for s in srcs):
+            bound_hit = True
+            break
+    more = last is not None and any(s.buf or not s.done for s in srcs)
+    return SearchPage(items, encode_cursor(last) if more and last else None, scanned,
+                      bound_hit, source, {n: since[n] for n in queues})
+
+
+def _source_kind(q: SearchQuery) -> str:
+    if q.id is not None:
+        return "id"
+    if q.id_prefix is not None:
+        return "prefix"
+    if q.error is not None or q.error_type is not None or q.state == "failed":
+        return "dead"
+    if q.fields:
+        return "field"
+    if q.group is not None:
+        return "group"
+    if q.type is not None:
+        return "type"
+    return "time"
+
+
+def _check_fields(q: SearchQuery, queues: Sequence[str], decl: Mapping[str, Any],
+                  since: Mapping[str, int | None]) -> None:
+    for name in q.fields:
+        ok_somewhere = any(
+            name in fields for queue in queues for t, fields in decl[queue].items()
+            if q.type is None or t == q.type)
+        if not ok_somewhere:
+            where = f"job type {q.type!r}" if q.type else "any job type"
+            declared = sorted({f"{t}:{f}" for queue in queues for t, fs in decl[queue].items()
+                               for f in fs})
+            raise InvalidSearch(
+                f"payload field {name!r} is not declared indexable for {where} in"
+                f" {'queue ' + repr(queues[0]) if len(queues) == 1 else 'any queue'}"
+                f" (SearchConfig.fields; declared: {', '.join(declared) or 'none'})")
+
+
+def _label(queue: str, shard: int, extra: str = "") -> str:
+    return f"{queue}/{shard:03d}{'/' + extra if extra else ''}"
+
+
+def _sources(q: SearchQuery, source: str, name: str, k: Keys,
+             decl: Mapping[str, list[str]]) -> list[_Src]:
+    sh = k.shard
+    if source == "dead":
+        return [_Src("d", name, sh, _label(name, sh), k.dead)]
+    if source == "prefix":
+        return [_Src("l", name, sh, _label(name, sh), k.ix_ids)]
+    if source == "field":
+        fname, value = next(iter(q.fields.items()))
+        types = [t for t, fs in decl.items() if fname in fs and (q.type in (None, t))]
+        return [_Src("z", name, sh, _label(name, sh, t), k.ix_field(t, fname, value))
+                for t in sorted(types)]
+    if source == "group":
+        assert q.group is not None
+        return [_Src("z", name, sh, _label(name, sh), k.ix_group(q.group))]
+    if source == "type":
+        assert q.type is not None
+        return [_Src("z", name, sh, _label(name, sh), k.ix_type(q.type))]
+    return [_Src("z", name, sh, _label(name, sh), k.ix_all)]
+
+
+def _init(q: SearchQuery, srcs: Sequence[_Src], after: tuple[int, str, str] | None) -> Op[None]:
+    """Each source's first position: after the cursor, and not after ``until``."""
+    step: Step = []
+    for s in srcs:
+        if s.kind == "d":
+            end = (q.until_ms, _SEQ_MAX) if q.until_ms is not None else (2**63, 0)
+            if after is not None:
+                sc, lab, mem = after
+                if s.label > lab:
+                    e2 = (sc - 1, _SEQ_MAX)
+                elif s.label < lab:
+                    e2 = (sc, _SEQ_MAX)
+                else:
+                    seq = int(mem.split("|", 1)[0])
+                    e2 = (sc, seq - 1) if seq > 0 else (sc - 1, _SEQ_MAX)
+                end = min(end, e2)
+            s.end = end
+            continue
+        step.append(Cmd.of("ZCOUNT", s.key, f"({q.until_ms}", "+inf") if q.until_ms is not None
+                    else Cmd.of("ECHO", "0"))
+        if after is None:
+            step.extend((Cmd.of("ECHO", "0"), Cmd.of("ECHO", "0")))
+            continue
+        sc, lab, mem = after
+        if s.label > lab:
+            step.extend((Cmd.of("ZCOUNT", s.key, sc, "+inf"), Cmd.of("ECHO", "0")))
+        elif s.label < lab:
+            step.extend((Cmd.of("ZCOUNT", s.key, f"({sc}", "+inf"), Cmd.of("ECHO", "0")))
+        else:
+            step.extend((Cmd.of("ZREVRANK", s.key, mem), Cmd.of("ZSCORE", s.key, mem)))
+    if not step:
+        return
+    replies = yield step
+    i = 0
+    for s in srcs:
+        if s.kind == "d":
+            continue
+        r_until, r1, r2 = replies[i:i + 3]
+        i += 3
+        start = int(ok(r_until) or 0)
+        if after is not None:
+            sc, lab, _ = after
+            if s.label != lab:
+                start = max(start, int(ok(r1) or 0))
+            elif r1 is not None and not isinstance(r1, Exception) and r2 is not None and (
+                    int(float(r2)) == sc):
+                start = max(start, int(r1) + 1)
+            else:  # the cursor's member is gone: resume after its whole millisecond
+                (n,) = yield [Cmd.of("ZCOUNT", s.key, sc, "+inf")]
+                start = max(start, int(ok(n) or 0))
+        s.rank = start
+
+
+def _prefix_init(q: SearchQuery, srcs: Sequence[_Src]) -> Op[bool]:
+    """The id-prefix sources' candidates: matching ids (at most PREFIX_MAX per shard) with
+    their enqueue time from the time index, as fixed lists."""
+    p = q.id_prefix
+    assert p is not None
+    replies = yield [Cmd.of("ZRANGEBYLEX", s.key, f"[{p}", f"[{p}\xff", "LIMIT", 0, PREFIX_MAX)
+                     for s in srcs]
+    bound = False
+    ids_of = [[_s(m) for m in ok(r) or []] for r in replies]
+    steps: Step = [Cmd.of("ZMSCORE", s.key.removesuffix(":ix:ids") + ":ix:all", *ids)
+                   if ids else Cmd.of("ECHO", "") for s, ids in zip(srcs, ids_of, strict=True)]
+    scores = yield steps
+    for s, ids, sc in zip(srcs, ids_of, scores, strict=True):
+        bound = bound or len(ids) >= PREFIX_MAX
+        vals = ok(sc) or [None] * len(ids)
+        s.buf = sorted(((int(float(v)), s.label, j, j) for j, v in zip(ids, vals, strict=True)
+                        if v is not None), reverse=True)
+        s.done = True
+    return bound
+
+
+def _fetch(q: SearchQuery, srcs: Sequence[_Src], n: int,
+           last: tuple[int, str, str] | None) -> Op[None]:
+    step: Step = []
+    for s in srcs:
+        if s.kind == "z":
+            step.append(Cmd.of("ZREVRANGE", s.key, s.rank, s.rank + n - 1, "WITHSCORES"))
+        else:
+            lo = f"{q.since_ms}-0" if q.since_ms is not None else "-"
+            step.append(Cmd.of("XREVRANGE", s.key, f"{s.end[0]}-{s.end[1]}", lo, "COUNT", n))
+    replies = yield step
+    for s, rep in zip(srcs, replies, strict=True):
+        if isinstance(rep, Exception):  # a key of another type (overwritten by hand)
+            s.done = True
+            continue
+        got: list[tuple[int, str, str, str]] = []
+        if s.kind == "z":
+            flat = rep or []
+            for j in range(0, len(flat), 2):
+                m, sc = _s(flat[j]), int(float(flat[j + 1]))
+                if q.since_ms is not None and sc < q.since_ms:
+                    s.done = True
+                    break
+                got.append((sc, s.label, m, m))
+            s.rank += len(flat) // 2
+            if len(flat) // 2 < n:
+                s.done = True
+        else:
+            for e in rep or []:
+                eid = _s(e[0])
+                ms, _, seq = eid.partition("-")
+                f = e[1] or []
+                d = {_s(f[i]): f[i + 1] for i in range(0, len(f) - 1, 2)}
+                jid = _s(d.get("job", b""))
+                s.end = (int(ms), int(seq) - 1) if int(seq) > 0 else (int(ms) - 1, _SEQ_MAX)
+                if not jid:
+                    continue
+                s.extra[f"{int(seq):020d}|{jid}"] = (_s(d.get("reason", b"")),
+                                                      _s(d.get("etype", b"")))
+                got.append((int(ms), s.label, f"{int(seq):020d}|{jid}", jid))
+            if len(rep or []) < n:
+                s.done = True
+        if last is not None:
+            got = [c for c in got if _gkey(c) < last]
+        s.buf.extend(got)
+
+
+def _match(q: SearchQuery, src: _Src, c: tuple[int, str, str, str], rec: Any,
+           serde: Serde) -> Hit | None:
+    if not isinstance(rec, list) or (rec[0] is None and rec[1] is None):
+        if src.kind == "z":
+            src.removed.append(c[2])  # the record expired: its index entry goes
+        return None
+    s, s1, body, t1, g, _c, err, reason = rec
+    state = record_state(s if s is not None else s1)
+    jtype = (body.partition(b" ")[0] if body else (t1 or b"")).decode(errors="replace")
+    group = (g or b"").decode(errors="replace")
+    if q.state is not None and state != q.state:
+        return None
+    if q.type is not None and jtype != q.type:
+        return None
+    if q.group is not None and group != q.group:
+        return None
+    if q.since_ms is not None and c[0] < q.since_ms:
+        return None
+    if q.until_ms is not None and c[0] > q.until_ms:
+        return None
+    dead_reason, dead_etype = src.extra.get(c[2], ("", ""))
+    err_text = (err or b"").decode(errors="replace")
+    etype = dead_etype
+    if err_text and not etype:
+        try:
+            e = json.loads(err_text)
+            etype = str(e.get("type", "")) if isinstance(e, dict) else ""
+        except ValueError:
+            pass
+    shown = dead_reason or (reason or b"").decode(errors="replace") or err_text
+    if q.error_type is not None and etype != q.error_type and (
+            f'"type": "{q.error_type}"' not in err_text):
+        return None
+    if q.error is not None:
+        hay = " ".join((dead_reason, dead_etype, err_text,
+                        (reason or b"").decode(errors="replace"))).lower()
+        if q.error.lower() not in hay:
+            return None
+    if q.fields:
+        if not body:
+            return None
+        try:
+            payload = serde.loads(body.partition(b" ")[2])
+        except (SerializationError, RecursionError):
+            return None
+        for name, want in q.fields.items():
+            if field_value(payload, name) != want:
+                return None
+    return Hit(src.queue, c[3], jtype, state, c[0], group, shown[:300], src.shard)
+
+
+def _ms(v: Any) -> int:
+    try:
+        return int(v) if v else 0
+    except (TypeError, ValueError):
+        return 0
