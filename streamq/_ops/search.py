@@ -464,14 +464,17 @@ def _match(q: SearchQuery, src: _Src, c: tuple[int, str, str, str], rec: Any,
         return None
     dead_reason, dead_etype = src.extra.get(c[2], ("", ""))
     err_text = (err or b"").decode(errors="replace")
-    etype = dead_etype
-    if err_text and not etype:
+    etype, message = dead_etype, ""
+    if err_text:
         try:
             e = json.loads(err_text)
-            etype = str(e.get("type", "")) if isinstance(e, dict) else ""
         except ValueError:
-            pass
-    shown = dead_reason or (reason or b"").decode(errors="replace") or err_text
+            e = None
+        if isinstance(e, dict):
+            etype = etype or str(e.get("type", ""))
+            message = str(e.get("message", ""))
+    shown = (f"{etype}: {message}" if message else
+             dead_reason or (reason or b"").decode(errors="replace") or err_text)
     if q.error_type is not None and etype != q.error_type and (
             f'"type": "{q.error_type}"' not in err_text):
         return None

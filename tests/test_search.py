@@ -1,0 +1,220 @@
+"""Job search (docs/search.md) against a real server: each filter, across queues and shards,
+cursor paging, the scan bound, expired records, a queue from before search, bad filters.
+
+Each test uses a key prefix of its own, so the queue registry it searches holds only its
+queues (the session's server is shared)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from helpers import eventually, fast, wait_until
+
+from streamq import (
+    Fail,
+    InvalidSearch,
+    Job,
+    Queue,
+    QueueConfig,
+    Registry,
+    SearchConfig,
+    Worker,
+)
+from streamq._core.keys import Keys
+from streamq.admin import Admin, AsyncAdmin
+
+FIELDS = SearchConfig(fields={"email.send": ["customer_id", "to.domain"]})
+
+
+@pytest.fixture
+def prefix(qname: str) -> str:
+    return f"p{qname}"
+
+
+@pytest.fixture
+def admin(url: str, prefix: str) -> Iterator[Admin]:
+    a = Admin.from_url(url, QueueConfig(key_prefix=prefix))
+    yield a
+    a.close()
+
+
+def queue(url: str, name: str, prefix: str, **cfg: object) -> Queue:
+    return Queue.from_url(url, name, config=QueueConfig(key_prefix=prefix, **cfg))  # type: ignore[arg-type]
+
+
+def all_pages(admin: Admin, limit: int, **flt: object) -> list[tuple[str, str, int]]:
+    out: list[tuple[str, str, int]] = []
+    cursor = None
+    while True:
+        page = admin.find(limit=limit, cursor=cursor, **flt)  # type: ignore[arg-type]
+        out.extend((h.queue, h.job_id, h.at_ms) for h in page.items)
+        cursor = page.cursor
+        if cursor is None:
+            return out
+
+
+def test_each_filter_on_a_sharded_queue(url: str, prefix: str, admin: Admin, r: redis.Redis
+                                        ) -> None:
+    q = queue(url, "mail", prefix, shards=3, search=FIELDS)
+    ids = [q.enqueue("email.send", {"customer_id": i % 4, "to": {"domain": f"d{i % 2}.io"}},
+                     group=f"tenant-{i % 3}").job_id for i in range(24)]
+    other = q.enqueue_many([{"type": "report", "payload": {"n": i}} for i in range(6)])
+    later = q.enqueue("email.send", {"customer_id": 99}, delay=3600).job_id
+
+    def got(**flt: object) -> set[str]:
+        hits = admin.find(limit=100, **flt).items  # type: ignore[arg-type]
+        times = [h.at_ms for h in hits]
+        assert times == sorted(times, reverse=True)  # newest first
+        assert len({h.job_id for h in hits}) == len(hits)
+        return {h.job_id for h in hits}
+
+    assert got(type="email.send") == {later, *ids}
+    assert got(type="report") == {o.job_id for o in other}
+    assert got(group="tenant-1") == {j for i, j in enumerate(ids) if i % 3 == 1}
+    assert got(fields={"customer_id": "2"}) == {j for i, j in enumerate(ids) if i % 4 == 2}
+    assert got(fields={"to.domain": "d1.io", "customer_id": "3"}) == {
+        j for i, j in enumerate(ids) if i % 2 == 1 and i % 4 == 3}
+    assert got(type="email.send", fields={"customer_id": "99"}) == {later}
+    assert got(state="scheduled") == {later}
+    assert got(id=ids[7]) == {ids[7]}
+    assert ids[7] in got(id_prefix=ids[7][:3])
+    assert all(j.startswith(ids[7][:3]) for j in got(id_prefix=ids[7][:3]))
+    hits = admin.find(type="email.send", limit=100).items
+    mid = hits[10].at_ms
+    assert all(h.at_ms <= mid for h in admin.find(until_ms=mid, limit=100).items)
+    assert hits[10].job_id in got(until_ms=mid)
+    assert all(h.at_ms >= mid for h in admin.find(since_ms=mid, limit=100).items)
+    assert hits[10].job_id in got(since_ms=mid, type="email.send")
+    first = admin.find(id=ids[0]).items[0]
+    assert (first.queue, first.type, first.state, first.group) == (
+        "mail", "email.send", "queued", "tenant-0")
+    # the index is per shard: every shard has its own time index
+    assert sum(r.zcard(Keys("mail", prefix, s).ix_all) for s in range(3)) == 31
+
+
+async def test_error_filters_find_dead_letters(url: str, prefix: str, admin: Admin) -> None:
+    reg = Registry()
+
+    @reg.handler("charge")
+    async def charge(job: Job) -> None:
+        if job.payload["card"] == "bad":
+            raise Fail("card declined by issuer")
+        if job.payload["card"] == "slow":
+            raise TimeoutError("gateway timed out")
+
+    q = queue(url, "pay", prefix, search=SearchConfig())
+    bad = q.enqueue("charge", {"card": "bad"}, max_attempts=1).job_id
+    slow = q.enqueue("charge", {"card": "slow"}, max_attempts=1).job_id
+    good = q.enqueue("charge", {"card": "ok"}).job_id
+    async with Worker(url, ["pay"], reg, fast(), QueueConfig(key_prefix=prefix)):
+        await eventually(lambda: {h.job_id for h in admin.find(state="failed").items}
+                         == {bad, slow} and admin.find(id=good).items[0].state == "completed",
+                         30, "two dead letters and one completed job")
+    assert [h.job_id for h in admin.find(error="DECLINED").items] == [bad]
+    hit = admin.find(error_type="TimeoutError").items
+    assert [h.job_id for h in hit] == [slow] and "timed out" in hit[0].error
+    assert admin.find(error="declined", type="other").items == []
+    assert [h.job_id for h in admin.find(state="completed").items] == [good]
+
+
+def test_across_queues_and_shards_pages_without_duplicates(url: str, prefix: str,
+                                                           admin: Admin) -> None:
+    a = queue(url, "a", prefix, shards=4, search=SearchConfig())
+    b = queue(url, "b", prefix, search=SearchConfig())
+    want: set[str] = set()
+    for _ in range(5):  # bulk calls: many jobs share one millisecond (ties across sources)
+        want |= {r.job_id for r in a.enqueue_many([{"type": "x"}] * 30)}
+        want |= {r.job_id for r in b.enqueue_many([{"type": "x"}] * 7)}
+    seen = all_pages(admin, 9)
+    assert len(seen) == len(want) == 185
+    assert {j for _, j, _ in seen} == want  # every job once
+    assert [t for _, _, t in seen] == sorted((t for _, _, t in seen), reverse=True)
+    assert {qn for qn, _, _ in seen} == {"a", "b"}
+    # one queue only
+    assert {qn for qn, _, _ in all_pages(admin, 50, queue="b")} == {"b"}
+
+
+def test_bound_is_reported_and_the_cursor_continues(url: str, prefix: str, admin: Admin
+                                                    ) -> None:
+    q = queue(url, "big", prefix, search=SearchConfig())
+    q.enqueue_many([{"type": "common"} for _ in range(300)])
+    rare = q.enqueue("common", {}, delay=3600).job_id  # the newest; then 300 older ones
+    q.enqueue_many([{"type": "common"} for _ in range(300)])
+    page = admin.find(state="scheduled", max_scan=100, limit=10)
+    assert page.items == [] and page.bound_hit and page.scanned == 100
+    assert page.source == "time"
+    found, cursor, scanned = [], page.cursor, page.scanned
+    while cursor is not None:
+        page = admin.find(state="scheduled", max_scan=100, limit=10, cursor=cursor)
+        found += [h.job_id for h in page.items]
+        scanned += page.scanned
+        cursor = page.cursor
+    assert found == [rare] and scanned == 601
+
+
+def test_expired_records_are_dropped_from_results_and_index(url: str, prefix: str,
+                                                            admin: Admin, r: redis.Redis) -> None:
+    q = queue(url, "exp", prefix, search=SearchConfig())
+    keep = q.enqueue("t", {}).job_id
+    gone = q.enqueue("t", {}).job_id
+    k = Keys("exp", prefix)
+    r.pexpire(k.job(gone), 1)  # the record expires as a finished one's would
+    wait_until(lambda: not r.exists(k.job(gone)), what="the record to expire")
+    assert [h.job_id for h in admin.find(type="t").items] == [keep]
+    assert r.zscore(k.ix_type("t"), gone) is None  # dropped as met
+    assert r.zscore(k.ix_type("t"), keep) is not None
+
+
+def test_queue_from_before_search(url: str, prefix: str, admin: Admin, r: redis.Redis) -> None:
+    old = queue(url, "old", prefix)  # no SearchConfig: writes no index at all
+    jid = old.enqueue("t", {"customer_id": 1}).job_id
+    assert not [k for k in r.scan_iter(f"{prefix}:*ix*")]
+    page = admin.find(type="t")
+    assert page.items == [] and page.index_since_ms == {"old": None}
+    assert [h.job_id for h in admin.find(id=jid).items] == [jid]  # an exact id still works
+    # search turned on later: the index starts then, the older job is found by id only
+    new = queue(url, "old", prefix, search=SearchConfig())
+    jid2 = new.enqueue("t", {}).job_id
+    page = admin.find(type="t")
+    assert [h.job_id for h in page.items] == [jid2]
+    assert page.index_since_ms["old"] is not None
+    assert [h.job_id for h in admin.find(id=jid).items] == [jid]
+
+
+def test_a_repeated_enqueue_indexes_nothing_new(url: str, prefix: str, r: redis.Redis) -> None:
+    q = queue(url, "rep", prefix, search=SearchConfig())
+    jid = q.enqueue("t", {}, job_id="j-1").job_id
+    k = Keys("rep", prefix)
+    score = r.zscore(k.ix_all, jid)
+    assert q.enqueue("t", {}, job_id="j-1").status == "duplicate"
+    assert r.zscore(k.ix_all, jid) == score and r.zcard(k.ix_all) == 1
+
+
+def test_bad_filters_are_typed_errors(url: str, prefix: str, admin: Admin) -> None:
+    queue(url, "m", prefix, search=FIELDS).enqueue("email.send", {"customer_id": 1})
+    with pytest.raises(InvalidSearch, match="unknown state 'done'"):
+        admin.find(state="done")
+    with pytest.raises(InvalidSearch, match="'plan' is not declared"):
+        admin.find(fields={"plan": "pro"})
+    with pytest.raises(InvalidSearch, match="not declared indexable for job type 'report'"):
+        admin.find(type="report", fields={"customer_id": "1"})
+    with pytest.raises(InvalidSearch, match="cursor"):
+        admin.find(cursor="nonsense!")
+    with pytest.raises(InvalidSearch, match="since"):
+        admin.find(since_ms=10, until_ms=5)
+    with pytest.raises(ValueError):  # InvalidSearch is an InvalidArgument, a ValueError
+        SearchConfig(fields={"email.send": "customer_id"})
+
+
+async def test_async_admin_finds_the_same(url: str, prefix: str, admin: Admin) -> None:
+    q = queue(url, "as", prefix, search=SearchConfig())
+    ids = [q.enqueue("t", {}).job_id for _ in range(3)]
+    a = AsyncAdmin.from_url(url, QueueConfig(key_prefix=prefix))
+    try:
+        page = await a.find(type="t")
+    finally:
+        await a.close()
+    assert {h.job_id for h in page.items} == set(ids)
+    assert page == admin.find(type="t")
