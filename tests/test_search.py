@@ -218,3 +218,26 @@ async def test_async_admin_finds_the_same(url: str, prefix: str, admin: Admin) -
         await a.close()
     assert {h.job_id for h in page.items} == set(ids)
     assert page == admin.find(type="t")
+
+
+def test_cli_find(url: str, prefix: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    q = queue(url, "mail", prefix, search=FIELDS)
+    ids = [q.enqueue("email.send", {"customer_id": i % 2}).job_id for i in range(4)]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "streamq", "find", *args, "--url", url,
+                               "--prefix", prefix], capture_output=True, text=True, timeout=60)
+
+    out = run("--field", "customer_id=1", "--since", "1h", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert {h["job_id"] for h in data["items"]} == {ids[1], ids[3]}
+    assert (data["source"], data["bound_hit"], data["cursor"]) == ("field", False, None)
+    out = run("--id", ids[2][:4] + "*", "--limit", "1")
+    assert out.returncode == 0 and ids[2] in out.stdout and "prefix index" in out.stdout
+    bad = run("--state", "finished")
+    assert bad.returncode != 0 and "unknown state 'finished'" in bad.stderr

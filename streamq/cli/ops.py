@@ -19,6 +19,8 @@ from .._ops.queues import forget
 from .._producer.queue import Queue
 from ..admin import Admin, DeadFilter
 from .common import Ctx, _duration, _plain, _table
+from .find import add_parser as _add_find
+from .find import cmd_find
 from .groups import add_parser as _add_groups
 from .groups import cmd_groups
 from .hints import page_limit
@@ -376,7 +378,7 @@ COMMANDS: dict[str, Callable[[Ctx], None]] = {
     "stats": cmd_stats, "pending": cmd_pending, "job": cmd_job, "flow": cmd_flow, "dead": cmd_dead,
     "requeue": cmd_requeue, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause,
     "consumers": cmd_consumers, "purge": cmd_purge, "enqueue": cmd_enqueue,
-    "queues": cmd_queues, "cron": cmd_cron, "groups": cmd_groups,
+    "queues": cmd_queues, "cron": cmd_cron, "groups": cmd_groups, "find": cmd_find,
 }
 
 
@@ -459,6 +461,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="forget even while the queue has jobs or live workers")
     _add_groups(sub, common)
+    _add_find(sub, common)
     p = sub.add_parser("cron", parents=[common],
                        help="cron entries of the scheduler: schedule, last and next fire")
     p.add_argument("action", choices=["list"])
