@@ -241,3 +241,26 @@ def test_cli_find(url: str, prefix: str) -> None:
     assert out.returncode == 0 and ids[2] in out.stdout and "prefix index" in out.stdout
     bad = run("--state", "finished")
     assert bad.returncode != 0 and "unknown state 'finished'" in bad.stderr
+
+
+async def test_dashboard_search_box(url: str, prefix: str) -> None:
+    import httpx
+
+    from streamq.dashboard import DashboardConfig, create_app
+
+    q = queue(url, "mail", prefix, search=FIELDS)
+    ids = [q.enqueue("email.send", {"customer_id": i % 2}, group="acme").job_id
+           for i in range(4)]
+    app = create_app(url, config=DashboardConfig(queue_config=QueueConfig(key_prefix=prefix)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://dash") as c:
+        home = (await c.get("/")).text
+        assert 'action="/search"' in home
+        assert 'name="q" value="mail"' in (await c.get("/queue?q=mail")).text
+        page = (await c.get("/search", params={"s": "customer_id:1 group:acme"})).text
+        assert {j for j in ids if j in page} == {ids[1], ids[3]}
+        assert "checked via the field index" in page
+        one = await c.get("/search", params={"s": ids[2], "q": "mail"})  # a bare id: its page
+        assert one.status_code == 303 and one.headers["location"].endswith(f"id={ids[2]}")
+        bad = await c.get("/search", params={"s": "state:finished"})
+        assert bad.status_code == 400 and "unknown state" in bad.text
