@@ -296,3 +296,35 @@ async def test_a_hidden_tab_closes_its_stream(browser: Any, url: str, qname: str
         d.execute_script(flip % "false")
         wait_until(lambda: len(hub.subs.get(topic, ())) == 1, what="the stream reopened")
         wait_text(d, "#job-state", "failed")
+
+
+async def test_search_box_finds_jobs_by_a_declared_field(browser: Any, dashboard: str,
+                                                         url: str, qname: str) -> None:
+    """The overview's search box: a declared payload field and a state, newest first; the
+    result links to the job (docs/search.md; the screenshot in docs/img/dashboard-search.png)."""
+    from selenium.webdriver.common.by import By
+
+    from streamq import Queue, QueueConfig, SearchConfig
+
+    q = Queue.from_url(url, qname, config=QueueConfig(
+        search=SearchConfig(fields={"invoice.send": ["customer_id"]})))
+    for i in range(8):
+        q.enqueue("invoice.send", {"customer_id": f"cus_{42 + i % 2}", "n": i},
+                  job_id=f"inv-{i:02d}", group=f"tenant-{i % 3}", delay=3600 if i == 6 else None)
+    q.cancel("inv-04")
+    q.close()
+    d = browser
+    d.get(f"{dashboard}/")
+    box = d.find_element(By.CSS_SELECTOR, "form.search input[name=s]")
+    box.send_keys("customer_id:cus_42 type:invoice.send")
+    d.find_element(By.CSS_SELECTOR, "form.search button").click()
+    wait_text(d, "#search-results td a", "inv-06")
+    rows = d.find_elements(By.CSS_SELECTOR, "#search-results tbody tr")
+    assert [r.find_element(By.CSS_SELECTOR, "td a").text for r in rows] == [
+        "inv-06", "inv-04", "inv-02", "inv-00"]  # newest first
+    assert "checked via the field index" in d.find_element(By.ID, "search-meta").text
+    shot(d, "search")
+    d.find_element(By.LINK_TEXT, "inv-04").click()
+    wait_text(d, "#job-state", "cancelled")
+    logs = [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not logs, logs
