@@ -159,7 +159,9 @@ def test_every_key_is_documented() -> None:
     text = _page("key-layout.md")
     keys = streamq.Keys("Q")
     placeholders = {"job_id": "<id>", "consumer": "<consumer>", "tag": "<tag>",
-                    "level": "<level>", "token_prefix": "<token prefix>", "key": "<key>"}
+                    "level": "<level>", "token_prefix": "<token prefix>", "key": "<key>",
+                    "job_type": "<type>", "group": "<group>", "field": "<field>",
+                    "value": "<value>"}
     for name, member in inspect.getmembers(streamq.Keys):
         if name.startswith("_") or name in ("base", "queue", "prefix", "shard", "tag",
                                             "of_shard", "for_job", "group_keys",
