@@ -78,6 +78,9 @@ def test_each_filter_on_a_sharded_queue(url: str, prefix: str, admin: Admin, r: 
         j for i, j in enumerate(ids) if i % 2 == 1 and i % 4 == 3}
     assert got(type="email.send", fields={"customer_id": "99"}) == {later}
     assert got(state="scheduled") == {later}
+    assert got(group="tenant-1", type="report") == set()
+    assert got(type="report", state="queued") == {o.job_id for o in other}
+    assert got(group="tenant-2", state="queued") == {j for i, j in enumerate(ids) if i % 3 == 2}
     assert got(id=ids[7]) == {ids[7]}
     assert ids[7] in got(id_prefix=ids[7][:3])
     assert all(j.startswith(ids[7][:3]) for j in got(id_prefix=ids[7][:3]))
@@ -116,6 +119,11 @@ async def test_error_filters_find_dead_letters(url: str, prefix: str, admin: Adm
     hit = admin.find(error_type="TimeoutError").items
     assert [h.job_id for h in hit] == [slow] and "timed out" in hit[0].error
     assert admin.find(error="declined", type="other").items == []
+    # text only in the record's error (the dead letter says "attempts exhausted")
+    assert [h.job_id for h in admin.find(error="GATEWAY timed").items] == [slow]
+    assert [h.job_id for h in admin.find(error="gateway", error_type="TimeoutError").items
+            ] == [slow]
+    assert admin.find(error="gateway", error_type="Fail").items == []
     assert [h.job_id for h in admin.find(state="completed").items] == [good]
 
 

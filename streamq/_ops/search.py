@@ -21,10 +21,11 @@ from typing import Any
 
 import attrs
 
-from .._core.driver import Cmd, Op, Step, _s, ok
+from .._core.driver import Call, Cmd, Op, Step, _s, ok
 from .._core.errors import InvalidSearch, SerializationError
 from .._core.keys import Keys, check_job_id, queues_key, shard_of
-from .._core.model import STATES, _entry_ms, record_state
+from .._core.model import STATE_NAMES, STATES, _entry_ms, record_state
+from .._core.scripts import Arg
 from .._core.search import DECL_FIELDS, DECL_SINCE, field_value
 from .._core.serde import JsonSerde, Serde
 
@@ -36,6 +37,8 @@ PREFIX_MAX = 1000
 """Ids an id prefix matches at most per shard (ZRANGEBYLEX ... LIMIT)."""
 _SEQ_MAX = 2**64 - 1
 _REC = ("s", "state", "b", "type", "g", "c", "error", "reason")
+_REFUSED: list[Any] = []
+_LETTER = {v: k.decode() for k, v in STATE_NAMES.items()}
 
 
 @attrs.frozen
@@ -141,6 +144,7 @@ class _Src:
     done: bool = False
     extra: dict[str, tuple[str, str]] = attrs.field(factory=dict)  # 'd': id -> reason, etype
     removed: list[str] = attrs.field(factory=list)
+    rec: str = ""  # the shard's job record key prefix
 
 
 def _gkey(c: tuple[int, str, str, str]) -> tuple[int, str, str]:
@@ -206,6 +210,13 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
             bound_hit = bound_hit or b
         else:
             yield from _init(q, srcs, after)
+    for s in srcs:
+        s.rec = Keys(s.queue, prefix, s.shard).job("")
+    by_label = {s.label: s for s in srcs}
+    pre: list[Arg] = []
+    if ((q.state is not None and source != "dead") or (q.group is not None and source != "group")
+            or (q.type is not None and source not in ("type", "field"))):
+        pre = [_LETTER.get(q.state or "", ""), q.state or "", q.group or "", q.type or ""]
     items: list[Hit] = []
     chunk = max(10, min(2 * limit, PAGE_MAX) // max(1, len(srcs)) + 1)
     last: tuple[int, str, str] | None = after
@@ -230,15 +241,45 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
             bound_hit = True
             break
         cands = cands[:room]
-        by_label = {s.label: s for s in srcs}
-        recs = yield [Cmd.of("HMGET", Keys(by_label[c[1]].queue, prefix,
-                                           by_label[c[1]].shard).job(c[3]), *_REC)
-                      for c in cands]
+        recs: list[Any] = [None] * len(cands)
+        todo = list(range(len(cands)))
+        errs = source == "dead" and (q.error is not None or q.error_type is not None)
+        if pre or errs:  # checked in Redis first (search.lua), one call per shard
+            parts: dict[tuple[str, bool], list[int]] = {}
+            for i, c in enumerate(cands):
+                err_too = False
+                if errs:  # the dead letter's own reason and error type first
+                    er, et = by_label[c[1]].extra.get(c[2], ("", ""))
+                    if q.error_type is not None and et != q.error_type:
+                        recs[i] = _REFUSED
+                        continue
+                    err_too = q.error is not None and q.error.lower() not in (
+                        f"{er} {et}".lower())
+                parts.setdefault((by_label[c[1]].rec, err_too), []).append(i)
+            codes = yield [Call("search", [rec + cands[i][3] for i in ix],
+                                [*(pre or ["", "", "", ""]),
+                                 (q.error or "").lower() if err_too else ""])
+                           for (rec, err_too), ix in parts.items()]
+            todo = []
+            for ix, got in zip(parts.values(), codes, strict=True):
+                for i, code in zip(ix, ok(got), strict=True):
+                    if code == 2:
+                        todo.append(i)
+                    elif code == 1:
+                        recs[i] = _REFUSED
+            todo.sort()
+        if todo:
+            full = yield [Cmd.of("HMGET", by_label[cands[i][1]].rec + cands[i][3], *_REC)
+                          for i in todo]
+            for i, rec in zip(todo, full, strict=True):
+                recs[i] = rec
         stop = None
         for c, rec in zip(cands, recs, strict=True):
             scanned += 1
             last = _gkey(c)
             src = by_label[c[1]]
+            if rec is _REFUSED:  # by search.lua
+                continue
             hit = _match(q, src, c, rec, serde)
             if hit is not None:
                 items.append(hit)
