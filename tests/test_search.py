@@ -7,6 +7,7 @@ queues (the session's server is shared)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -270,3 +271,31 @@ async def test_dashboard_search_box(url: str, prefix: str) -> None:
         assert one.status_code == 303 and one.headers["location"].endswith(f"id={ids[2]}")
         bad = await c.get("/search", params={"s": "state:finished"})
         assert bad.status_code == 400 and "unknown state" in bad.text
+
+
+@pytest.mark.cluster
+def test_on_a_redis_cluster(cluster_url: str, prefix: str) -> None:
+    """A sharded queue over every primary: the indexes sit in each shard's slot, and one
+    search reads every node (pipelines by node), checks records in each slot (search.lua)."""
+    from streamq._core.conn import sync_client
+    from streamq._core.keys import shard_keys
+
+    q = queue(cluster_url, "cl", prefix, shards=6, search=FIELDS)
+    client: Any = sync_client(cluster_url)
+    nodes = {client.get_node_from_key(k.stream).name for k in shard_keys("cl", 6, prefix)}
+    assert len(nodes) > 1
+    ids = [r.job_id for r in q.enqueue_many(
+        [{"type": "email.send", "payload": {"customer_id": i % 5}} for i in range(40)])]
+    later = q.enqueue("email.send", {"customer_id": 1}, delay=3600).job_id
+    a = Admin.from_url(cluster_url, QueueConfig(key_prefix=prefix))
+    try:
+        assert {j for _, j, _ in all_pages(a, 7)} == {*ids, later}
+        assert {h.job_id for h in a.find(fields={"customer_id": "1"}).items} == {
+            *(j for i, j in enumerate(ids) if i % 5 == 1), later}
+        assert [h.job_id for h in a.find(state="scheduled").items] == [later]
+        assert [h.job_id for h in a.find(id=ids[3]).items] == [ids[3]]
+        assert ids[3] in {h.job_id for h in a.find(id_prefix=ids[3][:4]).items}
+    finally:
+        a.close()
+        client.close()
+        q.close()
