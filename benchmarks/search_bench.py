@@ -96,9 +96,8 @@ async def dead_letters(url: str, name: str, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def latency(admin: Admin, reps: int, ids: list[str]) -> list[dict[str, Any]]:
+def latency(admin: Admin, reps: int, ids: list[str], since: int) -> list[dict[str, Any]]:
     rnd = random.Random(11)
-    now = int(time.time() * 1000)
     kinds: dict[str, Callable[[int], dict[str, Any]]] = {
         "id (exact)": lambda i: {"id": ids[i % len(ids)]},
         "id prefix (4 chars)": lambda i: {"id_prefix": ids[i % len(ids)][:4]},
@@ -106,7 +105,7 @@ def latency(admin: Admin, reps: int, ids: list[str]) -> list[dict[str, Any]]:
         "type (rare, 1 in 1000)": lambda i: {"type": "order.rare"},
         "group": lambda i: {"group": f"tenant-{rnd.randrange(1000)}"},
         "field customer_id": lambda i: {"fields": {"customer_id": f"c{rnd.randrange(10_000)}"}},
-        "time range (last 10 s)": lambda i: {"since_ms": now - 10_000},
+        "time range (the newest 1%)": lambda i: {"since_ms": since},
         "state=failed (dead stream)": lambda i: {"state": "failed"},
         "error text": lambda i: {"error": "timed out"},
         "error text, rare (bound)": lambda i: {"error": "no such text anywhere"},
@@ -161,7 +160,9 @@ def main() -> None:
         print(json.dumps({"dead_letters": dead, "seconds": round(took, 1)}), flush=True)
         admin = Admin.from_url(url)
         ids = [h.job_id for h in admin.find(queue="bench-search", limit=200).items]
-        latency(admin, args.reps, ids)
+        newest = admin.find(queue="bench-search", limit=1000, max_scan=args.jobs)
+        since = newest.items[min(len(newest.items), max(1, args.jobs // 100)) - 1].at_ms
+        latency(admin, args.reps, ids, since)
         admin.close()
     finally:
         client.close()

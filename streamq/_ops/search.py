@@ -104,6 +104,10 @@ def check_query(q: SearchQuery) -> SearchQuery:
     if q.id_prefix is not None and (not q.id_prefix or any(
             c in q.id_prefix for c in "[]()\x00\xff ")):
         raise InvalidSearch(f"invalid id prefix {q.id_prefix!r}")
+    for name in ("since_ms", "until_ms"):
+        v = getattr(q, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise InvalidSearch(f"{name} must be epoch milliseconds (an int), got {v!r}")
     if (q.since_ms is not None and q.until_ms is not None and q.since_ms > q.until_ms):
         raise InvalidSearch(f"since ({q.since_ms}) is after until ({q.until_ms})")
     for name, v in q.fields.items():
@@ -144,6 +148,7 @@ class _Src:
     done: bool = False
     extra: dict[str, tuple[str, str]] = attrs.field(factory=dict)  # 'd': id -> reason, etype
     removed: list[str] = attrs.field(factory=list)
+    codes: dict[str, int] = attrs.field(factory=dict)  # member -> search.lua's code
     rec: str = ""  # the shard's job record key prefix
 
 
@@ -195,7 +200,7 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
             if isinstance(rep, list) and any(v is not None for v in rep):
                 sh = shard_of(jid, shards[name])
                 ms = _ms(rep[0]) or _ms(_entry_ms(rep[1]))
-                s = _Src("l", name, sh, _label(name, sh))
+                s = _Src("l", name, sh, _label(name, sh), rec=Keys(name, prefix, sh).job(""))
                 s.buf = [(ms, s.label, jid, jid)]
                 s.done = True
                 srcs.append(s)
@@ -205,18 +210,14 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
                 continue  # no index: nothing but an exact id finds its jobs
             for sh in range(shards[name]):
                 srcs.extend(_sources(q, source, name, Keys(name, prefix, sh), decl[name]))
+        for s in srcs:
+            s.rec = Keys(s.queue, prefix, s.shard).job("")
         if source == "prefix":
             b = yield from _prefix_init(q, srcs)
             bound_hit = bound_hit or b
         else:
             yield from _init(q, srcs, after)
-    for s in srcs:
-        s.rec = Keys(s.queue, prefix, s.shard).job("")
     by_label = {s.label: s for s in srcs}
-    pre: list[Arg] = []
-    if ((q.state is not None and source != "dead") or (q.group is not None and source != "group")
-            or (q.type is not None and source not in ("type", "field"))):
-        pre = [_LETTER.get(q.state or "", ""), q.state or "", q.group or "", q.type or ""]
     items: list[Hit] = []
     chunk = max(10, min(2 * limit, PAGE_MAX) // max(1, len(srcs)) + 1)
     last: tuple[int, str, str] | None = after
@@ -242,32 +243,13 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
             break
         cands = cands[:room]
         recs: list[Any] = [None] * len(cands)
-        todo = list(range(len(cands)))
-        errs = source == "dead" and (q.error is not None or q.error_type is not None)
-        if pre or errs:  # checked in Redis first (search.lua), one call per shard
-            parts: dict[tuple[str, bool], list[int]] = {}
-            for i, c in enumerate(cands):
-                err_too = False
-                if errs:  # the dead letter's own reason and error type first
-                    er, et = by_label[c[1]].extra.get(c[2], ("", ""))
-                    if q.error_type is not None and et != q.error_type:
-                        recs[i] = _REFUSED
-                        continue
-                    err_too = q.error is not None and q.error.lower() not in (
-                        f"{er} {et}".lower())
-                parts.setdefault((by_label[c[1]].rec, err_too), []).append(i)
-            codes = yield [Call("search", [rec + cands[i][3] for i in ix],
-                                [*(pre or ["", "", "", ""]),
-                                 (q.error or "").lower() if err_too else ""])
-                           for (rec, err_too), ix in parts.items()]
-            todo = []
-            for ix, got in zip(parts.values(), codes, strict=True):
-                for i, code in zip(ix, ok(got), strict=True):
-                    if code == 2:
-                        todo.append(i)
-                    elif code == 1:
-                        recs[i] = _REFUSED
-            todo.sort()
+        todo = []
+        for i, c in enumerate(cands):  # search.lua's codes; fixed lists: read them all
+            code = by_label[c[1]].codes.pop(c[2], 2)
+            if code == 2:
+                todo.append(i)
+            elif code == 1:
+                recs[i] = _REFUSED
         if todo:
             full = yield [Cmd.of("HMGET", by_label[cands[i][1]].rec + cands[i][3], *_REC)
                           for i in todo]
@@ -439,44 +421,44 @@ def _prefix_init(q: SearchQuery, srcs: Sequence[_Src]) -> Op[bool]:
 
 def _fetch(q: SearchQuery, srcs: Sequence[_Src], n: int,
            last: tuple[int, str, str] | None) -> Op[None]:
-    step: Step = []
-    for s in srcs:
-        if s.kind == "z":
-            step.append(Cmd.of("ZREVRANGE", s.key, s.rank, s.rank + n - 1, "WITHSCORES"))
-        else:
-            lo = f"{q.since_ms}-0" if q.since_ms is not None else "-"
-            step.append(Cmd.of("XREVRANGE", s.key, f"{s.end[0]}-{s.end[1]}", lo, "COUNT", n))
-    replies = yield step
+    """The next ``n`` entries of each source, checked on their records by search.lua."""
+    flt: list[Arg] = [_LETTER.get(q.state or "", ""), q.state or "", q.group or "",
+                      q.type or "", (q.error or "").lower(), q.error_type or ""]
+    lo = f"{q.since_ms}-0" if q.since_ms is not None else "-"
+    replies = yield [Call("search", [s.key], ["z", s.rec, s.rank, "", n, *flt]) if s.kind == "z"
+                     else Call("search", [s.key], ["d", s.rec, f"{s.end[0]}-{s.end[1]}", lo, n,
+                                                   *flt]) for s in srcs]
     for s, rep in zip(srcs, replies, strict=True):
         if isinstance(rep, Exception):  # a key of another type (overwritten by hand)
             s.done = True
             continue
         got: list[tuple[int, str, str, str]] = []
+        flat = rep or []
         if s.kind == "z":
-            flat = rep or []
-            for j in range(0, len(flat), 2):
+            for j in range(0, len(flat), 3):
                 m, sc = _s(flat[j]), int(float(flat[j + 1]))
                 if q.since_ms is not None and sc < q.since_ms:
                     s.done = True
                     break
                 got.append((sc, s.label, m, m))
-            s.rank += len(flat) // 2
-            if len(flat) // 2 < n:
+                s.codes[m] = int(flat[j + 2])
+            s.rank += len(flat) // 3
+            if len(flat) // 3 < n:
                 s.done = True
         else:
-            for e in rep or []:
-                eid = _s(e[0])
+            for j in range(0, len(flat), 5):
+                eid, jid = _s(flat[j]), _s(flat[j + 1])
                 ms, _, seq = eid.partition("-")
-                f = e[1] or []
-                d = {_s(f[i]): f[i + 1] for i in range(0, len(f) - 1, 2)}
-                jid = _s(d.get("job", b""))
                 s.end = (int(ms), int(seq) - 1) if int(seq) > 0 else (int(ms) - 1, _SEQ_MAX)
                 if not jid:
                     continue
-                s.extra[f"{int(seq):020d}|{jid}"] = (_s(d.get("reason", b"")),
-                                                      _s(d.get("etype", b"")))
-                got.append((int(ms), s.label, f"{int(seq):020d}|{jid}", jid))
-            if len(rep or []) < n:
+                member = f"{int(seq):020d}|{jid}"
+                got.append((int(ms), s.label, member, jid))
+                code = int(flat[j + 4])
+                s.codes[member] = code
+                if code == 2:
+                    s.extra[member] = (_s(flat[j + 2]), _s(flat[j + 3]))
+            if len(flat) // 5 < n:
                 s.done = True
         if last is not None:
             got = [c for c in got if _gkey(c) < last]

@@ -1,39 +1,81 @@
--- search.lua: the first look at a page of search candidates (docs/search.md), server-side, so
--- a search that checks thousands of records sends one call per shard, not one per record.
--- Reads only: safe to repeat.
--- KEYS[i]   job record HASH of candidate i (all of one queue shard)
--- ARGV[1]   state wanted: its layout-2 letter ('' = any state)
--- ARGV[2]   the same state's name (a layout-1 record keeps 'state' = the name)
--- ARGV[3]   group wanted ('' = any)
--- ARGV[4]   job type wanted ('' = any): the body's first word, or a layout-1 'type'
--- ARGV[5]   text wanted in the record's last error or reason, lower case ('' = any)
--- Returns one number per candidate, in order: 0 the record is gone, 1 it does not match,
---           2 it matches these filters (the caller reads it whole and checks the rest)
-local want_s, want_name, want_g, want_t, want_e = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local out = {}
-for i = 1, #KEYS do
-  local r = rcall('HMGET', KEYS[i], 's', 'state', 'g', 'b', 'type')
-  local code = 2
-  if not r[1] and not r[2] then
-    code = 0
-  elseif want_s ~= '' and not ((r[1] and r[1] == want_s) or (not r[1] and r[2] == want_name))
-  then
-    code = 1
-  elseif want_g ~= '' and r[3] ~= want_g then
-    code = 1
-  elseif want_t ~= '' then
+-- search.lua: read the next candidates of one search index and check them on their job
+-- records in Redis (docs/search.md), so a search that checks thousands of records costs one
+-- call per shard and page, not a round of commands per record. Reads only: safe to repeat.
+-- KEYS[1]   the index: a search ZSET (Keys.ix_*) or the dead-letter STREAM of one queue shard
+-- ARGV[1]   'z' (ZSET, newest first by rank) or 'd' (STREAM, newest first)
+-- ARGV[2]   the shard's job record key prefix (Keys.job(''), built by the key builder: the
+--           record of id <id> is it .. <id>, in KEYS[1]'s slot, like claim.lua's records)
+-- ARGV[3]   z: the first rank to read; d: the newest entry id to read (inclusive)
+-- ARGV[4]   d only: the oldest entry id to read ('-' = none)
+-- ARGV[5]   how many entries to read
+-- ARGV[6]   state wanted: its layout-2 letter ('' = any state)
+-- ARGV[7]   the same state's name (a layout-1 record keeps 'state' = the name)
+-- ARGV[8]   group wanted ('' = any)
+-- ARGV[9]   job type wanted ('' = any): the body's first word, or a layout-1 'type'
+-- ARGV[10]  text wanted in the error, lower case ('' = any): a dead letter's reason and
+--           error type, else the record's last error and reason
+-- ARGV[11]  error type wanted ('' = any): a dead letter's, else the record's last error's
+-- Returns per entry read, in order: z: member, score, code; d: entry id, job id, reason,
+--           error type, code. Code 0: the record is gone; 1: it does not match; 2: it
+--           matches these filters (the caller reads it whole and checks the rest).
+local kind, prefix, n = ARGV[1], ARGV[2], tonumber(ARGV[5])
+local want_s, want_name, want_g, want_t = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local want_e, want_et = ARGV[10], ARGV[11]
+local lower = string.lower
+local function check(id, reason, etype)
+  local r = rcall('HMGET', prefix .. id, 's', 'state', 'g', 'b', 'type', 'error', 'reason')
+  if not r[1] and not r[2] then return 0 end
+  if want_s ~= '' and not ((r[1] and r[1] == want_s) or (not r[1] and r[2] == want_name)) then
+    return 1
+  end
+  if want_g ~= '' and r[3] ~= want_g then return 1 end
+  if want_t ~= '' then
     local t = r[5]
     if r[4] then
       local sp = sfind(r[4], ' ', 1, true)
       t = sp and ssub(r[4], 1, sp - 1) or r[4]
     end
-    if t ~= want_t then code = 1 end
+    if t ~= want_t then return 1 end
   end
-  if code == 2 and want_e ~= '' then
-    local e = rcall('HMGET', KEYS[i], 'error', 'reason')
-    local text = string.lower((e[1] or '') .. ' ' .. (e[2] or ''))
-    if not sfind(text, want_e, 1, true) then code = 1 end
+  local err = r[6] or ''
+  if want_et ~= '' then
+    if etype then
+      if etype ~= want_et then return 1 end
+    elseif not sfind(err, '"type":"' .. want_et .. '"', 1, true)
+        and not sfind(err, '"type": "' .. want_et .. '"', 1, true) then
+      return 1
+    end
   end
-  out[i] = code
+  if want_e ~= '' and not (etype and sfind(lower((reason or '') .. ' ' .. etype), want_e, 1, true))
+      and not sfind(lower(err .. ' ' .. (r[7] or '')), want_e, 1, true) then
+    return 1
+  end
+  return 2
+end
+local out = {}
+if kind == 'z' then
+  local start = tonumber(ARGV[3])
+  local got = rcall('ZREVRANGE', KEYS[1], start, start + n - 1, 'WITHSCORES')
+  for i = 1, #got, 2 do
+    out[#out + 1] = got[i]
+    out[#out + 1] = got[i + 1]
+    out[#out + 1] = check(got[i], nil, nil)
+  end
+else
+  local got = rcall('XREVRANGE', KEYS[1], ARGV[3], ARGV[4], 'COUNT', n)
+  for _, e in ipairs(got) do
+    local f, job, reason, etype = e[2], '', '', ''
+    for j = 1, #f, 2 do
+      local k = f[j]
+      if k == 'job' then job = f[j + 1]
+      elseif k == 'reason' then reason = f[j + 1]
+      elseif k == 'etype' then etype = f[j + 1] end
+    end
+    out[#out + 1] = e[1]
+    out[#out + 1] = job
+    out[#out + 1] = reason
+    out[#out + 1] = etype
+    out[#out + 1] = job ~= '' and check(job, reason, etype) or 1
+  end
 end
 return out
