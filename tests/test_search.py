@@ -299,3 +299,26 @@ def test_on_a_redis_cluster(cluster_url: str, prefix: str) -> None:
         a.close()
         client.close()
         q.close()
+
+
+def test_with_dedup_priority_and_groups_in_one_call(url: str, prefix: str,
+                                                    r: redis.Redis) -> None:
+    """The search section comes after enqueue.lua's other optional sections: a call with
+    dedup keys, priorities and groups indexes exactly the jobs it created."""
+    from streamq import Dedup
+
+    q = queue(url, "mix", prefix, search=FIELDS)
+    res = q.enqueue_many([
+        {"type": "email.send", "payload": {"customer_id": 1}, "priority": 4, "group": "g",
+         "dedup": Dedup(key="k1", mode="until_finish")},
+        {"type": "email.send", "payload": {"customer_id": 1},
+         "dedup": Dedup(key="k1", mode="until_finish")},  # folded into the first
+        {"type": "email.send", "payload": {"customer_id": 2}, "priority": 0},
+    ])
+    assert [x.status for x in res] == ["queued", "deduplicated", "queued"]
+    k = Keys("mix", prefix)
+    assert set(r.zrange(k.ix_all, 0, -1)) == {res[0].job_id.encode(), res[2].job_id.encode()}
+    assert r.zrange(k.ix_group("g"), 0, -1) == [res[0].job_id.encode()]
+    assert r.zrange(k.ix_field("email.send", "customer_id", "1"), 0, -1) == [
+        res[0].job_id.encode()]
+    assert res[1].job_id == res[0].job_id
