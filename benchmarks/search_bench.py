@@ -5,7 +5,8 @@
     python -m benchmarks.search_bench --jobs 1000000 --dead 100000   # the scale
     python -m benchmarks.search_bench --smoke                        # tiny, seconds
 
-Cost: ``jobs`` jobs are enqueued with ``enqueue_many`` (calls of 1,000) into a queue without
+Cost: ``jobs`` jobs are enqueued with ``enqueue_many`` (calls of 1,000), then ``jobs / 20``
+one call each (``single_*``), into a queue without
 search and into one with ``SearchConfig(fields={"order.paid": ["customer_id"]})``: 20 job
 types (one rare: 1 in 1,000), a group on 1 job in 10 (1,000 groups), customer ids out of
 10,000. Per job: Redis server CPU (INFO cpu) and memory (``used_memory`` after minus before,
@@ -66,8 +67,15 @@ def load(url: str, client: redis.Redis, name: str, cfg: QueueConfig, n: int) -> 
         for at in range(0, n, 1000):
             q.enqueue_many([_spec(i, rnd) for i in range(at, min(n, at + 1000))])
         wall, cpu, mem = time.perf_counter() - t0, _cpu(client) - c0, _mem(client) - m0
+        ones = max(1, n // 20)  # one job per call: the script's fixed cost per call too
+        c1, t1 = _cpu(client), time.perf_counter()
+        for i in range(ones):
+            spec = _spec(i, rnd)
+            q.enqueue(spec.pop("type"), spec.pop("payload"), **spec)
+        wall1, cpu1 = time.perf_counter() - t1, _cpu(client) - c1
     return {"redis_cpu_us_per_job": cpu / n * 1e6, "wall_us_per_job": wall / n * 1e6,
-            "bytes_per_job": mem / n}
+            "bytes_per_job": mem / n, "single_redis_cpu_us": cpu1 / ones * 1e6,
+            "single_wall_us": wall1 / ones * 1e6}
 
 
 async def dead_letters(url: str, name: str, n: int) -> float:
@@ -154,7 +162,9 @@ def main() -> None:
                 "index_bytes_per_job": round(searched["bytes_per_job"]
                                              - plain["bytes_per_job"], 1),
                 "index_cpu_us_per_job": round(searched["redis_cpu_us_per_job"]
-                                              - plain["redis_cpu_us_per_job"], 2)}
+                                              - plain["redis_cpu_us_per_job"], 2),
+                "index_cpu_us_single": round(searched["single_redis_cpu_us"]
+                                             - plain["single_redis_cpu_us"], 2)}
         print(json.dumps(cost), flush=True)
         took = asyncio.run(dead_letters(url, "bench-pay", dead))
         print(json.dumps({"dead_letters": dead, "seconds": round(took, 1)}), flush=True)

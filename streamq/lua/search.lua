@@ -22,32 +22,36 @@ local kind, prefix, n = ARGV[1], ARGV[2], tonumber(ARGV[5])
 local want_s, want_name, want_g, want_t = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local want_e, want_et = ARGV[10], ARGV[11]
 local lower = string.lower
-local function check(id, reason, etype)
-  local r = rcall('HMGET', prefix .. id, 's', 'state', 'g', 'b', 'type', 'error', 'reason')
+local function check(id, reason, etype)  -- (each field read only when a filter needs it)
+  local key = prefix .. id
+  local r = rcall('HMGET', key, 's', 'state', 'g')
   if not r[1] and not r[2] then return 0 end
   if want_s ~= '' and not ((r[1] and r[1] == want_s) or (not r[1] and r[2] == want_name)) then
     return 1
   end
   if want_g ~= '' and r[3] ~= want_g then return 1 end
   if want_t ~= '' then
-    local t = r[5]
-    if r[4] then
-      local sp = sfind(r[4], ' ', 1, true)
-      t = sp and ssub(r[4], 1, sp - 1) or r[4]
+    local b = rcall('HMGET', key, 'b', 'type')
+    local t = b[2]
+    if b[1] then
+      local sp = sfind(b[1], ' ', 1, true)
+      t = sp and ssub(b[1], 1, sp - 1) or b[1]
     end
     if t ~= want_t then return 1 end
   end
-  local err = r[6] or ''
-  if want_et ~= '' then
-    if etype then
-      if etype ~= want_et then return 1 end
-    elseif not sfind(err, '"type":"' .. want_et .. '"', 1, true)
-        and not sfind(err, '"type": "' .. want_et .. '"', 1, true) then
-      return 1
-    end
+  if want_et == '' and want_e == '' then return 2 end
+  if want_et ~= '' and etype and etype ~= want_et then return 1 end
+  local text_ok = want_e == '' or (etype and sfind(lower(reason .. ' ' .. etype), want_e, 1,
+    true))
+  local type_ok = want_et == '' or etype ~= nil  -- (a dead letter's: checked just above)
+  if text_ok and type_ok then return 2 end
+  local e = rcall('HMGET', key, 'error', 'reason')
+  local err = e[1] or ''
+  if not type_ok and not sfind(err, '"type":"' .. want_et .. '"', 1, true)
+      and not sfind(err, '"type": "' .. want_et .. '"', 1, true) then
+    return 1
   end
-  if want_e ~= '' and not (etype and sfind(lower((reason or '') .. ' ' .. etype), want_e, 1, true))
-      and not sfind(lower(err .. ' ' .. (r[7] or '')), want_e, 1, true) then
+  if not text_ok and not sfind(lower(err .. ' ' .. (e[2] or '')), want_e, 1, true) then
     return 1
   end
   return 2
