@@ -322,3 +322,21 @@ def test_with_dedup_priority_and_groups_in_one_call(url: str, prefix: str,
     assert r.zrange(k.ix_field("email.send", "customer_id", "1"), 0, -1) == [
         res[0].job_id.encode()]
     assert res[1].job_id == res[0].job_id
+
+
+def test_entries_past_the_retention_are_trimmed(url: str, prefix: str, r: redis.Redis
+                                                ) -> None:
+    q = queue(url, "ret", prefix, search=SearchConfig(retention_s=1))
+    k = Keys("ret", prefix)
+    old = q.enqueue("t", {}).job_id
+    at = r.zscore(k.ix_all, old)
+    assert at is not None and 0 < r.pttl(k.ix_type("t")) <= 1000  # an idle index expires
+
+    def server_ms() -> int:
+        sec, usec = r.time()
+        return int(sec) * 1000 + int(usec) // 1000
+
+    wait_until(lambda: server_ms() > at + 1000, what="the first entry to pass the retention")
+    new = q.enqueue("t", {}).job_id
+    for key in (k.ix_all, k.ix_ids, k.ix_type("t")):
+        assert r.zrange(key, 0, -1) == [new.encode()], key

@@ -150,6 +150,7 @@ class _Src:
     removed: list[str] = attrs.field(factory=list)
     codes: dict[str, int] = attrs.field(factory=dict)  # member -> search.lua's code
     rec: str = ""  # the shard's job record key prefix
+    seen: set[str] = attrs.field(factory=set)  # 'd': job ids met in this call
 
 
 def _gkey(c: tuple[int, str, str, str]) -> tuple[int, str, str]:
@@ -450,8 +451,9 @@ def _fetch(q: SearchQuery, srcs: Sequence[_Src], n: int,
                 eid, jid = _s(flat[j]), _s(flat[j + 1])
                 ms, _, seq = eid.partition("-")
                 s.end = (int(ms), int(seq) - 1) if int(seq) > 0 else (int(ms) - 1, _SEQ_MAX)
-                if not jid:
-                    continue
+                if not jid or jid in s.seen:  # (a job dead-lettered again after a re-drive:
+                    continue                      # its newest dead letter only)
+                s.seen.add(jid)
                 member = f"{int(seq):020d}|{jid}"
                 got.append((int(ms), s.label, member, jid))
                 code = int(flat[j + 4])

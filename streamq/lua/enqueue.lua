@@ -73,7 +73,8 @@
 --           field index). Each job this call accepts (queued or scheduled: never a
 --           duplicate, a refused or a folded one, so a repeat writes nothing new) is added
 --           with the server's now as score; entries older than the retention are trimmed
---           (the time index's oldest 100 at most per call, also removed from L), and each
+--           (the time index's oldest 100 at most per call, also removed from L; the T
+--           indexes of the call only when the time index had such entries), and each
 --           index written gets the retention as its TTL (an index nobody writes expires).
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
 --           (queued|scheduled|full); 5 for a duplicate: 'duplicate', its state, result
@@ -377,6 +378,7 @@ end
 if IX then  -- the search section (header): index the jobs this call accepted (an index
   -- key of another type, overwritten by hand, is passed over: the jobs are enqueued)
   local cut = now - IX.ret
+  local aged = false  -- the time index had entries past the retention: so may the others
   for j = 1, #IX do
     local key, spec = IX[j][1], IX[j][2]
     local kind = ssub(spec, 1, 1)
@@ -391,12 +393,13 @@ if IX then  -- the search section (header): index the jobs this call accepted (a
     if kind == 'A' then  -- the oldest entries past the retention leave A and L together
       local old = rpcall('ZRANGEBYSCORE', key, '-inf', '(' .. cut, 'LIMIT', 0, 100)
       if type(old) == 'table' and not old.err and old[1] then
+        aged = true
         rpcall('ZREM', key, unpack(old))
         if IX[j + 1] and ssub(IX[j + 1][2], 1, 1) == 'L' then
           rpcall('ZREM', IX[j + 1][1], unpack(old))
         end
       end
-    elseif kind == 'T' and z[1] then
+    elseif kind == 'T' and z[1] and aged then
       rpcall('ZREMRANGEBYSCORE', key, '-inf', '(' .. cut)
     end
     if z[1] then
