@@ -73,7 +73,8 @@
 --           field index). Each job this call accepts (queued or scheduled: never a
 --           duplicate, a refused or a folded one, so a repeat writes nothing new) is added
 --           with the server's now as score; entries older than the retention are trimmed
---           (the time index's oldest 100 at most per call, also removed from L; the T
+--           (the time index's oldest 100 + 2N at most per call, so trimming keeps up with
+--           any rate of enqueues; they also leave L; the T
 --           indexes of the call only when the time index had such entries), and each
 --           index written gets the retention as its TTL (an index nobody writes expires).
 -- Returns a flat array, in job order: 1 element for a job accepted or refused, its status
@@ -391,7 +392,7 @@ if IX then  -- the search section (header): index the jobs this call accepted (a
       end
     end
     if kind == 'A' then  -- the oldest entries past the retention leave A and L together
-      local old = rpcall('ZRANGEBYSCORE', key, '-inf', '(' .. cut, 'LIMIT', 0, 100)
+      local old = rpcall('ZRANGEBYSCORE', key, '-inf', '(' .. cut, 'LIMIT', 0, 100 + 2 * n)
       if type(old) == 'table' and not old.err and old[1] then
         aged = true
         rpcall('ZREM', key, unpack(old))
