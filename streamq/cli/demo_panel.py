@@ -18,7 +18,7 @@ from starlette.routing import Mount, Route
 
 from schedulers import Scheduler
 
-from .._core.config import ALL_EVENTS, QueueConfig
+from .._core.config import ALL_EVENTS, QueueConfig, SearchConfig
 from .._core.errors import InvalidArgument
 from .._producer.queue import AsyncQueue
 from ..dashboard._actions import _done, _field
@@ -52,9 +52,10 @@ def demo_app(url: str, prefix: str = "streamq", on_ready: Callable[[], None] | N
     dashboard = create_app(url, prefix=prefix, config=cfg)
     dash: Dashboard = dashboard.state.dashboard
     pool = Pool(url, prefix)
-    # the demo shows every step: the completed list and full timelines need every event kind
-    producer = AsyncQueue.from_url(url, QUEUE,
-                                   attrs.evolve(dash.admin.config, event_kinds=ALL_EVENTS))
+    # the demo shows every step: the completed list and full timelines need every event kind;
+    # its jobs are indexed for the search box (docs/search.md)
+    producer = AsyncQueue.from_url(url, QUEUE, attrs.evolve(
+        dash.admin.config, event_kinds=ALL_EVENTS, search=SearchConfig()))
 
     async def checked(request: Request) -> Any:
         if dash.cfg.read_only:
