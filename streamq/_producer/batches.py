@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -34,8 +34,30 @@ from .._core.retry import acall, call
 from .flows import FlowResult, Group, JobSpec, compile_flow, enqueue_flow, enqueue_waiting
 from .prepare import new_job_id
 
-if TYPE_CHECKING:
-    from .queue import AsyncQueue, Queue
+
+class Queue(Protocol):
+    """What a batch needs of its ``Queue`` (typed here, so this module never imports queue.py,
+    which imports it)."""
+
+    client: Any
+    keys: Keys
+    config: QueueConfig
+
+    def _check(self) -> None: ...
+    def _note(self) -> None: ...
+    def cancel(self, job_id: str) -> CancelResult: ...
+
+
+class AsyncQueue(Protocol):
+    """What a batch needs of its ``AsyncQueue``."""
+
+    client: Any
+    keys: Keys
+    config: QueueConfig
+
+    async def _check(self) -> None: ...
+    async def _note(self) -> None: ...
+    async def cancel(self, job_id: str) -> CancelResult: ...
 
 BATCH_TYPE = "streamq.batch"
 """The job type of a batch's own record (it never runs: no stream entry)."""
