@@ -16,7 +16,7 @@ from starlette.staticfiles import StaticFiles
 
 from .._core.errors import InvalidArgument
 from ..admin import AsyncAdmin
-from . import _actions, _search, _views
+from . import _actions, _flow, _search, _views
 from ._app import Dashboard, DashboardConfig, guarded
 from ._security import Authorize, SecurityHeaders
 
@@ -46,7 +46,7 @@ def create_app(url: str | None = None, *, read_only: bool = False,
     dash = Dashboard(admin, cfg)
     routes: list[BaseRoute] = [Route(path, guarded(dash, fn), methods=[method])
                                for path, method, fn in [*_views.ROUTES, *_actions.ROUTES,
-                                                         *_search.ROUTES]]
+                                                         *_search.ROUTES, *_flow.ROUTES]]
     routes.append(Route("/live", _views.live(dash), methods=["GET"]))
     static = StaticFiles(packages=[("streamq.dashboard", "static")])
     routes.append(Mount("/static", app=static, name="static"))

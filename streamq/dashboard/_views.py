@@ -22,6 +22,7 @@ from .._ops.shards import check_cursor
 from ..admin import DeadFilter, ListFilter, QueueStats
 from ._app import Dashboard
 from ._charts import WINDOWS, auto_window, charts, window
+from ._flowtree import panel
 from ._live import gather_bounded, stats_cells
 
 TABS = ("ready", "active", "waiting", "scheduled", "retrying", "dead", "completed", "cancelled",
@@ -195,14 +196,15 @@ async def job_page(dash: Dashboard, request: Request) -> Response:
     moments = [_ms(t) for t in (info.created_at, info.enqueued_at, info.started_at,
                                 info.finished_at)]
     moments += [int(e["t"]) for e in info.errors if isinstance(e.get("t"), int)]
-    timeline, lease = await asyncio.gather(dash.admin.timeline(q, job_id, created, moments),
-                                           dash.admin.lease(q, job_id))
+    timeline, lease, flow = await asyncio.gather(
+        dash.admin.timeline(q, job_id, created, moments), dash.admin.lease(q, job_id),
+        panel(dash, q, job_id))
     dead = None
     if info.state == "failed" and info.finished_at is not None:
         dead = await dash.admin.find_dead(q, job_id, int(info.finished_at.timestamp() * 1000))
     acts = {n: await dash.can(request, n, q) for n in ("redrive", "run-now", "cancel", "requeue")}
     return dash.render(request, "job.html", title=job_id, q=q, job=info, env=info.envelope,
-                       timeline=timeline, lease=lease, dead=dead, acts=acts,
+                       timeline=timeline, lease=lease, dead=dead, acts=acts, flow=flow,
                        topic=f"job {q} {job_id}")
 
 
