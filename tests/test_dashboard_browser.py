@@ -328,3 +328,40 @@ async def test_search_box_finds_jobs_by_a_declared_field(browser: Any, dashboard
     wait_text(d, "#job-state", "cancelled")
     logs = [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
     assert not logs, logs
+
+
+async def test_flow_page_click_from_a_job_to_its_parent(browser: Any, dashboard: str,
+                                                        url: str, qname: str) -> None:
+    """A flow drawn as a tree (docs/dashboard.md#flows); from a dependency's job page, the
+    job waiting for it is one click away."""
+    from helpers import eventually, state
+    from selenium.webdriver.common.by import By
+
+    from streamq import Queue
+
+    q = Queue.from_url(url, qname)
+    try:
+        q.enqueue_many([{"type": "ok", "payload": {"img": i}, "job_id": f"thumb-{i}"}
+                        for i in range(3)])
+        q.enqueue("ok", {"img": 3}, job_id="thumb-3", delay=3600)  # (scheduled: it blocks)
+        q.enqueue("ok", None, job_id="index", depends_on=[f"thumb-{i}" for i in range(4)])
+        q.enqueue("ok", None, job_id="notify", depends_on=["index"])
+        async with Worker(url, [qname], registry(), fast()):
+            await eventually(lambda: all(state(q, f"thumb-{i}") == "completed"
+                                         for i in range(3)), 30)
+    finally:
+        q.close()
+    d = browser
+    d.get(f"{dashboard}/flow?q={qname}&id=notify")
+    wait_text(d, "#job-state", "waiting")
+    assert [e.get_attribute("data-job") for e in d.find_elements(
+        By.CSS_SELECTOR, "#deps li[data-job]")] == ["index", "thumb-3", "thumb-0", "thumb-1",
+                                                    "thumb-2"]
+    shot(d, "flow")
+    d.find_element(By.CSS_SELECTOR, '#deps li[data-job="thumb-3"] > a').click()  # its job page
+    wait_text(d, "#job-state", "scheduled")
+    d.find_element(By.CSS_SELECTOR, "#flow-parents td a").click()  # the job waiting for it
+    wait_text(d, "h1", "index")
+    wait_text(d, "#job-state", "waiting")
+    logs = [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not logs, logs
