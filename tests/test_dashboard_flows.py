@@ -52,7 +52,7 @@ async def test_chain_as_a_tree_with_blocked_by_and_job_links(
     assert ">waiting</span>" in html
     # the tree: notify waits for upload (waiting), which waits for render (queued)
     assert re.findall(r'data-job="([^"]+)"', html.split('id="deps"')[1]) == ["upload", "render"]
-    assert re.search(r'<p id="blocked-by">1 pending on this page:\s*<a href="/job\?q='
+    assert re.search(r'<p id="blocked-by">1 pending:\s*<a href="/job\?q='
                      + re.escape(qname) + r'&amp;id=upload">upload</a>', html)
     assert "No job waits for it." in html
     # from the middle: its parent above, its child below
@@ -92,6 +92,9 @@ async def test_fan_in_is_paged_never_drawn_at_once(
         m = re.search(r'<a href="(\?[^"]+)" rel="next">next page</a>', html)
         url = "/flow" + m.group(1).replace("&amp;", "&") if m else None
     assert pages >= 2
+    first = (await c.get("/flow", params={"q": qname, "id": "fan"})).text
+    assert f'id="deps-total">{n}: {n} pending, 0 ended</span>' in first  # totals: SCARD, HLEN
+    assert re.search(rf'id="blocked-by">{n} pending, \d+ of them on this page:', first)
     assert sorted(set(seen)) == sorted(f"c{i}" for i in range(n))
     # a leaf of it: its one parent, and the job page says more is in the flow view
     leaf = (await c.get("/job", params={"q": qname, "id": "c7"})).text
@@ -123,7 +126,7 @@ async def test_batch_progress_counts(c: httpx.AsyncClient, url: str, q: Queue,
     assert "on_complete" in cbs and ">waiting</span>" in cbs and ">completed</span>" in cbs
     # a callback's own flow: blocked by the open batch itself
     cb = (await c.get("/flow", params={"q": qname, "id": "nightly.on_complete"})).text
-    assert re.search(r'id="blocked-by">1 pending on this page:\s*<a [^>]*>nightly</a>', cb)
+    assert re.search(r'id="blocked-by">1 pending:\s*<a [^>]*>nightly</a>', cb)
     # a batch job's page links to its batch
     job = (await c.get("/job", params={"q": qname, "id": "t0"})).text
     assert 'id="batch-link">nightly</a>' in job and f'/flow?q={qname}&amp;id=nightly"' in job

@@ -39,6 +39,7 @@ def test_flow_shows_children_parents_and_blocked_by(url: str, q: Queue, qname: s
         assert got == [(0, qname, "a", "queued", "fail", ""),
                        (1, other.name, "b", "queued", "continue", "")]
         assert sorted(c.job_id for c in view.blocked_by) == ["a", "b"]
+        assert (view.pending_total, view.ended_total, view.parents_total) == (2, 0, 1)
         assert [(p.queue, p.job_id, p.state, p.policy) for p in view.parents] == [
             (qname, "gp", "waiting", "fail")]
         leaf = admin.flow(qname, "a")

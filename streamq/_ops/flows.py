@@ -87,6 +87,12 @@ class FlowView:
     """'' on the last page; else pass it back for the next one."""
     batch: BatchProgress | None = None
     """For a batch's own id (docs/workflows.md#batches-with-callbacks): its progress counts."""
+    pending_total: int = 0
+    """Dependencies it still waits for, on every page (SCARD of its pending SET)."""
+    ended_total: int = 0
+    """Dependencies that ended and are recorded, on every page (HLEN of its results)."""
+    parents_total: int = 0
+    """Jobs waiting for it, on every page (SCARD of its parents SET)."""
 
     @property
     def blocked_by(self) -> list[FlowEdge]:
@@ -117,7 +123,9 @@ def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LIMIT:
         raise InvalidArgument(f"limit must be 1..{MAX_LIMIT}, got {limit!r}")
     phase, cur = _parse_cursor(cursor)
-    (own,) = yield [Cmd.of("HMGET", keys.job(job_id), "s", "state", "bc")]
+    own, n_deps, n_ended, n_parents = yield [
+        Cmd.of("HMGET", keys.job(job_id), "s", "state", "bc"), Cmd.of("SCARD", keys.deps(job_id)),
+        Cmd.of("HLEN", keys.dep_results(job_id)), Cmd.of("SCARD", keys.parents(job_id))]
     state = _states(own)
     if state == "missing":
         raise JobNotFound(f"job {job_id!r} not found in queue {keys.queue!r}")
@@ -171,7 +179,8 @@ def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit:
     children.sort(key=lambda c: (c.outcome != "", c.index))
     parents.sort(key=lambda p: (p.queue, p.job_id))
     return FlowView(keys.queue, job_id, state, children, parents,
-                    "" if phase >= len(_PHASES) else f"{_PHASES[phase]}:{cur}", batch)
+                    "" if phase >= len(_PHASES) else f"{_PHASES[phase]}:{cur}", batch,
+                    int(ok(n_deps)), int(ok(n_ended)), int(ok(n_parents)))
 
 
 def batch_progress(keys: Keys, batch_id: str, state: str, bc: str) -> Op[BatchProgress]:

@@ -89,6 +89,9 @@ class Panel:
     more_children: bool
     more_parents: bool
     batch: bool
+    pending_total: int
+    ended_total: int
+    parents_total: int
 
     @property
     def empty(self) -> bool:
@@ -107,7 +110,8 @@ async def panel(dash: Dashboard, q: str, job_id: str) -> Panel | None:
         return None
     return Panel(view.state, view.children, parents[:PANEL_LIMIT],
                  children_cursor(view) is not None, more_p or len(parents) > PANEL_LIMIT,
-                 view.batch is not None)
+                 view.batch is not None, view.pending_total, view.ended_total,
+                 view.parents_total)
 
 
 def flow_url(root: str, q: str, job_id: str) -> str:
