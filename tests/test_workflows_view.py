@@ -95,6 +95,7 @@ def test_flow_command_text_and_json(url: str, q: Queue, qname: str,
     assert cli(["--url", url, "flow", qname, "p"]) == 0
     out = capsys.readouterr().out
     assert "p: waiting" in out and "blocked by" in out and "waits for" in out
+    assert "waits for 1 (1 pending, 0 ended); waited on by 0" in out
     assert cli(["--url", url, "--json", "flow", qname, "a"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["state"] == "queued" and data["children"] == []

@@ -109,6 +109,10 @@ def cmd_flow(ctx: Ctx) -> None:
 
     def human() -> str:
         lines = [f"{view.queue} {view.job_id}: {view.state}"]
+        if view.pending_total or view.ended_total or view.parents_total:
+            lines.append(f"waits for {view.pending_total + view.ended_total:,}"
+                         f" ({view.pending_total:,} pending, {view.ended_total:,} ended);"
+                         f" waited on by {view.parents_total:,}")
         b = view.batch
         if b is not None:
             lines.append(f"batch ({'open' if b.open else 'closed'}): total {b.total},"
