@@ -157,3 +157,30 @@ async def test_ids_that_need_escaping(c: httpx.AsyncClient, url: str, q: Queue,
         assert missing.status_code == 404
     finally:
         other.close()
+
+
+async def test_edges_into_queues_the_viewer_may_not_see_name_no_job(url: str, q: Queue,
+                                                                    qname: str) -> None:
+    secret = Queue.from_url(url, f"{qname}-secret")
+    try:
+        secret.enqueue("ok", 1, job_id="payroll-7")
+        q.enqueue("ok", 0, job_id="pub")
+        secret.enqueue("ok", 2, job_id="payroll-8", depends_on=[JobRef(qname, "pub")])
+        q.enqueue("ok", 3, job_id="report", depends_on=[JobRef(secret.name, "payroll-7"), "pub"])
+
+        def authorize(request: Any, action: str, queue: str | None) -> bool:
+            return queue != secret.name
+
+        app = create_app(url, authorize=authorize, config=DashboardConfig(queues=(qname,)))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://dash") as c:
+            for path, job in [("/flow", "report"), ("/job", "report"), ("/flow", "pub"),
+                              ("/job", "pub")]:
+                html = (await c.get(path, params={"q": qname, "id": job})).text
+                assert "a job of a queue you may not view" in html, (path, job)
+                assert "payroll" not in html and secret.name not in html, (path, job)
+            assert "pub</a>" in (await c.get("/flow", params={"q": qname, "id": "report"})).text
+            denied = await c.get("/flow", params={"q": secret.name, "id": "payroll-7"})
+            assert denied.status_code == 403
+    finally:
+        secret.close()

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from .._core.errors import InvalidArgument
 from .._core.keys import check_job_id
 from ._app import Dashboard
-from ._flowtree import MAX_DEPTH, PARENTS_LIMIT, Node, callbacks, children_cursor, expand
+from ._flowtree import MAX_DEPTH, PARENTS_LIMIT, Node, Viewable, callbacks, children_cursor, expand
 from ._views import param, queue_param
 
 
@@ -43,7 +43,9 @@ async def flow_page(dash: Dashboard, request: Request) -> Response:
         pv = await a.flow(q, job_id, cursor=pcursor or "p:0", limit=PARENTS_LIMIT)
         parents, next_p = pv.parents, pv.cursor or None
     nodes = [Node(e) for e in view.children]
-    await expand(dash, nodes)
+    viewable = Viewable(dash, request)
+    await viewable.learn(e.queue for e in parents)
+    await expand(dash, nodes, viewable)
     next_c = children_cursor(view)
     base = {"q": q, "id": job_id}
     return dash.render(
@@ -52,7 +54,7 @@ async def flow_page(dash: Dashboard, request: Request) -> Response:
         callbacks=callbacks(view), first_url="?" + urlencode(base),
         next_url="?" + urlencode({**base, "cursor": next_c}) if next_c else None,
         next_parents_url="?" + urlencode({**base, "pcursor": next_p}) if next_p else None,
-        max_depth=MAX_DEPTH, topic=f"job {q} {job_id}")
+        max_depth=MAX_DEPTH, viewable=viewable, topic=f"job {q} {job_id}")
 
 
 ROUTES: list[tuple[str, str, Any]] = [("/flow", "GET", flow_page)]

@@ -5,9 +5,10 @@ dependencies, within a fixed budget of reads, and the job page's first few edges
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import urlencode
+from collections.abc import Iterable
 
 import attrs
+from starlette.requests import Request
 
 from .._core.errors import JobNotFound
 from .._ops.flows import FlowEdge, FlowView
@@ -38,7 +39,23 @@ class Node:
     """Expanded, and it has more dependencies than shown."""
 
 
-async def expand(dash: Dashboard, roots: list[Node]) -> int:
+class Viewable:
+    """The queues this request may view (``authorize(request, "view", queue)``, asked once per
+    queue): an edge into another queue is shown, and expanded, only when that one is too."""
+
+    def __init__(self, dash: Dashboard, request: Request) -> None:
+        self.dash, self.request = dash, request
+        self.known: dict[str, bool] = {}
+
+    async def learn(self, queues: Iterable[str]) -> None:
+        for q in sorted(set(queues) - self.known.keys()):
+            self.known[q] = await self.dash.can(self.request, "view", q)
+
+    def __call__(self, queue: str) -> bool:
+        return self.known.get(queue, False)
+
+
+async def expand(dash: Dashboard, roots: list[Node], viewable: Viewable) -> int:
     """Breadth first below ``roots``, at most ``MAX_EXPAND`` reads; how many were made."""
     level, reads = roots, 0
     sem = asyncio.Semaphore(8)
@@ -54,12 +71,15 @@ async def expand(dash: Dashboard, roots: list[Node]) -> int:
         n.more = bool(v.cursor) and not v.cursor.startswith("p:")
 
     for _ in range(MAX_DEPTH):
-        todo = [n for n in level if n.edge.state in EXPAND_STATES][:MAX_EXPAND - reads]
+        await viewable.learn(n.edge.queue for n in level)
+        todo = [n for n in level if n.edge.state in EXPAND_STATES
+                and viewable(n.edge.queue)][:MAX_EXPAND - reads]
         if not todo:
             break
         await asyncio.gather(*(one(n) for n in todo))
         reads += len(todo)
         level = [c for n in todo for c in n.children]
+    await viewable.learn(n.edge.queue for n in level)
     return reads
 
 
@@ -92,13 +112,15 @@ class Panel:
     pending_total: int
     ended_total: int
     parents_total: int
+    viewable: frozenset[str]
+    """The queues of these edges the request may view (the others' jobs are not named)."""
 
     @property
     def empty(self) -> bool:
         return not (self.children or self.parents or self.batch or self.state == "waiting")
 
 
-async def panel(dash: Dashboard, q: str, job_id: str) -> Panel | None:
+async def panel(dash: Dashboard, request: Request, q: str, job_id: str) -> Panel | None:
     """The flow panel of a job page (None when the job's record is gone meanwhile)."""
     try:
         view = await dash.admin.flow(q, job_id, limit=PANEL_LIMIT)
@@ -108,12 +130,10 @@ async def panel(dash: Dashboard, q: str, job_id: str) -> Panel | None:
             parents, more_p = pv.parents, bool(pv.cursor)
     except JobNotFound:
         return None
+    viewable = Viewable(dash, request)
+    await viewable.learn(e.queue for e in [*view.children, *parents])
     return Panel(view.state, view.children, parents[:PANEL_LIMIT],
                  children_cursor(view) is not None, more_p or len(parents) > PANEL_LIMIT,
                  view.batch is not None, view.pending_total, view.ended_total,
-                 view.parents_total)
-
-
-def flow_url(root: str, q: str, job_id: str) -> str:
-    return f"{root}/flow?{urlencode({'q': q, 'id': job_id})}"
+                 view.parents_total, frozenset(k for k, v in viewable.known.items() if v))
 

@@ -198,7 +198,7 @@ async def job_page(dash: Dashboard, request: Request) -> Response:
     moments += [int(e["t"]) for e in info.errors if isinstance(e.get("t"), int)]
     timeline, lease, flow = await asyncio.gather(
         dash.admin.timeline(q, job_id, created, moments), dash.admin.lease(q, job_id),
-        panel(dash, q, job_id))
+        panel(dash, request, q, job_id))
     dead = None
     if info.state == "failed" and info.finished_at is not None:
         dead = await dash.admin.find_dead(q, job_id, int(info.finished_at.timestamp() * 1000))
