@@ -73,6 +73,7 @@ async def test_chain_as_a_tree_with_blocked_by_and_job_links(
     assert f'data-live="{qname}:waiting">2</td>' in home
     tab = (await c.get("/queue", params={"q": qname, "tab": "waiting"})).text
     assert ">upload</a>" in tab and ">notify</a>" in tab
+    assert f'href="/flow?q={qname}&amp;id=upload">flow</a>' in tab
 
 
 async def test_fan_in_is_paged_never_drawn_at_once(
