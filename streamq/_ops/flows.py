@@ -134,6 +134,9 @@ def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit:
         batch = yield from batch_progress(keys, job_id, state, _s(ok(own)[2]))
     # (kind, policy letter, index, queue, id, record key or '', outcome)
     rows: list[tuple[str, str, int, str, str, str, str]] = []
+    totals = int(ok(n_deps)), int(ok(n_ended)), int(ok(n_parents))
+    if not any(totals):
+        phase = len(_PHASES)  # (no edge at all: nothing to scan; most jobs are not in a flow)
     while phase < len(_PHASES) and len(rows) < limit:
         name = _PHASES[phase]
         key = {"d": keys.deps(job_id), "r": keys.dep_results(job_id),
@@ -180,7 +183,7 @@ def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit:
     parents.sort(key=lambda p: (p.queue, p.job_id))
     return FlowView(keys.queue, job_id, state, children, parents,
                     "" if phase >= len(_PHASES) else f"{_PHASES[phase]}:{cur}", batch,
-                    int(ok(n_deps)), int(ok(n_ended)), int(ok(n_parents)))
+                    *totals)
 
 
 def batch_progress(keys: Keys, batch_id: str, state: str, bc: str) -> Op[BatchProgress]:
