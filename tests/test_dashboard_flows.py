@@ -5,6 +5,7 @@ redis-server: a chain as a tree, a fan-in page by page, a batch's progress, a wa
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -185,3 +186,33 @@ async def test_edges_into_queues_the_viewer_may_not_see_name_no_job(url: str, q:
             assert denied.status_code == 403
     finally:
         secret.close()
+
+
+async def test_a_flow_across_cluster_nodes(redis_cluster: Any) -> None:
+    """Edges whose jobs live on other nodes of a Redis Cluster: each read goes to its node."""
+    from streamq import Keys
+
+    url = redis_cluster.url
+    by_node: dict[int, str] = {}
+    while len(by_node) < 2:
+        name = f"fv-{uuid.uuid4().hex[:10]}"
+        by_node.setdefault(redis_cluster.owner(Keys(name).stream), name)
+    qa, qb = by_node.values()
+    a, b = Queue.from_url(url, qa), Queue.from_url(url, qb)
+    try:
+        a.enqueue("ok", 1, job_id="leaf", delay=3600)
+        b.enqueue("ok", None, job_id="mid", depends_on=[(qa, "leaf")])
+        a.enqueue("ok", None, job_id="top", depends_on=[(qb, "mid")])
+        app = create_app(url, config=DashboardConfig(queues=(qa, qb)))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://dash") as c:
+            top = (await c.get("/flow", params={"q": qa, "id": "top"})).text
+            assert re.findall(r'data-job="([^"]+)"', top.split('id="deps"')[1]) == [
+                "mid", "leaf"]  # (mid on the other node, expanded: leaf back on this one)
+            job = (await c.get("/job", params={"q": qb, "id": "mid"})).text
+            assert f'href="/job?q={qa}&amp;id=leaf"' in job.split('id="flow-children"')[1]
+            assert f'href="/job?q={qa}&amp;id=top"' in job.split('id="flow-parents"')[1]
+        await app.state.dashboard.aclose()
+    finally:
+        a.close()
+        b.close()
