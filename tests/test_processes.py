@@ -4,6 +4,7 @@ dead-lettered, even with ``max_attempts=1``), and serves one metrics endpoint fo
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -71,6 +72,10 @@ def child_pids(lines: Lines) -> dict[int, int]:
     return found
 
 
+def finished(q: Queue, ids: list[str]) -> bool:
+    return all(q.get(i).state == "completed" for i in ids)  # type: ignore[union-attr]
+
+
 def stop(proc: subprocess.Popen[str], lines: Lines) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -112,30 +117,64 @@ def test_two_processes_drain_a_queue_and_serve_one_metrics_endpoint(app: Path, u
     assert rc == 0, "".join(lines.seen)
 
 
-def test_processes_killed_one_by_one_are_restarted_and_the_drain_goes_on(
+HOLD = '''
+
+@registry.handler("hold")
+async def hold(job: Job) -> int:
+    if job.attempt == 1:  # the first attempt holds its slot until its process is killed
+        await asyncio.sleep(600)
+    return job.attempt
+'''
+
+
+@pytest.mark.slow  # about 20 s: five deaths, four of them waiting out a 2 s lease
+def test_four_processes_killed_child_by_child_are_restarted_and_the_drain_goes_on(
         app: Path, url: str, qname: str) -> None:
+    """Deterministic by construction: 8 jobs hold their first attempt over 4 processes x 2
+    slots, so every process is known to hold 2 of them when it is killed; after each kill its
+    2 come back (visibility timeout 2 s) and complete on their second attempt, and a fresh
+    batch drains on the processes alive."""
+    (app / "myapp" / "tasks.py").write_text(TASKS + HOLD)
     q = Queue.from_url(url, qname)
-    proc, lines = start(app, url, qname, "--processes", "2", "--visibility-timeout", "2")
+    proc, lines = start(app, url, qname, "--processes", "4", "--concurrency", "2",
+                        "--visibility-timeout", "2")
     try:
-        lines.wait_for("started on", n=2)
-        ids = [q.enqueue("work", i).job_id for i in range(200)]
-        wait_until(lambda: owners(q, ids[::10]), what="the drain to begin")
-        pids = [child_pids(lines)]
-        # slot 0, slot 1, then slot 0 again: its second quick death waits twice as long
-        for n, (slot, wait) in enumerate([(0, "0.5"), (1, "0.5"), (0, "1.0")]):
-            victim = pids[-1][slot]
+        lines.wait_for("started on", n=4, timeout_s=60)
+        held = [q.enqueue("hold", i).job_id for i in range(8)]
+
+        def holders() -> dict[str, list[str]]:
+            by: dict[str, list[str]] = {}
+            for i in held:
+                info = q.get(i)
+                if info is not None and info.state == "active" and info.owner:
+                    by.setdefault(info.owner.split(":")[1], []).append(i)
+            return by
+
+        wait_until(lambda: sum(map(len, holders().values())) == 8, timeout_s=30,
+                   what="every slot to hold a job")
+        by_pid = holders()
+        pids = child_pids(lines)
+        assert sorted(by_pid) == sorted(str(p) for p in pids.values())  # 2 in each process
+        # slots 0 to 3, then slot 0 again: its second quick death waits twice as long
+        for n, slot in enumerate([0, 1, 2, 3, 0]):
+            victim = pids[slot]
+            mine = by_pid.get(str(victim), [])
+            assert len(mine) == (2 if n < 4 else 0)
             os.kill(victim, signal.SIGKILL)
             lines.wait_for(f"worker process {slot} (pid {victim}) died with signal SIGKILL")
-            lines.wait_for(f"restarting it in {wait} s", n=2 if wait == "0.5" and n else 1)
-            lines.wait_for("started on", n=3 + n)  # the new worker process is up
-            pids.append(child_pids(lines))
-            assert pids[-1][slot] != victim
-        later = [q.enqueue("work", i).job_id for i in range(100)]
-        # jobs the killed processes held come back after the 2 s visibility timeout
-        wait_until(lambda: all(q.get(i).state == "completed"  # type: ignore[union-attr]
-                               for i in ids + later), timeout_s=90, what="every job to finish")
-        ran = {o.split(":")[1] for o in owners(q, later)}
-        assert ran <= {str(p) for p in pids[-1].values()}, (ran, pids)
+            lines.wait_for(f"restarting it in {'1.0' if n == 4 else '0.5'} s",
+                           n=1 if n == 4 else n + 1)
+            lines.wait_for("started on", n=5 + n, timeout_s=60)  # its replacement is up
+            pids = child_pids(lines)
+            assert pids[slot] != victim
+            batch = [q.enqueue("work", i).job_id for i in range(40)]
+            wait_until(functools.partial(finished, q, batch + mine), timeout_s=60,
+                       what=f"the batch and the jobs of killed process {slot} to finish")
+            assert {q.result(i) for i in mine} <= {2}  # retried: a second attempt
+            ran = {o.split(":")[1] for o in owners(q, batch)}
+            assert ran <= {str(p) for p in pids.values()}, (ran, pids)
+        assert {q.result(i) for i in held} == {2}
+        assert Admin.from_url(url).stats(qname).dead == 0
     finally:
         rc = stop(proc, lines)
     assert rc == 0, "".join(lines.seen)
