@@ -11,7 +11,10 @@ of the queued and of the finished jobs), ``enqueue`` (N one at a time, then N th
 API if there is one), ``latency`` (N sequential enqueue → result-available round trips, after a
 warm-up), ``io`` (N jobs sleeping 10 ms, one worker process at concurrency C), ``recovery``
 (a worker holding 100 long jobs is SIGKILLed; seconds until another worker completed all 100;
-``--vt`` configures the peer's visibility timeout / lock / heartbeat where it has one).
+``--vt`` configures the peer's visibility timeout / lock / heartbeat where it has one),
+``cpu`` (N CPU-bound jobs, ``--loop L`` iterations of :func:`burn` each, 0 = no-op, drained by
+``--workers K`` processes in the peer's ``--mode``: see :meth:`Peer.cpu_cmds`; the runtime
+benchmark, ``python -m benchmarks.peers.runtime``).
 
 Completion is counted the same way for every peer: each task calls :func:`tally_start` and
 :func:`tally_done`; a per-process thread adds the count to ``bench:done`` every 50 ms (one
@@ -59,6 +62,16 @@ def _redis() -> redis.Redis:
 _SLEEP_S = float(os.environ.get("BENCH_SLEEP_MS", "0")) / 1000.0
 _COUNT_START = bool(os.environ.get("BENCH_COUNT_START"))
 _SYNC_FLUSH = bool(os.environ.get("BENCH_SYNC_FLUSH"))
+_CPU_LOOP = int(os.environ.get("BENCH_CPU_LOOP") or 0)
+
+
+def burn(loop: int) -> int:
+    """Pure-Python CPU work (holds the GIL): ``loop`` iterations, about 5 ms for the loop
+    count the runtime benchmark calibrates."""
+    x = 0
+    for i in range(loop):
+        x += i * i % 7
+    return x
 
 
 def sleep_s() -> float:
@@ -73,6 +86,8 @@ def tally_start() -> None:
         _reset_if_forked()
         if _state["first"] is None:
             _state["first"] = time.time()
+    if _CPU_LOOP:  # the cpu workload: the job's work (timed from its start, as every job)
+        burn(_CPU_LOOP)
 
 
 def _reset_if_forked() -> None:
@@ -158,6 +173,14 @@ class Peer:
     def worker_env(self, vt: float | None) -> dict[str, str]:
         return {}
 
+    def cpu_cmds(self, mode: str, workers: int) -> list[list[str]]:
+        """The cpu workload's worker command lines: ``workers`` processes the way ``mode``
+        says (the peer's own multi-process option, or its pool). Default: ``workers``
+        separate worker processes of :meth:`worker_cmd` at concurrency 1 (mode 'procs')."""
+        if mode != "procs":
+            raise NotImplementedError(f"mode {mode!r}")
+        return [self.worker_cmd(1, None) for _ in range(workers)]
+
     def enqueue_recovery(self, n: int) -> None:
         """The recovery jobs (default: the bulk or single enqueue)."""
         self.enqueue_jobs(n)
@@ -182,7 +205,8 @@ class Peer:
 
 
 def _start_worker(peer: Peer, concurrency: int, vt: float | None,
-                  extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+                  extra_env: dict[str, str], cmd: list[str] | None = None
+                  ) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.update(peer.worker_env(vt))
     env.update(extra_env)
@@ -195,7 +219,7 @@ def _start_worker(peer: Peer, concurrency: int, vt: float | None,
     log = open(os.path.join(os.environ.get("BENCH_LOGDIR", "/tmp"),  # noqa: SIM115
                             f"bench-{peer.name}-worker-{os.getpid()}-{time.time():.0f}.log"),
                "ab")
-    return subprocess.Popen(peer.worker_cmd(concurrency, vt), env=env, cwd=HERE,
+    return subprocess.Popen(cmd or peer.worker_cmd(concurrency, vt), env=env, cwd=HERE,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -258,6 +282,71 @@ def run_drain(peer: Peer, r: redis.Redis, n: int, workers: int, concurrency: int
     return {"per_s": n / wall, "wall_s": wall, "jobs": n, "prefill_s": enqueue_s,
             "mem_queued_per_100k": mem_queued * 100_000 / n,
             "mem_finished_per_100k": mem_done * 100_000 / n}
+
+
+def session_cpu_s(sessions: set[int]) -> float:
+    """CPU seconds (user + system, with reaped children's) of every live process in the given
+    sessions (each worker command starts its own): the workers, their pool children and
+    supervisors. Linux /proc."""
+    total = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) in sessions:
+            total += sum(int(x) for x in fields[11:15])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def run_cpu(peer: Peer, r: redis.Redis, n: int, workers: int, mode: str, loop: int,
+            timeout_s: float) -> dict[str, Any]:
+    """N jobs of ``loop`` :func:`burn` iterations pre-enqueued, then the peer's worker
+    processes (:meth:`Peer.cpu_cmds`); jobs/s from the first job's start to the last
+    completion (start-up excluded), as the drain; and the CPU time the worker processes
+    spent per job between 10% and 90% of the jobs done (less distorted by a busy machine than
+    wall time; the done count is flushed every 50 ms, at both marks alike)."""
+    r.flushdb()
+    peer.kind = "cpu"
+    peer.enqueue_jobs(n)
+    env = {"BENCH_CPU_LOOP": str(loop), "BENCH_KIND": "cpu"}
+    cmds = peer.cpu_cmds(mode, workers)
+    procs = [_start_worker(peer, 1, None, env, cmd) for cmd in cmds]
+    sessions = {p.pid for p in procs}
+    marks: list[tuple[int, float]] = []  # (jobs done, CPU s of the workers) at 10% and 90%
+    try:
+        end = time.monotonic() + timeout_s
+        got = 0
+        while got < n and time.monotonic() < end:
+            got = int(r.get("bench:done") or 0)
+            if len(marks) < 2 and got >= n * (0.1 if not marks else 0.9):
+                marks.append((got, session_cpu_s(sessions)))
+            for p in procs:
+                if p.poll() is not None:
+                    raise RuntimeError(f"worker exited {p.returncode} with {got}/{n} done")
+            time.sleep(0.005)
+        if got < n:
+            raise RuntimeError(f"only {got} of {n} jobs done after {timeout_s:g}s")
+        time.sleep(0.1)
+        first = r.zrange("bench:first", 0, 0, withscores=True)[0][1]
+        last = r.zrevrange("bench:last", 0, 0, withscores=True)[0][1]
+        extra = int(r.get("bench:done") or 0) - n
+        pids = r.zcard("bench:first")
+    finally:
+        _stop(procs)
+    if extra:
+        raise RuntimeError(f"{extra} jobs ran more than once")
+    wall = last - first
+    cpu = ((marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0]) * 1e6
+           if len(marks) == 2 and marks[1][0] > marks[0][0] else None)
+    return {"per_s": n / wall, "us_per_job": wall / n * 1e6, "cpu_us_per_job": cpu,
+            "wall_s": wall, "jobs": n,
+            "mode": mode, "workers": workers, "loop": loop, "job_pids": pids,
+            "cmd": " ".join(os.path.basename(c) if i == 0 else c
+                            for i, c in enumerate(cmds[0]) if not c.startswith("redis://"))}
 
 
 def run_recovery(peer: Peer, r: redis.Redis, vt: float | None, cap_s: float,
@@ -348,7 +437,8 @@ def run_enqueue(peer: Peer, r: redis.Redis, n: int, bulk_n: int) -> dict[str, An
 def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | None = None
          ) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("workload", choices=("drain", "enqueue", "latency", "io", "recovery"))
+    p.add_argument("workload", choices=("drain", "enqueue", "latency", "io", "recovery",
+                                        "cpu"))
     p.add_argument("--url", required=True)
     p.add_argument("--n", type=int, default=20_000)
     p.add_argument("--bulk-n", type=int, default=None)
@@ -358,6 +448,8 @@ def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | 
     p.add_argument("--cap", type=float, default=120.0)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--mode", default="procs", help="cpu: how the peer runs its processes")
+    p.add_argument("--loop", type=int, default=0, help="cpu: burn() iterations per job")
     args = p.parse_args(argv)
     peer = make(args.url, args)
     r = redis.Redis.from_url(args.url)
@@ -367,6 +459,8 @@ def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | 
             out = run_drain(peer, r, args.n, args.workers, args.concurrency, 0, args.timeout)
         elif args.workload == "io":
             out = run_drain(peer, r, args.n, 1, args.concurrency, 10, args.timeout)
+        elif args.workload == "cpu":
+            out = run_cpu(peer, r, args.n, args.workers, args.mode, args.loop, args.timeout)
         elif args.workload == "enqueue":
             out = run_enqueue(peer, r, args.n, args.bulk_n or args.n)
         elif args.workload == "latency":

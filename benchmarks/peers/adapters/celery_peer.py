@@ -9,6 +9,9 @@ prefork would add child processes); I/O, latency and recovery: ``--pool threads 
 used); 'stamp' keeps it (round trip: ``AsyncResult.get()``, pub/sub on the Redis backend).
 No bulk enqueue API.
 
+cpu workload: mode 'prefork' (``--pool prefork -c K``: K forked children, celery's default
+pool) or 'solo' (K worker processes of ``--pool solo``, no pool).
+
 Recovery (celery 5.7.0, kombu 5.7.0 ``kombu.transport.redis``): kombu's Redis QoS keeps each
 delivered message in the ``unacked`` hash / ``unacked_index`` sorted set (score = delivery
 time) until it is acked, and ``QoS.restore_visible`` puts back the ones delivered more than
@@ -71,6 +74,17 @@ class CeleryPeer(common.Peer):
         if self.kind == "drain":
             return [*cmd, "--pool", "solo"]
         return [*cmd, "--pool", "threads", "-c", str(concurrency)]
+
+    def cpu_cmds(self, mode, workers):
+        cmd = [
+            os.path.join(os.path.dirname(sys.executable), "celery"), "-A", "celery_peer",
+            "worker", "--loglevel", "WARNING", "-Q", "bench", "--without-gossip",
+            "--without-mingle", "--without-heartbeat"]
+        if mode == "prefork":
+            return [[*cmd, "--pool", "prefork", "-c", str(workers)]]
+        if mode == "solo":
+            return [[*cmd, "--pool", "solo"] for _ in range(workers)]
+        raise NotImplementedError(f"mode {mode!r}")
 
     def recovery_limit(self, vt):
         if vt:

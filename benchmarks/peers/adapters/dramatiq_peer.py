@@ -17,6 +17,9 @@ worker fetches about once a second per queue (``worker_timeout`` 1,000 ms back-o
 queues, ``bench`` and its delay queue), so with the defaults maintenance comes ~370 s apart
 on average. ``--vt 5``: ``heartbeat_timeout=5000`` and ``maintenance_chance=1,000,000``
 (``MAINTENANCE_SCALE``: maintenance on every command) so the 5 s timeout is what decides.
+cpu workload (mode 'procs'): ``--processes K --threads 1`` (one job at a time per process,
+as celery prefork's children; more threads only share one GIL).
+
 ``dead_message_ttl`` only expires dead-lettered messages (the ``.XQ`` set): not involved.
 """
 import os
@@ -66,6 +69,12 @@ class DramatiqPeer(common.Peer):
         threads = 100 if self.kind in ("io", "recovery", "latency") else 8
         return [os.path.join(os.path.dirname(sys.executable), "dramatiq"), "dramatiq_peer",
                 "--processes", "1", "--threads", str(threads)]
+
+    def cpu_cmds(self, mode, workers):
+        if mode != "procs":
+            raise NotImplementedError(f"mode {mode!r}")
+        return [[os.path.join(os.path.dirname(sys.executable), "dramatiq"), "dramatiq_peer",
+                 "--processes", str(workers), "--threads", "1"]]
 
     def recovery_limit(self, vt):
         if vt:

@@ -17,6 +17,9 @@ at worker start, then every ``maintenance_interval``, 600 s), and
 ``StartedJobRegistry.cleanup`` re-enqueues an abandoned job only if it has ``retries_left``
 (enqueued with ``Retry``); otherwise it records ``AbandonedJobError`` and moves it to the
 FailedJobRegistry. The jobs here are enqueued without ``Retry`` (rq's default).
+
+cpu workload (mode 'procs'): K separate ``rq worker`` processes (rq has no multi-process
+option in one command; the fork per job of ``BENCH_RQ_FORK=1`` is its isolation).
 """
 import os
 import sys

@@ -6,6 +6,11 @@ Worker: ``streamq.Worker`` on queue ``bench``, ``WorkerConfig(concurrency=C)`` a
 otherwise (visibility timeout 30 s; ``--vt`` sets ``visibility_timeout_s``). Producer:
 ``Queue.enqueue`` / ``Queue.enqueue_many``; round trip: ``Queue.enqueue_and_wait`` (pub/sub
 notification on completion).
+
+cpu workload (``python -m benchmarks.peers.runtime``): a sync handler ('cpujob') run by the
+CLI, ``streamq worker streamq_peer:registry --concurrency 4`` with, by mode: 'thread' (one
+process, the handler in threads), 'processes' (``--processes K``: a supervisor and K worker
+processes), 'pool' (``--pool process --pool-size K``: one worker, the handler in K children).
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ async def job(j: Job) -> None:
     tally_done()
 
 
+@registry.handler("cpujob")
+def cpujob(j: Job) -> None:
+    tally_start()  # (runs the cpu workload's burn())
+    tally_done()
+
+
 @registry.handler("stamp")
 async def stamp(j: Job) -> float:
     return time.time()
@@ -55,7 +66,8 @@ class StreamqPeer(common.Peer):
         self.q.enqueue("job", {"n": i})
 
     def enqueue_bulk(self, n: int) -> None:
-        res = self.q.enqueue_many([{"type": "job", "payload": {"n": i}} for i in range(n)])
+        kind = "cpujob" if self.kind == "cpu" else "job"
+        res = self.q.enqueue_many([{"type": kind, "payload": {"n": i}} for i in range(n)])
         assert all(r.status == "queued" for r in res)
 
     def roundtrip(self) -> float:
@@ -64,6 +76,18 @@ class StreamqPeer(common.Peer):
     def worker_cmd(self, concurrency: int, vt: float | None) -> list[str]:
         return [sys.executable, os.path.abspath(__file__), "_worker", str(concurrency),
                 str(vt or "")]
+
+
+    def cpu_cmds(self, mode: str, workers: int) -> list[list[str]]:
+        cmd = [sys.executable, "-m", "streamq", "worker", "streamq_peer:registry", "--url",
+               self.url, "--queue", "bench", "--concurrency", "4", "--log-level", "WARNING"]
+        if mode == "thread":
+            return [cmd]
+        if mode == "processes":
+            return [[*cmd, "--processes", str(workers)]]
+        if mode == "pool":
+            return [[*cmd, "--pool", "process", "--pool-size", str(workers)]]
+        raise NotImplementedError(f"mode {mode!r}")
 
 
 def _worker(concurrency: str, vt: str) -> None:
