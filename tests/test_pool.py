@@ -112,6 +112,7 @@ async def test_sigkill_mid_job_retries_that_job(url: str, q: Queue, qname: str,
         info = await done(q, after)
         assert info.state == "completed" and info.result not in (first, second)
         assert w.pool is not None and w.pool.died == 2
+        assert w.pool.metrics.counts["died"] == 2 and w.pool.metrics.busy == 0
     assert not alive(first) and not alive(second)
 
 
@@ -133,6 +134,7 @@ async def test_endless_loop_is_killed_at_its_timeout(url: str, q: Queue, qname: 
         info = await done(q, nxt)
         assert info.state == "completed" and info.result != spun  # pool_size 1: the same slot
         assert w.pool is not None and w.pool.killed == 1
+        assert w.pool.metrics.counts["timed_out"] == 1
     assert not alive(spun)
 
 
@@ -145,6 +147,8 @@ async def test_leaking_handler_is_recycled_at_the_memory_limit(url: str, q: Queu
         for _ in range(4):
             got.append((await done(q, q.enqueue("leak", None).job_id)).result)
         assert w.pool is not None and w.pool.recycled >= 1
+        assert w.pool.metrics.counts["recycled_max_memory"] == w.pool.recycled
+        assert w.pool.metrics.counts["recycled_max_jobs"] == 0
     assert got[0] == got[1]  # below the limit after its first job
     assert len(set(got)) >= 2  # replaced once over it
 
@@ -155,6 +159,7 @@ async def test_max_jobs_per_child_recycles(url: str, q: Queue, qname: str) -> No
         for _ in range(5):
             got.append((await done(q, q.enqueue("pid", None).job_id)).result)
         assert w.pool is not None and w.pool.recycled == 2
+        assert w.pool.metrics.counts["recycled_max_jobs"] == 2
     assert got[0] == got[1] != got[2] == got[3] != got[4]
     assert not any(alive(p) for p in set(got))
 
@@ -278,17 +283,29 @@ async def test_pool_registry_without_the_handlers_is_refused(url: str, qname: st
     assert not w.running
 
 
-def test_cli_pool_process(url: str, q: Queue, qname: str) -> None:
+def test_cli_pool_process(url: str, q: Queue, qname: str, tmp_path: Path) -> None:
     """`streamq worker ... --pool process --pool-size 1 --max-jobs-per-child 2`: jobs run in
-    children of the worker, recycled every two jobs; SIGTERM stops it cleanly and no child
+    children of the worker, recycled every two jobs; the pool's metrics are in the first
+    scrape at 0 and count the recycle by its cause; SIGTERM stops it cleanly and no child
     outlives it."""
+    from test_metrics import metrics_port
+
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamq", "worker", "pool_jobs:registry", "--url", url,
-         "--queue", qname, "--concurrency", "1", "--pool", "process", "--pool-size", "1",
-         "--max-jobs-per-child", "2"], cwd=Path(__file__).parent, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamq", "worker", "pool_jobs:registry", "--url", url,
+             "--queue", qname, "--concurrency", "1", "--pool", "process", "--pool-size", "1",
+             "--max-jobs-per-child", "2", "--metrics-port", "0"], cwd=Path(__file__).parent,
+            env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
+        port = metrics_port(log)
+        wait_until(lambda: "started on" in log.read_text(), START_S, "the worker to start")
+        assert pool_metrics(port) == {
+            "streamq_pool_size": 1, "streamq_pool_busy": 0, "streamq_pool_started_total": 1,
+            "streamq_pool_recycled_total{max_jobs}": 0,
+            "streamq_pool_recycled_total{max_memory}": 0, "streamq_pool_died_total": 0,
+            "streamq_pool_timeouts_total": 0}
         got: list[int] = []
         for _ in range(3):
             jid = q.enqueue("pid", None).job_id
@@ -297,6 +314,9 @@ def test_cli_pool_process(url: str, q: Queue, qname: str) -> None:
             assert info is not None and info.state == "completed"
             got.append(info.result)
         assert got[0] == got[1] != got[2] and proc.pid not in got
+        after = pool_metrics(port)
+        assert after["streamq_pool_recycled_total{max_jobs}"] == 1
+        assert after["streamq_pool_started_total"] == 2 and after["streamq_pool_busy"] == 0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=START_S) == 0
     finally:
@@ -304,6 +324,23 @@ def test_cli_pool_process(url: str, q: Queue, qname: str) -> None:
             proc.kill()
             proc.wait()
     assert not any(alive(p) for p in got)
+
+
+def pool_metrics(port: int) -> dict[str, float]:
+    """The ``streamq_pool_*`` samples of one scrape ('name{cause}' for the recycles)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("streamq_pool_") and not s.name.endswith("_created"):
+                cause = s.labels.get("cause")
+                out[f"{s.name}{{{cause}}}" if cause else s.name] = s.value
+    return out
 
 
 SCRIPT = '''

@@ -375,6 +375,95 @@ _meter.create_observable_gauge("streamq.worker.in_flight", [_in_flight], unit="{
                                description="handlers running in this process")
 
 
+# ------------------------------------------------------------------ process pools
+
+POOL_EVENTS = ("started", "recycled_max_jobs", "recycled_max_memory", "died", "timed_out")
+"""What a process pool counts (``PoolCounts.counts``)."""
+
+
+class PoolCounts:
+    """One process pool's figures, changed on its worker's event loop (no SDK call per job),
+    read by the ``streamq.pool.*`` instruments, which add up every pool of the process (and
+    the counts of pools since garbage-collected, so the counters never go down). All present
+    at 0 from the pool's creation."""
+
+    __slots__ = ("__weakref__", "busy", "closed", "counts", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.busy = 0
+        """Children running a job now."""
+        self.closed = False
+        self.counts: dict[str, int] = dict.fromkeys(POOL_EVENTS, 0)
+        with _pool_lock:
+            _pool_sources.add(self)
+        weakref.finalize(self, _retire_pool, self.counts)
+
+
+_pool_sources: weakref.WeakSet[PoolCounts] = weakref.WeakSet()
+_pool_retired: dict[str, int] = {}
+_pool_lock = threading.Lock()
+
+
+def _retire_pool(counts: dict[str, int]) -> None:
+    with _pool_lock:
+        for key, n in counts.copy().items():
+            _pool_retired[key] = _pool_retired.get(key, 0) + n
+
+
+def _pools() -> tuple[list[PoolCounts], dict[str, int]]:
+    """The live pools, and every count added up (retired pools included); empty when this
+    process never made a pool (a worker without one has no pool series)."""
+    with _pool_lock:
+        sources = list(_pool_sources)
+        totals = dict(_pool_retired)
+    for source in sources:
+        for key, n in source.counts.copy().items():
+            totals[key] = totals.get(key, 0) + n
+    return sources, totals
+
+
+def _pool_gauge(field: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(_options: CallbackOptions) -> Iterable[Observation]:
+        sources, totals = _pools()
+        if totals:
+            yield Observation(sum(getattr(s, field) for s in sources if not s.closed))
+    return callback
+
+
+def _pool_counter(*events: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(_options: CallbackOptions) -> Iterable[Observation]:
+        _sources, totals = _pools()
+        if not totals:
+            return
+        if len(events) == 1:
+            yield Observation(totals.get(events[0], 0))
+            return
+        for event in events:  # recycled_<cause>
+            yield Observation(totals.get(event, 0),
+                              {"cause": event.removeprefix("recycled_")})
+    return callback
+
+
+_meter.create_observable_gauge("streamq.pool.size", [_pool_gauge("size")], unit="{process}",
+                               description="child processes the process pools may run")
+_meter.create_observable_gauge("streamq.pool.busy", [_pool_gauge("busy")], unit="{process}",
+                               description="process pool children running a job now")
+_meter.create_observable_counter(
+    "streamq.pool.started", [_pool_counter("started")], unit="{process}",
+    description="process pool children started (replacements included)")
+_meter.create_observable_counter(
+    "streamq.pool.recycled", [_pool_counter("recycled_max_jobs", "recycled_max_memory")],
+    unit="{process}", description="children retired between jobs, by cause (max_jobs,"
+    " max_memory)")
+_meter.create_observable_counter(
+    "streamq.pool.died", [_pool_counter("died")], unit="{process}",
+    description="children that died by themselves (a signal, os._exit, an OOM kill)")
+_meter.create_observable_counter(
+    "streamq.pool.timeouts", [_pool_counter("timed_out")], unit="{process}",
+    description="children killed because a job outlived its timeout (hard timeouts)")
+
+
 # ------------------------------------------------------------------ structured logs
 
 JOB: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("streamq_job",

@@ -31,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from .._core import telemetry as tel
 from .._core.errors import ProcessDied, StartupFailed
 from .._core.model import Job
 from .child import frame, split
@@ -305,6 +306,8 @@ class ProcessPool:
         """Children killed at a timeout, or at a stop after the grace period."""
         self.died = 0
         """Children that died mid-job (a signal, os._exit, an OOM kill)."""
+        self.metrics = tel.PoolCounts(size)
+        """The figures of the ``streamq.pool.*`` instruments (docs/observability.md)."""
 
     def pids(self) -> list[int]:
         """Process ids of the live children."""
@@ -347,6 +350,7 @@ class ProcessPool:
         if refill:
             self._starting -= 1
         self.started += 1
+        self.metrics.counts["started"] += 1
         try:
             rpipe = os.fdopen(from_child_r, "rb", buffering=0)
             wpipe = os.fdopen(to_child_w, "wb", buffering=0)
@@ -389,6 +393,7 @@ class ProcessPool:
                     return child
                 self._live.discard(child)  # died while idle: not this job's fault
                 self.died += 1
+                self.metrics.counts["died"] += 1
                 log.warning("process pool: idle child %d %s; replaced", child.pid,
                             exit_cause(child.proc.returncode))
                 await child.reap(0)
@@ -440,12 +445,14 @@ class ProcessPool:
             loop = asyncio.get_running_loop()
             timer = None if timeout_s is None else loop.call_later(timeout_s, _expire, fut)
             watch = _Watch(loop, child, job.id, cancel, fut)
+            self.metrics.busy += 1
             try:
                 header, data = await fut
             except asyncio.IncompleteReadError:
                 self._live.discard(child)
                 code = await child.reap(_REAP_S)
                 self.died += 1
+                self.metrics.counts["died"] += 1
                 cause = exit_cause(code)
                 log.warning("process pool: child %d running job %s: %s; a fresh child takes"
                             " its place", child.pid, job.id, cause,
@@ -457,6 +464,7 @@ class ProcessPool:
                 child.kill()
                 self.killed += 1
                 if isinstance(exc, Expired):
+                    self.metrics.counts["timed_out"] += 1
                     log.warning("process pool: job %s outlived its timeout of %g s; child %d"
                                 " killed and replaced", job.id, timeout_s, child.pid,
                                 extra={"job_id": job.id, "queue": job.queue})
@@ -465,6 +473,7 @@ class ProcessPool:
                     self._refill()
                 raise
             finally:
+                self.metrics.busy -= 1
                 if timer is not None:
                     timer.cancel()
                 watch.stop()
@@ -493,16 +502,18 @@ class ProcessPool:
 
     def _settle_child(self, child: _Proc) -> None:
         """Back to the idle list, or retired when it ran its share or grew too big."""
-        why = ""
+        why = cause = ""
         if self.max_jobs is not None and child.jobs >= self.max_jobs:
-            why = f"ran {child.jobs} jobs (max_jobs_per_child)"
+            why, cause = f"ran {child.jobs} jobs (max_jobs_per_child)", "recycled_max_jobs"
         elif self.max_rss is not None and child.rss >= self.max_rss:
             why = (f"RSS {child.rss / 2 ** 20:.0f} MB over max_memory_per_child_mb"
                    f" ({self.max_rss / 2 ** 20:g})")
+            cause = "recycled_max_memory"
         if not why or self._closed:
             self._idle.append(child)
             return
         self.recycled += 1
+        self.metrics.counts[cause] += 1
         log.info("process pool: child %d retired: %s", child.pid, why)
         self._live.discard(child)
         self._retire(child, kill=False)
@@ -520,6 +531,7 @@ class ProcessPool:
         """Stop every child: idle ones run their shutdown hooks and exit, any still busy is
         killed (the worker already handed its job back); every child is reaped."""
         self._closed = True
+        self.metrics.closed = True
         idle, self._idle = self._idle, []
         for child in idle:
             with contextlib.suppress(Exception):
