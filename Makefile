@@ -79,6 +79,15 @@ bench-peers: $(STAMP)
 bench-peers-smoke: $(STAMP)
 	$(PY) -m benchmarks.peers --smoke
 
+# Issue 30's runtime figures: CPU-bound (~5 ms) and no-op drains of streamq (threads,
+# --processes 1/2, --pool process 1/2) against celery prefork, dramatiq --processes and rq, in
+# one run through the peers harness (~5 min); benchmarks/results/runtime_peers.{json,md},
+# docs/production.md#measured-processes-the-pool-and-peers. RUNTIME_ARGS="--reps 3".
+RUNTIME_ARGS ?=
+.PHONY: bench-runtime
+bench-runtime: $(STAMP)
+	nice -n 10 $(PY) -m benchmarks.peers.runtime $(RUNTIME_ARGS)
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
 

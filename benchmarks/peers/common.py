@@ -305,10 +305,12 @@ def session_cpu_s(sessions: set[int]) -> float:
 def run_cpu(peer: Peer, r: redis.Redis, n: int, workers: int, mode: str, loop: int,
             timeout_s: float) -> dict[str, Any]:
     """N jobs of ``loop`` :func:`burn` iterations pre-enqueued, then the peer's worker
-    processes (:meth:`Peer.cpu_cmds`); jobs/s from the first job's start to the last
-    completion (start-up excluded), as the drain; and the CPU time the worker processes
-    spent per job between 10% and 90% of the jobs done (less distorted by a busy machine than
-    wall time; the done count is flushed every 50 ms, at both marks alike)."""
+    processes (:meth:`Peer.cpu_cmds`). ``per_s``: the steady rate, from the moment 10% of the
+    jobs are done and every one of the ``workers`` processes ran a job (a process that starts
+    late, as a supervisor's second child, does not count against the set) to 90%; and the CPU
+    time the worker processes spent per job over the same span (less distorted by a busy
+    machine than wall time). The done count is flushed every 50 ms, at both marks alike.
+    ``drain_per_s``: N / (last completion - first start), as the drain workload."""
     r.flushdb()
     peer.kind = "cpu"
     peer.enqueue_jobs(n)
@@ -316,14 +318,16 @@ def run_cpu(peer: Peer, r: redis.Redis, n: int, workers: int, mode: str, loop: i
     cmds = peer.cpu_cmds(mode, workers)
     procs = [_start_worker(peer, 1, None, env, cmd) for cmd in cmds]
     sessions = {p.pid for p in procs}
-    marks: list[tuple[int, float]] = []  # (jobs done, CPU s of the workers) at 10% and 90%
+    # (jobs done, CPU s of the workers, time) at 10% (once every process ran a job) and 90%
+    marks: list[tuple[int, float, float]] = []
     try:
         end = time.monotonic() + timeout_s
         got = 0
         while got < n and time.monotonic() < end:
             got = int(r.get("bench:done") or 0)
-            if len(marks) < 2 and got >= n * (0.1 if not marks else 0.9):
-                marks.append((got, session_cpu_s(sessions)))
+            if (not marks and got >= n * 0.1 and r.zcard("bench:first") >= workers) \
+                    or (len(marks) == 1 and got >= n * 0.9):
+                marks.append((got, session_cpu_s(sessions), time.monotonic()))
             for p in procs:
                 if p.poll() is not None:
                     raise RuntimeError(f"worker exited {p.returncode} with {got}/{n} done")
@@ -340,10 +344,12 @@ def run_cpu(peer: Peer, r: redis.Redis, n: int, workers: int, mode: str, loop: i
     if extra:
         raise RuntimeError(f"{extra} jobs ran more than once")
     wall = last - first
-    cpu = ((marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0]) * 1e6
-           if len(marks) == 2 and marks[1][0] > marks[0][0] else None)
-    return {"per_s": n / wall, "us_per_job": wall / n * 1e6, "cpu_us_per_job": cpu,
-            "wall_s": wall, "jobs": n,
+    steady = len(marks) == 2 and marks[1][0] > marks[0][0]
+    cpu = (marks[1][1] - marks[0][1]) / (marks[1][0] - marks[0][0]) * 1e6 if steady else None
+    per_s = ((marks[1][0] - marks[0][0]) / (marks[1][2] - marks[0][2]) if steady
+             else n / wall)
+    return {"per_s": per_s, "us_per_job": 1e6 / per_s, "cpu_us_per_job": cpu,
+            "drain_per_s": n / wall, "steady": steady, "wall_s": wall, "jobs": n,
             "mode": mode, "workers": workers, "loop": loop, "job_pids": pids,
             "cmd": " ".join(os.path.basename(c) if i == 0 else c
                             for i, c in enumerate(cmds[0]) if not c.startswith("redis://"))}

@@ -12,8 +12,10 @@ side in one run, through the peers harness (its adapters, venvs and ``cpu`` work
   against ``--pool solo``; rq's fork per job against its ``SimpleWorker``. And the no-op drain
   with ``--processes 2`` against ``--processes 1``.
 
-Every figure is the drain's jobs/s from the first job's start to the last completion (start-up
-excluded), median of ``--reps`` repetitions (min-max); the runs of one repetition are
+Every jobs/s figure is the steady rate of a drain: jobs done between the moment 10% were done
+and every process of the set had run a job, and the moment 90% were (start-up and a late
+second process excluded); CPU µs/job is the CPU time of all the worker's processes over the
+same span. Median of ``--reps`` repetitions (min-max); the runs of one repetition are
 interleaved so a load spike on a shared machine hits every peer alike. Results:
 ``benchmarks/results/runtime_peers.{json,md}`` (``--out`` elsewhere). Each run is one
 adapter process; no run takes more than a few seconds at the default sizes (the whole run
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.peers.runtime", description=__doc__)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--cpu-n", type=int, default=300, help="CPU-bound jobs per run")
-    ap.add_argument("--noop-n", type=int, default=2000, help="no-op jobs per run")
+    ap.add_argument("--noop-n", type=int, default=1000, help="no-op jobs per run")
     ap.add_argument("--cpu-ms", type=float, default=5.0, help="target ms of work per job")
     ap.add_argument("--peers", default="streamq,celery,dramatiq,rq,rq-fork")
     ap.add_argument("--out", type=Path, default=RESULTS)
