@@ -175,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
     needed = sorted({e for p in peers if (e := PEERS[p][0])})
-    bad = {e: err for e, err in envs.ensure_all(needed, log).items() if err}
+    # (ensure_all of no env would install every peer: streamq alone needs none)
+    bad = {e: err for e, err in (envs.ensure_all(needed, log) if needed else {}).items()
+           if err}
     if bad:
         log(f"install failed: {bad}")
         return 1
