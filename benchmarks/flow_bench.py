@@ -12,6 +12,14 @@ Against a fresh private redis-server, one in-process worker (concurrency 100), n
    completed: its rate as a share of the plain drain's (each job's end resolves three
    callbacks), plus the producer's time to add the jobs and the workflow keys left after.
 
+``--handoff N [--handoff-cross M]`` runs only the hand-off measure: a chain of N steps in one
+queue (same slot: the parent is released inline by the child's finish.lua) and a chain of M
+steps (30) alternating
+between two queues (cross slot: each hand-off goes through the child's outbox and the relay),
+one idle worker serving both; each step's handler notes when it starts and returns, and a
+hand-off is the time from a step's return to the next step's start (settle, release, fetch,
+start). Prints p50/p95/max per kind.
+
 ``--batch-pairs K`` runs only the plain drain and the batch, K interleaved pairs, and prints
 each pair's ratio and the median (on a busy machine one pair says little).
 
@@ -107,13 +115,72 @@ def _pairs(n: int, pairs: int) -> int:
     return 0
 
 
+_MARKS: dict[str, tuple[float, float]] = {}
+
+
+def _handoff_registry() -> Registry:
+    reg = Registry()
+
+    @reg.handler("step")
+    async def step(job: Any) -> int:
+        t = time.perf_counter()
+        _MARKS[job.id] = (t, time.perf_counter())
+        return 1
+
+    return reg
+
+
+async def _chain_run(url: str, queues: list[str], steps: int, fid: str) -> list[float]:
+    """One chain of ``steps`` no-op steps, step i in queues[i % len(queues)], run by one worker
+    serving every queue; returns each hand-off (ms, one step's return to the next's start)."""
+    cfg = attrs.evolve(WorkerConfig(), concurrency=10)
+    flow = chain(*(JobSpec("step", queue=queues[i % len(queues)]) for i in range(steps)))
+    async with Worker(url, queues, _handoff_registry(), cfg):
+        await asyncio.sleep(0.5)  # the worker idle in its blocking read
+        with Queue.from_url(url, queues[0]) as q:
+            q.enqueue_flow(flow, flow_id=fid)
+            last = f"{fid}.{steps - 1}"
+            end = time.monotonic() + 60 + steps * 2.0
+            while last not in _MARKS and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+    ids = [f"{fid}.{i}" for i in range(steps)]
+    return [(_MARKS[b][0] - _MARKS[a][1]) * 1000 for a, b in zip(ids, ids[1:])
+            if a in _MARKS and b in _MARKS]
+
+
+def _pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+
+def _handoff(steps: int, cross: int) -> int:
+    print(f"# Hand-off: a step's return to the next step's start ({steps}-step chain in one"
+          f" queue, {cross}-step chain across two)\n")
+    with RedisServer() as srv:
+        for kind, queues, steps in (("same slot", ["ha"], steps),
+                                    ("cross slot", ["hb", "hc"], cross)):
+            t0 = time.perf_counter()
+            hs = asyncio.run(_chain_run(srv.url, queues, steps, f"h{len(queues)}"))
+            took = time.perf_counter() - t0
+            if len(hs) < steps - 1:
+                print(f"- {kind}: only {len(hs) + 1} of {steps} steps ran")
+                continue
+            print(f"- {kind}: p50 {_pct(hs, 0.5):.2f} ms, p95 {_pct(hs, 0.95):.2f} ms,"
+                  f" max {max(hs):.2f} ms over {len(hs)} hand-offs ({took:.1f} s in all)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fan", type=int, default=10_000)
     ap.add_argument("--chain", type=int, default=200)
     ap.add_argument("--batch-pairs", type=int, default=0)
+    ap.add_argument("--handoff", type=int, default=0)
+    ap.add_argument("--handoff-cross", type=int, default=30)
     a = ap.parse_args(argv)
     n = a.fan
+    if a.handoff:
+        return _handoff(a.handoff, a.handoff_cross)
     if a.batch_pairs:
         return _pairs(n, a.batch_pairs)
     added: list[float] = []
