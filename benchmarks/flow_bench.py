@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import time
 from typing import Any
 
@@ -116,6 +118,7 @@ def _pairs(n: int, pairs: int) -> int:
 
 
 _MARKS: dict[str, tuple[float, float]] = {}
+_LAST: dict[str, asyncio.Event] = {}
 
 
 def _handoff_registry() -> Registry:
@@ -125,6 +128,8 @@ def _handoff_registry() -> Registry:
     async def step(job: Any) -> int:
         t = time.perf_counter()
         _MARKS[job.id] = (t, time.perf_counter())
+        if job.id in _LAST:
+            _LAST[job.id].set()
         return 1
 
     return reg
@@ -137,14 +142,13 @@ async def _chain_run(url: str, queues: list[str], steps: int, fid: str) -> list[
     flow = chain(*(JobSpec("step", queue=queues[i % len(queues)]) for i in range(steps)))
     async with Worker(url, queues, _handoff_registry(), cfg):
         await asyncio.sleep(0.5)  # the worker idle in its blocking read
+        done = _LAST[f"{fid}.{steps - 1}"] = asyncio.Event()
         with Queue.from_url(url, queues[0]) as q:
             q.enqueue_flow(flow, flow_id=fid)
-            last = f"{fid}.{steps - 1}"
-            end = time.monotonic() + 60 + steps * 2.0
-            while last not in _MARKS and time.monotonic() < end:
-                await asyncio.sleep(0.01)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 60 + steps * 2.0)
     ids = [f"{fid}.{i}" for i in range(steps)]
-    return [(_MARKS[b][0] - _MARKS[a][1]) * 1000 for a, b in zip(ids, ids[1:])
+    return [(_MARKS[b][0] - _MARKS[a][1]) * 1000 for a, b in itertools.pairwise(ids)
             if a in _MARKS and b in _MARKS]
 
 
@@ -157,13 +161,13 @@ def _handoff(steps: int, cross: int) -> int:
     print(f"# Hand-off: a step's return to the next step's start ({steps}-step chain in one"
           f" queue, {cross}-step chain across two)\n")
     with RedisServer() as srv:
-        for kind, queues, steps in (("same slot", ["ha"], steps),
-                                    ("cross slot", ["hb", "hc"], cross)):
+        for kind, queues, k in (("same slot", ["ha"], steps),
+                                ("cross slot", ["hb", "hc"], cross)):
             t0 = time.perf_counter()
-            hs = asyncio.run(_chain_run(srv.url, queues, steps, f"h{len(queues)}"))
+            hs = asyncio.run(_chain_run(srv.url, queues, k, f"h{len(queues)}"))
             took = time.perf_counter() - t0
-            if len(hs) < steps - 1:
-                print(f"- {kind}: only {len(hs) + 1} of {steps} steps ran")
+            if len(hs) < k - 1:
+                print(f"- {kind}: only {len(hs) + 1} of {k} steps ran")
                 continue
             print(f"- {kind}: p50 {_pct(hs, 0.5):.2f} ms, p95 {_pct(hs, 0.95):.2f} ms,"
                   f" max {max(hs):.2f} ms over {len(hs)} hand-offs ({took:.1f} s in all)")

@@ -242,13 +242,15 @@ def _entries(box: str, reply: Any) -> list[Message]:
     return out
 
 
-def relay(keys: Keys, batch: int = RELAY_BATCH) -> Op[tuple[int, bool]]:
+def relay(keys: Keys, batch: int = RELAY_BATCH) -> Op[tuple[int, bool, str]]:
     """One relay step over a shard's outbox: up to ``batch`` messages applied and deleted.
-    Returns (messages applied, whether more may be waiting)."""
+    Returns (messages applied, whether more may be waiting, the id of the last entry read:
+    '0-0' when none was: a blocking read after it wakes on the next one, relay.py)."""
     (r,) = yield [Cmd.of("XRANGE", keys.outbox, "-", "+", "COUNT", batch)]
     msgs = _entries(keys.outbox, ok(r))
     codes = yield from apply(msgs)
-    return sum(1 for c in codes if c >= 0), len(r or []) >= batch
+    last = _s(r[-1][0]) if r else "0-0"
+    return sum(1 for c in codes if c >= 0), len(r or []) >= batch, last
 
 
 def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, int],

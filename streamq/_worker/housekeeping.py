@@ -176,7 +176,8 @@ class Housekeeper:
         """This shard's workflow relay and repair sweep (relay.py)."""
         from .relay import Relay
 
-        keeper = Relay(qs.keys)
+        # woken by new outbox entries (relay.py), in reads no longer than the fetch loop's
+        keeper = Relay(qs.keys, wait_ms=self.config.block_ms)
         every = self.config.promote_interval_s
 
         async def step() -> float:
