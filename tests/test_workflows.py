@@ -46,6 +46,24 @@ async def test_chain_of_three_passes_results(url: str, q: Queue, qname: str) -> 
     assert q.result("c3.2") == 111
 
 
+async def test_a_chain_across_slots_does_not_wait_for_the_relay_interval(
+        url: str, q: Queue, qname: str) -> None:
+    # steps alternate between two queues (two hash tags): every hand-off goes through the
+    # finishing step's outbox; the relay's interval is a minute, yet the chain runs (the relay
+    # is woken by the new outbox entry, not by its interval)
+    from helpers import fast
+
+    other = f"{qname}-x"
+    flow = chain(*(JobSpec("add", 1, queue=other if i % 2 else None) for i in range(5)))
+    out = q.enqueue_flow(flow, flow_id="x")
+    async with streamq.Worker(url, [qname, other], _reg(), fast(promote_interval_s=60.0)):
+        await eventually(lambda: state(q, out.last.job_id) == "completed", 20,
+                         "the chain across two queues completed long before the interval")
+    assert q.result(out.last.job_id) == 5
+    with Queue.from_url(url, other) as o:
+        assert o.client.xlen(o.keys.outbox) == 0 and q.client.xlen(q.keys.outbox) == 0
+
+
 async def test_chord_callback_gets_every_result_in_order(url: str, q: Queue, qname: str) -> None:
     n = 20
     out = q.enqueue_flow(chord(group([JobSpec("add", i) for i in range(n)]),
