@@ -148,19 +148,51 @@ def test_across_queues_and_shards_pages_without_duplicates(url: str, prefix: str
 def test_bound_is_reported_and_the_cursor_continues(url: str, prefix: str, admin: Admin
                                                     ) -> None:
     q = queue(url, "big", prefix, search=SearchConfig())
-    q.enqueue_many([{"type": "common"} for _ in range(300)])
-    rare = q.enqueue("common", {}, delay=3600).job_id  # the newest; then 300 older ones
-    q.enqueue_many([{"type": "common"} for _ in range(300)])
-    page = admin.find(state="scheduled", max_scan=100, limit=10)
+    q.enqueue_many([{"type": "common", "delay": 3600} for _ in range(300)])
+    rare = q.enqueue("common", {}).job_id  # the newest queued one; then 300 older scheduled
+    q.enqueue_many([{"type": "common", "delay": 3600} for _ in range(300)])
+    page = admin.find(state="queued", max_scan=100, limit=10)
     assert page.items == [] and page.bound_hit and page.scanned == 100
     assert page.source == "time"
     found, cursor, scanned = [], page.cursor, page.scanned
     while cursor is not None:
-        page = admin.find(state="scheduled", max_scan=100, limit=10, cursor=cursor)
+        page = admin.find(state="queued", max_scan=100, limit=10, cursor=cursor)
         found += [h.job_id for h in page.items]
         scanned += page.scanned
         cursor = page.cursor
     assert found == [rare] and scanned == 601
+
+
+def test_a_state_with_its_own_set_answers_from_it(url: str, prefix: str, admin: Admin
+                                                  ) -> None:
+    """scheduled/retrying read the delayed set, not 10,000 records of the time index: a rare
+    scheduled job among many queued ones is found at once, with every other filter, paged
+    newest first by enqueue time."""
+    q = queue(url, "sched", prefix, shards=2, search=FIELDS)
+    q.enqueue_many([{"type": "email.send", "payload": {"customer_id": 1}}
+                    for _ in range(400)])
+    later = [q.enqueue("email.send", {"customer_id": i % 2}, delay=3600 + i,
+                       group=f"g{i % 2}").job_id for i in range(5)]
+    q.enqueue_many([{"type": "email.send", "payload": {"customer_id": 1}}
+                    for _ in range(400)])
+    page = admin.find(state="scheduled", max_scan=100, limit=10)
+    assert page.source == "state" and not page.bound_hit and page.cursor is None
+    assert {h.job_id for h in page.items} == set(later)
+    times = [h.at_ms for h in page.items]
+    assert times == sorted(times, reverse=True)  # newest enqueued first
+    assert page.scanned == 5 and all(h.state == "scheduled" for h in page.items)
+    assert [h[1] for h in all_pages(admin, 2, state="scheduled")] == [
+        h.job_id for h in page.items]
+    assert {h.job_id for h in admin.find(state="scheduled", group="g1").items} == {
+        later[1], later[3]}
+    got = admin.find(state="scheduled", fields={"customer_id": "0"}, max_scan=100)
+    assert {h.job_id for h in got.items} == {later[0], later[2], later[4]}
+    assert not got.bound_hit
+    at = admin.find(id=later[2]).items[0].at_ms
+    assert {h.job_id for h in admin.find(state="scheduled", since_ms=at).items} >= {
+        later[2], later[3], later[4]}
+    assert admin.find(state="retrying").items == []
+    assert admin.find(state="waiting", type="email.send").items == []
 
 
 def test_expired_records_are_dropped_from_results_and_index(url: str, prefix: str,

@@ -35,6 +35,12 @@ SCAN_DEFAULT = 10_000
 (``bound_hit``)."""
 PREFIX_MAX = 1000
 """Ids an id prefix matches at most per shard (ZRANGEBYLEX ... LIMIT)."""
+STATE_LIST_MAX = 10_000
+"""A state with a set of its own (scheduled and retrying: the delayed ZSET; waiting: the
+waiting index) answers from that set in a shard where it holds at most this many ids and no
+more than the index the other filters picked; above it, the index is read and the state
+checked on records (a state that common is dense there)."""
+_STATE_SET = {"scheduled": "delayed", "retrying": "delayed", "waiting": "waiting"}
 _SEQ_MAX = 2**64 - 1
 _REC = ("s", "state", "b", "type", "g", "c", "error", "reason")
 _REFUSED: list[Any] = []
@@ -87,7 +93,7 @@ class SearchPage:
     """Reading stopped at ``max_scan`` (or an id prefix matched more than ``PREFIX_MAX`` ids in
     a shard) before the page was full: there may be more; ``cursor`` continues."""
     source: str
-    """What answered: id, prefix, dead, field, group, type or time."""
+    """What answered: id, prefix, dead, state, field, group, type or time."""
     index_since_ms: dict[str, int | None]
     """Per queue searched: when its index starts (ms), None when it has none (a queue
     without ``QueueConfig.search``: only an exact id finds its jobs)."""
@@ -217,6 +223,9 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
             b = yield from _prefix_init(q, srcs)
             bound_hit = bound_hit or b
         else:
+            if q.state in _STATE_SET and source != "dead":
+                srcs, used = yield from _state_init(q, srcs, prefix)
+                source = "state" if used else source
             yield from _init(q, srcs, after)
     by_label = {s.label: s for s in srcs}
     items: list[Hit] = []
@@ -350,6 +359,8 @@ def _init(q: SearchQuery, srcs: Sequence[_Src], after: tuple[int, str, str] | No
     """Each source's first position: after the cursor, and not after ``until``."""
     step: Step = []
     for s in srcs:
+        if s.kind == "l":
+            continue
         if s.kind == "d":
             end = (q.until_ms, _SEQ_MAX) if q.until_ms is not None else (2**63, 0)
             if after is not None:
@@ -381,7 +392,7 @@ def _init(q: SearchQuery, srcs: Sequence[_Src], after: tuple[int, str, str] | No
     replies = yield step
     i = 0
     for s in srcs:
-        if s.kind == "d":
+        if s.kind in "dl":
             continue
         r_until, r1, r2 = replies[i:i + 3]
         i += 3
@@ -397,6 +408,43 @@ def _init(q: SearchQuery, srcs: Sequence[_Src], after: tuple[int, str, str] | No
                 (n,) = yield [Cmd.of("ZCOUNT", s.key, sc, "+inf")]
                 start = max(start, int(ok(n) or 0))
         s.rank = start
+
+
+def _state_init(q: SearchQuery, srcs: list[_Src], prefix: str
+                ) -> Op[tuple[list[_Src], bool]]:
+    """Per shard, the state's own set (``_STATE_SET``) in place of the picked index when it is
+    the smaller side and at most ``STATE_LIST_MAX``: its ids, with their enqueue times from
+    the time index, as a fixed list (the rest of the filter is checked on the records)."""
+    assert q.state is not None
+    shards = sorted({(s.queue, s.shard) for s in srcs})
+    keys = {qs: getattr(Keys(qs[0], prefix, qs[1]), _STATE_SET[q.state]) for qs in shards}
+    step: Step = [Cmd.of("ZCARD", keys[qs]) for qs in shards]
+    step += [Cmd.of("ZCARD", s.key) for s in srcs]
+    replies = yield step
+    n_state = {qs: _ms(ok(r)) for qs, r in zip(shards, replies, strict=False)}
+    n_index: dict[tuple[str, int], int] = {}
+    for s, r in zip(srcs, replies[len(shards):], strict=True):
+        n_index[s.queue, s.shard] = n_index.get((s.queue, s.shard), 0) + _ms(
+            r if not isinstance(r, Exception) else 0)
+    picked = [qs for qs in shards
+              if n_state[qs] <= min(STATE_LIST_MAX, n_index[qs]) or n_state[qs] == 0]
+    if not picked:
+        return srcs, False
+    ids_of = yield [Cmd.of("ZRANGE", keys[qs], 0, -1) for qs in picked]
+    ids = [[_s(m) for m in ok(r) or []] for r in ids_of]
+    scores = yield [Cmd.of("ZMSCORE", Keys(qs[0], prefix, qs[1]).ix_all, *js) if js
+                    else Cmd.of("ECHO", "") for qs, js in zip(picked, ids, strict=True)]
+    out = [s for s in srcs if (s.queue, s.shard) not in set(picked)]
+    for qs, js, sc in zip(picked, ids, scores, strict=True):
+        lst = _Src("l", qs[0], qs[1], _label(*qs), keys[qs],
+                   rec=Keys(qs[0], prefix, qs[1]).job(""), done=True)
+        vals = (ok(sc) or []) if js else []
+        lst.buf = sorted(((ms, lst.label, j, j) for j, v in zip(js, vals, strict=True)
+                          if v is not None for ms in (int(float(v)),)
+                          if (q.since_ms is None or ms >= q.since_ms)
+                          and (q.until_ms is None or ms <= q.until_ms)), reverse=True)
+        out.append(lst)
+    return out, True
 
 
 def _prefix_init(q: SearchQuery, srcs: Sequence[_Src]) -> Op[bool]:
