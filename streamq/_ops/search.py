@@ -41,6 +41,8 @@ waiting index) answers from that set in a shard where it holds at most this many
 more than the index the other filters picked; above it, the index is read and the state
 checked on records (a state that common is dense there)."""
 _STATE_SET = {"scheduled": "delayed", "retrying": "delayed", "waiting": "waiting"}
+CHUNK_MAX = 4000
+"""Entries one search.lua call reads at most (a long search's later slices grow to it)."""
 _SEQ_MAX = 2**64 - 1
 _REC = ("s", "state", "b", "type", "g", "c", "error", "reason")
 _REFUSED: list[Any] = []
@@ -235,7 +237,7 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
         need = [s for s in srcs if not s.buf and not s.done]
         while need:  # (a fetch moves each source on: this ends)
             yield from _fetch(q, need, chunk, last)
-            chunk = min(chunk * 2, PAGE_MAX)
+            chunk = min(chunk * 2, CHUNK_MAX, max(10, max_scan - scanned))
             need = [s for s in need if not s.buf and not s.done]
         live = [s for s in srcs if s.buf or not s.done]
         if not live:
