@@ -17,11 +17,13 @@ from streamq import (
     Fail,
     InvalidSearch,
     Job,
+    JobSpec,
     Queue,
     QueueConfig,
     Registry,
     SearchConfig,
     Worker,
+    chain,
 )
 from streamq._core.keys import Keys
 from streamq.admin import Admin, AsyncAdmin
@@ -193,6 +195,27 @@ def test_a_state_with_its_own_set_answers_from_it(url: str, prefix: str, admin: 
         later[2], later[3], later[4]}
     assert admin.find(state="retrying").items == []
     assert admin.find(state="waiting", type="email.send").items == []
+
+
+def test_jobs_that_wait_for_dependencies_are_indexed(url: str, prefix: str, admin: Admin
+                                                    ) -> None:
+    """depends_on and flows write the same index entries as enqueue (wait.lua), once."""
+    q = queue(url, "deps", prefix, search=FIELDS)
+    first = q.enqueue("email.send", {"customer_id": 7}).job_id
+    after = q.enqueue("email.send", {"customer_id": 7}, depends_on=[first], job_id="after1")
+    again = q.enqueue("email.send", {"customer_id": 7}, depends_on=[first], job_id="after1")
+    assert (after.status, again.status) == ("waiting", "duplicate")
+    out = q.enqueue_flow(chain(JobSpec("email.send", {"customer_id": 8}),
+                               JobSpec("report", {"customer_id": 8})), flow_id="fl")
+    waiting = {"after1", out.job_ids[1]}
+    assert {h.job_id for h in admin.find(state="waiting").items} == waiting
+    assert admin.find(state="waiting").source == "state"
+    assert {h.job_id for h in admin.find(fields={"customer_id": "7"}).items} == {
+        first, "after1"}
+    assert {h.job_id for h in admin.find(type="report").items} == {out.job_ids[1]}
+    assert admin.find(id_prefix="after").items[0].state == "waiting"
+    assert {h.job_id for h in admin.find(queue="deps").items} == {first, *out.job_ids,
+                                                                   "after1"}
 
 
 def test_expired_records_are_dropped_from_results_and_index(url: str, prefix: str,

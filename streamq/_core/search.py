@@ -51,10 +51,9 @@ def field_value(payload: Any, path: str) -> str | None:
     return text
 
 
-def section(keys: Keys, cfg: QueueConfig, batch: Sequence[Any], k: list[str],
-            args: list[Arg]) -> None:
-    """Append enqueue.lua's search section for ``batch`` (Prepared jobs of one shard) and
-    turn its ARGV[4] into 'N:D:S' (its header)."""
+def parts(keys: Keys, cfg: QueueConfig, batch: Sequence[Any]) -> tuple[list[str], list[Arg]]:
+    """The search section of a script call for ``batch`` (Prepared jobs of one shard): the
+    index keys, and the retention with each index's spec (_lib.lua's ix_write)."""
     sc = cfg.search
     assert sc is not None
     by: dict[str, list[int]] = {}  # index key -> job indexes (1-based), in first-seen order
@@ -76,13 +75,21 @@ def section(keys: Keys, cfg: QueueConfig, batch: Sequence[Any], k: list[str],
                 v = field_value(payload, name)
                 if v is not None:
                     by.setdefault(keys.ix_field(t, name, v), []).append(i)
-    k.extend((keys.ix_all, keys.ix_ids, *by))
-    args.append(retention_ms(cfg))
-    args.extend((f"A {every}", f"L {every}",
-                 *(f"T {' '.join(map(str, ix))}" for ix in by.values())))
+    args: list[Arg] = [retention_ms(cfg), f"A {every}", f"L {every}",
+                       *(f"T {' '.join(map(str, ix))}" for ix in by.values())]
+    return [keys.ix_all, keys.ix_ids, *by], args
+
+
+def section(keys: Keys, cfg: QueueConfig, batch: Sequence[Any], k: list[str],
+            args: list[Arg]) -> None:
+    """Append enqueue.lua's search section for ``batch`` (Prepared jobs of one shard) and
+    turn its ARGV[4] into 'N:D:S' (its header)."""
+    ks, more = parts(keys, cfg, batch)
+    k.extend(ks)
+    args.extend(more)
     n = args[3]
     head = n if isinstance(n, str) else f"{len(batch)}:0"
-    args[3] = f"{head}:{2 + len(by)}"
+    args[3] = f"{head}:{len(ks)}"
 
 
 def declare(keys: Keys, cfg: QueueConfig) -> Op[None]:

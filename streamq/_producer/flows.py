@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from .._core import search
 from .._core.config import QueueConfig
 from .._core.driver import Call, Cmd, Op, ok
 from .._core.errors import InvalidArgument
@@ -175,11 +176,12 @@ def wait_call(keys: Keys, cfg: QueueConfig, p: prod.Prepared, deps: Sequence[Job
     jid = p.job_id
     jk = keys.of_shard(p.shard)
     a = p.args  # id, options, body, max_attempts, ttl, deadline, delay, run_at, notify
-    return Call("wait", [jk.job(jid), jk.deps(jid), jk.waiting, jk.events, jk.stats],
+    ix_keys, ix_args = search.parts(jk, cfg, [p]) if cfg.search is not None else ([], [])
+    return Call("wait", [jk.job(jid), jk.deps(jid), jk.waiting, jk.events, jk.stats, *ix_keys],
                 [jid, a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
                  "" if p.level == DEFAULT_PRIORITY else p.level,
                  wk_of(jk, jid, p.level, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen),
-                 cfg.events_arg, *(member(d, i) for i, d in enumerate(deps))])
+                 cfg.events_arg, *(member(d, i) for i, d in enumerate(deps)), *ix_args])
 
 
 def _waited(cfg: QueueConfig, jid: str, reply: Any) -> tuple[EnqueueResult, bool]:

@@ -521,6 +521,46 @@ end
 -- existing duplicate was written by this very call or row: by writer tag when one is given,
 -- else when it carries this very body and options). The caller counts stats. known_new: the
 -- caller already knows the record does not exist (enqueue.lua's batch check).
+-- Search indexes (docs/search.md; enqueue.lua's and wait.lua's search sections): IX =
+-- {ret = retention ms, {key, spec}, ...}, spec '<A|L|T> <i> <i> ...' (A: the time index,
+-- always first; L: the id-prefix index, score 0; T: a type, group or field index); id_of(i)
+-- is the id of the call's i-th job when it was accepted, else nil (nothing written for it).
+-- The oldest 100 + 2n entries past the retention leave A and L (and the T indexes written,
+-- when A had any); each index written gets the retention as its TTL. An index key of another
+-- type (overwritten by hand) is passed over: the jobs are accepted all the same.
+local function ix_write(IX, now, n, id_of)
+  local cut = now - IX.ret
+  local aged = false
+  for j = 1, #IX do
+    local key, spec = IX[j][1], IX[j][2]
+    local kind = ssub(spec, 1, 1)
+    local z = {}
+    for tok in string.gmatch(ssub(spec, 3), '%d+') do
+      local id = id_of(tonumber(tok))
+      if id then
+        z[#z + 1] = kind == 'L' and 0 or now
+        z[#z + 1] = id
+      end
+    end
+    if kind == 'A' then
+      local old = rpcall('ZRANGEBYSCORE', key, '-inf', '(' .. cut, 'LIMIT', 0, 100 + 2 * n)
+      if type(old) == 'table' and not old.err and old[1] then
+        aged = true
+        rpcall('ZREM', key, unpack(old))
+        if IX[j + 1] and ssub(IX[j + 1][2], 1, 1) == 'L' then
+          rpcall('ZREM', IX[j + 1][1], unpack(old))
+        end
+      end
+    elseif kind == 'T' and z[1] and aged then
+      rpcall('ZREMRANGEBYSCORE', key, '-inf', '(' .. cut)
+    end
+    if z[1] then
+      rpcall('ZADD', key, unpack(z))
+      rpcall('PEXPIRE', key, IX.ret)
+    end
+  end
+end
+
 -- G, g: the group context (gctx) and the job's group (nil or '' = none; G then non-nil): a
 -- ready grouped job is admitted or waits (g_enter); the record keeps the group as 'g'.
 -- dk (nil = none): the record's dedup field 'dk' (enqueue.lua's dedup section), written with

@@ -376,38 +376,8 @@ for i = 1, n do
     out[#out + 1] = state; out[#out + 1] = result; out[#out + 1] = err; out[#out + 1] = mine
   end
 end
-if IX then  -- the search section (header): index the jobs this call accepted (an index
-  -- key of another type, overwritten by hand, is passed over: the jobs are enqueued)
-  local cut = now - IX.ret
-  local aged = false  -- the time index had entries past the retention: so may the others
-  for j = 1, #IX do
-    local key, spec = IX[j][1], IX[j][2]
-    local kind = ssub(spec, 1, 1)
-    local z = {}
-    for tok in string.gmatch(ssub(spec, 3), '%d+') do
-      local i = tonumber(tok)
-      if IX[-i] then
-        z[#z + 1] = kind == 'L' and 0 or now
-        z[#z + 1] = ARGV[5 + 10 * (i - 1)]
-      end
-    end
-    if kind == 'A' then  -- the oldest entries past the retention leave A and L together
-      local old = rpcall('ZRANGEBYSCORE', key, '-inf', '(' .. cut, 'LIMIT', 0, 100 + 2 * n)
-      if type(old) == 'table' and not old.err and old[1] then
-        aged = true
-        rpcall('ZREM', key, unpack(old))
-        if IX[j + 1] and ssub(IX[j + 1][2], 1, 1) == 'L' then
-          rpcall('ZREM', IX[j + 1][1], unpack(old))
-        end
-      end
-    elseif kind == 'T' and z[1] and aged then
-      rpcall('ZREMRANGEBYSCORE', key, '-inf', '(' .. cut)
-    end
-    if z[1] then
-      rpcall('ZADD', key, unpack(z))
-      rpcall('PEXPIRE', key, IX.ret)
-    end
-  end
+if IX then  -- the search section (header): index the jobs this call accepted
+  ix_write(IX, now, n, function(i) return IX[-i] and ARGV[5 + 10 * (i - 1)] end)
 end
 if handable > 0 then
   -- an optimisation only: whatever it meets (an ACL without a command it needs, ...), the

@@ -24,9 +24,15 @@
 -- ARGV[11]  'wk': the key names and settings its release needs (_flow.lua's header)
 -- ARGV[12]  events: max length and kinds (_lib.lua's emit)
 -- ARGV[13..] the dependencies: '<policy><index> <queue> <job id>' each
+-- KEYS[6..5+S] (S >= 0; docs/search.md, QueueConfig.search) the shard's search index ZSETs
+--           the job goes in; then the last S + 1 ARGV (after the dependencies) are the
+--           retention ms and each index's spec '<A|L|T> 1' (_lib.lua's ix_write). Written
+--           only with a new record: a repeat writes nothing new.
 -- Returns {'waiting'} or {'duplicate', state, result, error, mine}.
 local jobkey, deps, waiting, events, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
+local S = #KEYS - 5
+local NA = #ARGV - (S > 0 and S + 1 or 0)  -- (the last dependency)
 if rcall('EXISTS', jobkey) == 1 then
   local r = rec(jobkey, false, 's', 'r', 'error', 'b', 'op')
   local mine = 0
@@ -47,10 +53,15 @@ if ARGV[9] ~= '' then add('notify', ARGV[9]) end
 if ARGV[10] ~= '' then add('p', ARGV[10]) end
 if ARGV[7] ~= '0' or ARGV[8] ~= '0' then add('wd', ARGV[7] .. ' ' .. ARGV[8]) end
 rcall('HSET', jobkey, unpack(set))
-for i = 13, #ARGV, 1000 do  -- (unpack is capped at ~8,000 values: SADD in slices)
-  rcall('SADD', deps, unpack(ARGV, i, math.min(i + 999, #ARGV)))
+for i = 13, NA, 1000 do  -- (unpack is capped at ~8,000 values: SADD in slices)
+  rcall('SADD', deps, unpack(ARGV, i, math.min(i + 999, NA)))
 end
 rcall('ZADD', waiting, now, id)
+if S > 0 then
+  local IX = {ret = tonumber(ARGV[NA + 1])}
+  for j = 1, S do IX[j] = {KEYS[5 + j], ARGV[NA + 1 + j]} end
+  ix_write(IX, now, 1, function() return id end)
+end
 emit(events, ARGV[12], id, 'enqueued', now, 'waiting')
 count(stats, 'enqueued', 1)
 v1_restore()  -- (no record read on this path: nothing to write back)
