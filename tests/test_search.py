@@ -14,6 +14,7 @@ import redis
 from helpers import eventually, fast, wait_until
 
 from streamq import (
+    Dedup,
     Fail,
     InvalidSearch,
     Job,
@@ -216,6 +217,18 @@ def test_jobs_that_wait_for_dependencies_are_indexed(url: str, prefix: str, admi
     assert admin.find(id_prefix="after").items[0].state == "waiting"
     assert {h.job_id for h in admin.find(queue="deps").items} == {first, *out.job_ids,
                                                                    "after1"}
+
+
+def test_a_debounce_fold_is_found_by_its_new_payload(url: str, prefix: str, admin: Admin
+                                                    ) -> None:
+    q = queue(url, "deb", prefix, search=FIELDS)
+    d = Dedup(key="k", mode="debounce", delay_ms=60_000, max_wait_ms=600_000)
+    jid = q.enqueue("email.send", {"customer_id": 1}, dedup=d).job_id
+    folded = q.enqueue("email.send", {"customer_id": 2}, dedup=d)
+    assert folded.status == "deduplicated"
+    assert [h.job_id for h in admin.find(fields={"customer_id": "2"}).items] == [jid]
+    assert admin.find(fields={"customer_id": "1"}).items == []  # its old payload's
+    assert [h.job_id for h in admin.find(type="email.send").items] == [jid]
 
 
 def test_expired_records_are_dropped_from_results_and_index(url: str, prefix: str,

@@ -524,7 +524,8 @@ end
 -- Search indexes (docs/search.md; enqueue.lua's and wait.lua's search sections): IX =
 -- {ret = retention ms, {key, spec}, ...}, spec '<A|L|T> <i> <i> ...' (A: the time index,
 -- always first; L: the id-prefix index, score 0; T: a type, group or field index); id_of(i)
--- is the id of the call's i-th job when it was accepted, else nil (nothing written for it).
+-- is the id of the call's i-th job when it was accepted, else nil (nothing written for it);
+-- a second value true: add the id only where it is not yet (ZADD NX).
 -- The oldest 100 + 2n entries past the retention leave A and L (and the T indexes written,
 -- when A had any); each index written gets the retention as its TTL. An index key of another
 -- type (overwritten by hand) is passed over: the jobs are accepted all the same.
@@ -534,12 +535,13 @@ local function ix_write(IX, now, n, id_of)
   for j = 1, #IX do
     local key, spec = IX[j][1], IX[j][2]
     local kind = ssub(spec, 1, 1)
-    local z = {}
+    local z, zn = {}, {}
     for tok in string.gmatch(ssub(spec, 3), '%d+') do
-      local id = id_of(tonumber(tok))
+      local id, nx = id_of(tonumber(tok))
       if id then
-        z[#z + 1] = kind == 'L' and 0 or now
-        z[#z + 1] = id
+        local t = nx and zn or z
+        t[#t + 1] = kind == 'L' and 0 or now
+        t[#t + 1] = id
       end
     end
     if kind == 'A' then
@@ -554,8 +556,9 @@ local function ix_write(IX, now, n, id_of)
     elseif kind == 'T' and z[1] and aged then
       rpcall('ZREMRANGEBYSCORE', key, '-inf', '(' .. cut)
     end
-    if z[1] then
-      rpcall('ZADD', key, unpack(z))
+    if zn[1] then rpcall('ZADD', key, 'NX', unpack(zn)) end
+    if z[1] or zn[1] then
+      if z[1] then rpcall('ZADD', key, unpack(z)) end
       rpcall('PEXPIRE', key, IX.ret)
     end
   end

@@ -71,7 +71,9 @@
 --           index's kind and the jobs of the call it takes: '<A|L|T> <i> <i> ...' (A: the
 --           time index, always first; L: the id-prefix index, score 0; T: a type, group or
 --           field index). Each job this call accepts (queued or scheduled: never a
---           duplicate, a refused or a folded one, so a repeat writes nothing new) is added
+--           duplicate, a refused or a folded one, so a repeat writes nothing new; a
+--           debounce/keep_last fold adds the job it replaced to the indexes it is not in yet,
+--           ZADD NX) is added
 --           with the server's now as score; entries older than the retention are trimmed
 --           (the time index's oldest 100 + 2N at most per call, so trimming keeps up with
 --           any rate of enqueues; they also leave L; the T
@@ -305,6 +307,7 @@ local function dedup_pre(dd, b)
   if r and r[3] == J then return v, st, true end  -- this very call again: the same answer
   if r and (mode == 'd' or mode == 'k') then
     rcall('HSET', rk, 'b', ARGV[b + 2], 'dl', J)  -- the newest payload is kept
+    if IX then IX['f' .. b] = v end  -- (its field entries too: the search section)
     if mode == 'd' and st == 'scheduled' then
       local due = math.min(now + dd[4], (tonumber(r[2]) or now) + dd[5])
       lib_cold().wake_if_sooner(delayed, wake, due)
@@ -377,7 +380,14 @@ for i = 1, n do
   end
 end
 if IX then  -- the search section (header): index the jobs this call accepted
-  ix_write(IX, now, n, function(i) return IX[-i] and ARGV[5 + 10 * (i - 1)] end)
+  -- (and a debounce/keep_last fold's new payload, under the job it replaced: ZADD NX, its
+  -- other entries stay; the stale field entries of the old payload are dropped by searches,
+  -- which check field filters on the record's payload)
+  ix_write(IX, now, n, function(i)
+    local b = 5 + 10 * (i - 1)
+    if IX[-i] then return ARGV[b] end
+    return IX['f' .. b], true
+  end)
 end
 if handable > 0 then
   -- an optimisation only: whatever it meets (an ACL without a command it needs, ...), the
