@@ -140,11 +140,13 @@ def test_a_moved_still_standing_after_the_rounds_is_retried(
             # the nodes agree: ``other`` owns the slot
             while not stop.wait(0.01):
                 if moved_count(redis_cluster, owner, other) - base > 5:
+                    # set first: the producer's retry may land as soon as ``other`` owns the
+                    # slot, before finish_migration has told every node and returned
+                    fixed.set()
                     with redis_cluster.node(other) as d:
                         d.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING",
                                           redis_cluster.node_id(owner))
                     redis_cluster.finish_migration(slot, other)
-                    fixed.set()
                     return
 
         fixer = threading.Thread(target=settle)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,7 +247,9 @@ async def test_a_worker_whose_wait_times_out_warns_and_goes_on(
     assert unconfirmed >= 1
     warnings = [r.getMessage() for r in caplog.records if "replica" in r.getMessage()]
     assert len(warnings) == 1, warnings  # rate-limited: one line for many batches
-    assert "confirmed by 1 of 2 replica(s)" in warnings[0] and "run again" in warnings[0]
+    # one replica or none within 20 ms, as the machine's load decides: the line says which
+    assert re.search(r"confirmed by [01] of 2 replica\(s\)", warnings[0]), warnings[0]
+    assert "run again" in warnings[0]
 
 
 async def test_a_demoted_primary_is_dropped_for_the_new_one(
