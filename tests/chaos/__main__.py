@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from .cluster import ClusterOptions, render_cluster, run_cluster
+from .flows import LONG, FlowOptions, render_flows, run_flows
 from .harness import FAULTS, Options, render, run
 
 
@@ -37,6 +38,17 @@ def main(argv: list[str] | None = None) -> int:
                    " prioritised queue on a loopback Redis Cluster while primaries are"
                    " SIGKILLed (failover) and its slots migrated; --minutes, --seed, --out,"
                    " --workdir, --quiet apply")
+    p.add_argument("--flows", action="store_true",
+                   help="with --cluster: the workflow run (tests/chaos/flows.py): a fan-in, a"
+                   " chain, a random DAG with mixed edge policies and two batches with callbacks"
+                   " across two sharded queues while workers are killed and stopped and a"
+                   " primary fails over; --minutes, --seed, --out, --workdir, --quiet apply")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="with --flows: the flows' sizes as a fraction of the long run's (fan-in"
+                   f" {LONG['fan']:,}, chain {LONG['chain']:,}, DAG {LONG['dag']:,}, batch"
+                   f" {LONG['batch']:,}; default 1)")
+    p.add_argument("--concurrency", type=int, default=FlowOptions.concurrency,
+                   help=f"with --flows: handlers per worker (default {FlowOptions.concurrency})")
     a = p.parse_args(argv)
     seed = a.seed if a.seed is not None else int(time.time()) % 100_000
     faults = tuple(f for f in a.faults.split(",") if f)
@@ -47,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
                    verbose=not a.quiet, faults=faults)
     # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C: the harness stops what it started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if a.cluster:
+    if a.flows:
+        sizes = {k: max(2, int(v * a.scale)) for k, v in LONG.items()}
+        rep = run_flows(FlowOptions(minutes=a.minutes, seed=seed, out=a.out, workdir=a.workdir,
+                                    verbose=not a.quiet, concurrency=a.concurrency,
+                                    **sizes))
+        print(render_flows(rep))
+    elif a.cluster:
         rep = run_cluster(ClusterOptions(minutes=a.minutes, seed=seed, out=a.out,
                                          workdir=a.workdir, verbose=not a.quiet))
         print(render_cluster(rep))
