@@ -108,3 +108,13 @@ soak: $(STAMP)
 soak-cluster: $(STAMP)
 	$(PY) -m tests.chaos --cluster --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) \
 		--out .streamq/chaos-cluster.json
+
+# The workflow chaos run: a 10,000 -> 1 fan-in, a 1,000-step chain across two sharded queues, a
+# random DAG of 2,000 nodes (fail / continue / ignore edges) and batches with callbacks on the
+# loopback Redis Cluster while workers are SIGKILLed and stopped and a primary fails over; every
+# node checked against the ledger (docs/reliability.md#workflows-under-faults).
+# make soak-flows MINUTES=5 SEED=7; the JSON report goes to .streamq/chaos-flows.json.
+.PHONY: soak-flows
+soak-flows: $(STAMP)
+	$(PY) -m tests.chaos --cluster --flows --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) \
+		--out .streamq/chaos-flows.json
