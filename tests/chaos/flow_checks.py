@@ -88,6 +88,8 @@ class FlowChecks(ClusterChaos):
                 return True
             with contextlib.suppress(RuntimeError):
                 wait_for(drained, self.fo.drain_timeout_s, "every node to end")
+            for b in self.batches:  # the batch records (completed when closed)
+                infos[b] = qs[self.qb].get(b)
         finally:
             for q in qs.values():
                 q.close()
@@ -241,9 +243,9 @@ class FlowChecks(ClusterChaos):
             # when it was due: every dependency ended; a fail edge's dead dependency ended
             # (the parent dead-lettered), a batch's first dead job ended (its on_death)
             if want == "failed:dependency":
-                deps = [(d, p) for d, p in deps if p == "fail" and infos[d].state == "failed"]
+                deps = [(d, p) for d, p in deps if p == "fail" and _state(infos, d) == "failed"]
             elif n.flow.endswith("on_death"):
-                deps = [(d, p) for d, p in deps if infos[d].state == "failed"]
+                deps = [(d, p) for d, p in deps if _state(infos, d) == "failed"]
             ends = [ended(d) for d, _ in deps]
             if not ends or any(t is None for t in ends):
                 continue
@@ -301,13 +303,14 @@ class FlowChecks(ClusterChaos):
                 "fault_log": self.faults, "failures": failures}
 
     def dependencies(self) -> dict[str, list[tuple[str, str]]]:
-        """Each node's dependencies with their policies (a batch callback's: the batch's
-        jobs; ``on_success`` fail, ``on_complete`` continue, ``on_death`` death)."""
+        """Each node's dependencies with their policies (a batch callback's: the batch
+        record, which ends when the batch is closed, then the batch's jobs; ``on_success``
+        fail, ``on_complete`` continue, ``on_death`` death)."""
         deps = {jid: list(n.deps) for jid, n in self.nodes.items()}
-        for info in self.batches.values():
+        for b, info in self.batches.items():
             for kind, pol in (("on_success", "fail"), ("on_complete", "continue"),
                               ("on_death", "death")):
-                deps[info["callbacks"][kind]] = [(j, pol) for j in info["jobs"]]
+                deps[info["callbacks"][kind]] = [(b, pol)] + [(j, pol) for j in info["jobs"]]
         return deps
 
     def duplicate(self, e: dict[str, Any], execs: list[dict[str, Any]], led: LedgerView,
@@ -352,3 +355,8 @@ def render_flows(rep: dict[str, Any]) -> str:
               f"- checks: {'all passed' if rep.get('ok') else 'FAILED'}"]
     lines += [f"  - {f}" for f in rep["failures"]]
     return "\n".join(lines)
+
+
+def _state(infos: dict[str, Any], jid: str) -> str | None:
+    info = infos.get(jid)
+    return None if info is None else str(info.state)
