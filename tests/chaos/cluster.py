@@ -183,7 +183,7 @@ class ClusterChaos:
         for name, p in list(self.procs.items()):
             if p.poll() is not None:
                 ev = {"name": name, "rc": p.returncode, "t": time.time()}
-                log = (self.dir / f"worker-{name}.log").read_text(errors="replace")[-3000:]
+                log = (self.dir / f"worker-{name}.log").read_text(errors="replace")[-30000:]
                 starting = time.time() - self.spawned[name] < 30 and "ConnectionError" in log \
                     and "in start" in log
                 (self.startup_exits if starting else self.exits).append(ev)
