@@ -117,6 +117,17 @@ class FlowChecks(ClusterChaos):
                         start = "(" + page[-1][0].decode()
         return out
 
+    def repairs(self) -> int:
+        """Resolves the repair sweeps made (every shard's ``flow_repairs`` counter)."""
+        assert self.cluster is not None
+        n = 0
+        for q in (self.qa, self.qb):
+            for i in range(SHARDS):
+                key = Keys(q, shard=i).stats
+                with self.cluster.node(self.cluster.owner(key)) as c:
+                    n += int(c.hget(key, "flow_repairs") or 0)
+        return n
+
     def leftovers(self, infos: dict[str, Any]) -> dict[str, Any]:
         """Workflow keys left on the primaries: pending SETs, result copies and parents SETs
         of jobs that are not dead-lettered (those keep them for a re-drive), outbox entries,
@@ -298,7 +309,7 @@ class FlowChecks(ClusterChaos):
                     "max": round(lats[-1], 3) if lats else None},
                 "faults": {k: sum(1 for f in self.faults if f["kind"] == k)
                            for k in FLOW_FAULTS},
-                "keys_left": left, "problems": dict(problems),
+                "keys_left": left, "repairs": self.repairs(), "problems": dict(problems),
                 "startup_exits": self.startup_exits, "unexpected_exits": self.exits,
                 "fault_log": self.faults, "failures": failures}
 
@@ -351,6 +362,7 @@ def render_flows(rep: dict[str, Any]) -> str:
               f"- duplicate executions: {rep.get('duplicates') or 'none'}",
               f"- release after the last dependency ended (s): p50 {lat.get('p50')},"
               f" p99 {lat.get('p99')}, max {lat.get('max')} over {lat.get('n')} waiting nodes",
+              f"- resolves made by the repair sweep: {rep.get('repairs', 0)}",
               f"- workflow keys left: {rep.get('keys_left', {}).get('counts') or 'none'}",
               f"- checks: {'all passed' if rep.get('ok') else 'FAILED'}"]
     lines += [f"  - {f}" for f in rep["failures"]]

@@ -11,6 +11,7 @@ bounded run sees it at work; the harness checks "no parent left waiting" against
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from pathlib import Path
 
@@ -21,10 +22,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
 from chaos import worker as chaos_worker
 
 
+def shorten(repair_every_s: float, repair_min_age_ms: int) -> None:
+    """The repair sweep's interval and minimum age for every ``Relay`` this process makes
+    (their defaults, set by name: the worker passes only its other arguments)."""
+    init = Relay.__init__
+    params = inspect.signature(init).parameters
+    new = {"repair_every_s": repair_every_s, "repair_min_age_ms": repair_min_age_ms}
+    if not set(new) <= set(params):
+        raise RuntimeError(f"Relay takes {list(params)}: the chaos run cannot shorten it")
+    init.__defaults__ = tuple(new.get(n, p.default) for n, p in params.items()
+                              if p.default is not inspect.Parameter.empty)
+
+
 def main(argv: list[str]) -> int:
     url, queues, name, config, ledger = chaos_worker.setup(argv)
-    Relay.__init__.__defaults__ = (float(config["repair_every_s"]),
-                                   int(config["repair_min_age_ms"]))
+    shorten(float(config["repair_every_s"]), int(config["repair_min_age_ms"]))
     qcfg = QueueConfig(**{"events_maxlen": int(config["events_maxlen"]),
                           "event_kinds": ALL_EVENTS, **config.get("queue", {})})
     w = Worker(url, queues.split(","), chaos_worker.build_registry(ledger),
