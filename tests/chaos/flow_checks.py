@@ -41,6 +41,9 @@ class FlowOptions(ClusterOptions):
     repair_every_s: float = 5.0
     repair_min_age_ms: int = 5_000
     """The repair sweep's interval and minimum age (30 s and 60 s in production)."""
+    strand_slack_s: float = 1.0
+    """How much later than one repair interval after its last dependency ended a parent may
+    be released before it counts as left waiting (a loaded machine delays sweeps and relays)."""
     drain_timeout_s: float = 300.0
 
 
@@ -279,7 +282,7 @@ class FlowChecks(ClusterChaos):
             lat = t_rel - max(ready, created)
             latencies.append(lat)
             outage = sum(max(0.0, min(b, t_rel) - max(a, ready)) for a, b in failover)
-            if lat - outage > self.fo.repair_every_s + 1.0:
+            if lat - outage > self.fo.repair_every_s + self.fo.strand_slack_s:
                 problem("left waiting over one repair interval after its last dependency"
                         " ended", jid, {"waited_s": round(lat, 2),
                                         "failover_overlap_s": round(outage, 2)})

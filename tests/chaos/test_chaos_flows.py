@@ -27,8 +27,11 @@ SEED = int(os.environ.get("STREAMQ_CHAOS_SEED", "20261129"))
 @pytest.mark.timeout(600)
 def test_flows_under_worker_kills_stops_and_failover(tmp_path: Path) -> None:
     sizes = {k: v // 10 for k, v in LONG.items()}
+    # strand_slack_s: CI's machine may be loaded; 5 s + 10 s is still half the production
+    # repair interval (30 s), and a stranded parent would never be released at all
     rep = run_flows(FlowOptions(minutes=0.75, seed=SEED, concurrency=4, out=tmp_path / "f.json",
-                                workdir=tmp_path / "run", verbose=False, **sizes))
+                                workdir=tmp_path / "run", verbose=False, strand_slack_s=10.0,
+                                **sizes))
     summary = render_flows(rep)
     print("\n" + summary)
     assert rep["ok"], summary + f"\n(logs and ledger in {tmp_path / 'run'})"
