@@ -175,6 +175,21 @@ async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, 
             for stream, entries in raw]
 
 
+async def xread_wait(client: Any, stream: str, after: str, block: int) -> bool:
+    """``XREAD COUNT 1 BLOCK block STREAMS stream after``: whether an entry came (the relay's
+    idle wait on its outbox). As :func:`xreadgroup`, without redis-py's command layer, so on
+    a cluster no ``COMMAND GETKEYS`` round trip precedes each wait. Without hiredis this
+    goes through redis-py."""
+    command = ("XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", stream, after)
+    if _pack is not None and getattr(client, "connection_pool", None) is not None:
+        raw = await exchange(client, _pack(command), 1)
+    elif _pack is not None and acluster(client):
+        raw = await cexchange(client, stream, command)
+    else:
+        raw = await client.xread({stream: after}, count=1, block=block)
+    return bool(raw)
+
+
 async def exchange(client: Any, packed: bytes, replies: int, kept: Kept | None = None
                    ) -> Any:
     """Write ``packed`` (``replies`` commands) on a pooled connection of ``client``, or on

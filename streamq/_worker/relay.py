@@ -20,6 +20,7 @@ from typing import Any
 from .._core.driver import adrive
 from .._core.flow import relay, repair
 from .._core.keys import Keys
+from .._core.sends import xread_wait
 
 REPAIR_EVERY_S = 30.0
 """How often a relay sweeps its shard's waiting jobs."""
@@ -62,7 +63,7 @@ class Relay:
         # interval, in reads of at most wait_ms (under the client's socket timeout)
         end = time.monotonic() + every_s
         while (left := end - time.monotonic()) > 0:
-            if await client.xread({self.keys.outbox: last}, count=1,
-                                  block=max(1, min(self.wait_ms, int(left * 1000)))):
+            if await xread_wait(client, self.keys.outbox, last,
+                                max(1, min(self.wait_ms, int(left * 1000)))):
                 break
         return 0.0
