@@ -10,7 +10,7 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 STAMP := $(VENV)/.installed-dev-$(SUM)
 
-.PHONY: demo demo-web test test-fast lint check bench bench-smoke bench-peers bench-peers-smoke clean
+.PHONY: demo demo-web test test-fast test-floor lint check bench bench-smoke bench-peers bench-peers-smoke clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -54,6 +54,28 @@ test: $(STAMP) browser
 	chmod +x "$(VALKEY)"
 	STREAMQ_REDIS_SERVER="$(VALKEY)" $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
 
+# The declared dependency floors, tested: a second virtualenv with the lowest version of each
+# dependency pyproject.toml allows (.ci/floor-requirements.txt), running the queue, worker,
+# scheduler, cluster, sentinel, pool and workflow tests (not the slow ones): about 2-3 min.
+FLOOR_VENV ?= .venv-floor
+FLOOR_SUM := $(shell cat pyproject.toml .ci/floor-requirements.txt | cksum | cut -d' ' -f1)
+FLOOR_STAMP := $(FLOOR_VENV)/.installed-floor-$(FLOOR_SUM)
+FLOOR_TESTS ?= tests/test_queue.py tests/test_worker_leases.py tests/test_worker_outcomes.py \
+	tests/test_scheduler.py tests/test_cluster.py tests/test_cluster_fast.py \
+	tests/test_cluster_redirects.py tests/test_sentinel.py tests/test_pool.py \
+	tests/test_workflows.py tests/test_workflows_cluster.py
+
+$(FLOOR_STAMP): pyproject.toml .ci/floor-requirements.txt
+	test -x $(FLOOR_VENV)/bin/python || python3 -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+		-e '.[dashboard]' -r .ci/floor-requirements.txt
+	find $(FLOOR_VENV) -maxdepth 1 -name '.installed-*' -delete
+	touch $@
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_VENV)/bin/python -c "import redis; print('redis-py', redis.__version__)"
+	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow" $(FLOOR_TESTS)
+
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not spark"
 
@@ -89,7 +111,7 @@ bench-runtime: $(STAMP)
 	nice -n 10 $(PY) -m benchmarks.peers.runtime $(RUNTIME_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) .mypy_cache .ruff_cache .pytest_cache
 
 # Chaos soak: workers, schedulers and Redis killed, frozen and cut off at random while jobs
 # flow, then every job checked against an execution ledger (docs/reliability.md).

@@ -92,3 +92,27 @@ def test_make_demo_installs_the_dashboard_extra_and_make_test_the_rest(tmp_path:
     (venv / f".installed-demo-{checksum}").unlink()
     assert "-e '.[dashboard]'" in _make_n(venv, "demo")
     assert "-e '.[dev]'" in _make_n(venv, "test-fast")
+
+
+def test_the_floor_leg_pins_the_lowest_version_of_every_dependency() -> None:
+    """`make test-floor` (CI) installs .ci/floor-requirements.txt: a floor raised or lowered
+    in pyproject.toml without it would be declared, not tested. Each dependency of the package
+    and of the dashboard extra is pinned there at a version its specifier allows, in the
+    same release series as the floor (`>=6.2` is tested at 6.2.x, not at 8.1)."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pins: dict[str, Version] = {}
+    for line in (ROOT / ".ci" / "floor-requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[name.strip().lower()] = Version(version.strip())
+    cfg = _pyproject()["project"]
+    for spec in [*cfg["dependencies"], *cfg["optional-dependencies"]["dashboard"]]:
+        req = Requirement(spec)
+        name = req.name.lower()
+        assert name in pins, f"{name} has no pin in .ci/floor-requirements.txt"
+        assert pins[name] in req.specifier, f"{name}=={pins[name]} is outside {req.specifier}"
+        [floor] = [Version(s.version) for s in req.specifier if s.operator == ">="]
+        assert pins[name].release[:2] == floor.release[:2], f"{name}: {pins[name]} vs {floor}"
