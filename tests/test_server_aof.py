@@ -52,5 +52,8 @@ def test_repairing_a_whole_aof_changes_nothing(tmp_path: Path) -> None:
         srv.kill()
         incr = next((srv.dir / "appendonlydir").glob("*.incr.aof"))
         before = incr.read_bytes()
+        # no RDB preamble: Valkey 9's (VALKEY080) is one check-aof cannot read (valkey#4739)
+        assert [p.name for p in (srv.dir / "appendonlydir").glob("*.base.*")] == [
+            "appendonly.aof.1.base.aof"]
         assert "valid" in srv.repair_aof()
         assert incr.read_bytes() == before

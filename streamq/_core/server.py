@@ -52,7 +52,11 @@ class RedisServer:
                     "--logfile", str(self.dir / "redis.log"),
                     "--appendonly", "yes" if self.aof else "no", *self.extra]
             if self.aof:
-                args += ["--appendfsync", "always"]
+                # the base file as commands, not an RDB: check-aof (repair_aof) reads no RDB
+                # preamble newer than its own format, and Valkey 9 writes VALKEY080 ones that
+                # its own valkey-check-aof cannot read (valkey-io/valkey#4739); the same on
+                # every server, so a restart loads the same kind of file everywhere
+                args += ["--appendfsync", "always", "--aof-use-rdb-preamble", "no"]
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
             if self._wait_ready():
