@@ -1,13 +1,15 @@
 """The ``memory`` workload: Redis memory per job, from ``INFO memory`` used_memory deltas.
 
 For each payload size (the issue's small integer payload ``{"n": i}``, about 200 bytes and
-about 2 KB of JSON), on a flushed server: enqueue N jobs with ``enqueue_many`` (queued: the
-record, its stream entry, the events and stats they cost), then let one worker process run
-them all with a no-op handler that returns None (finished: every record kept for its result
-TTL, 24 h by default). Both figures are the used_memory growth over the empty server divided
-by N. A per-structure breakdown of the queued small-payload jobs comes from ``MEMORY USAGE``
-(sampled records, the stream, the events stream, the stats hash); the rest of the delta is
-the keyspace's own tables (hash buckets, expiry entries).
+about 2 KB of JSON), on a server flushed with ``FLUSHALL SYNC`` whose lazy freeing is done
+(``lazyfree_pending_objects`` 0, before every reading: Valkey 8+ frees in the background, and
+a reading taken meanwhile reported about half the bytes per job there): enqueue N jobs with
+``enqueue_many`` (queued: the record, its stream entry, the events and stats they cost), then
+let one worker process run them all with a no-op handler that returns None (finished: every
+record kept for its result TTL, 24 h by default). Both figures are the used_memory growth over
+the empty server divided by N. A per-structure breakdown of the queued small-payload jobs
+comes from ``MEMORY USAGE`` (sampled records, the stream, the events stream, the stats hash);
+the rest of the delta is the keyspace's own tables (hash buckets, expiry entries).
 
 The queue is named ``bench`` (5 characters): a record's key is ``streamq:{bench}:job:<id>``,
 and a queue name of 8 or more characters moves default-id keys into the next allocation size
@@ -24,7 +26,18 @@ import redis
 from streamq import Queue
 from streamq._core.keys import Keys
 
-from .workloads import REPO, BenchError, Ctx, Result, _check_empty, _env, _last_json, worker_cmd
+from .workloads import (
+    REPO,
+    BenchError,
+    Ctx,
+    Result,
+    _check_empty,
+    _env,
+    _last_json,
+    flush,
+    settle,
+    worker_cmd,
+)
 
 QUEUE = "bench"
 PAYLOADS: dict[str, int] = {"small": 0, "200b": 200, "2kb": 2048}
@@ -32,6 +45,9 @@ PAYLOADS: dict[str, int] = {"small": 0, "200b": 200, "2kb": 2048}
 
 
 def used_memory(client: redis.Redis) -> int:
+    """``used_memory`` once the server's lazy freeing is done (Valkey 8+ frees deleted and
+    flushed values in the background: read before, the figure still holds what is going)."""
+    settle(client)
     return int(client.info("memory")["used_memory"])
 
 
@@ -50,7 +66,7 @@ def _sample_usage(client: redis.Redis, keys: Keys, ids: list[str]) -> float:
 
 def measure(ctx: Ctx, kind: str, n: int) -> Result:
     client = ctx.client
-    client.flushall()
+    flush(client)
     base = used_memory(client)
     with Queue.from_url(ctx.url, QUEUE) as q:
         ids: list[str] = []
@@ -89,7 +105,7 @@ def measure(ctx: Ctx, kind: str, n: int) -> Result:
         if enc != {b"listpack"}:
             raise BenchError(f"finished records are {enc}, not listpack")
         out["mem_small_finished_record_b"] = _sample_usage(client, keys, sample)
-    client.flushall()
+    flush(client)
     return out
 
 

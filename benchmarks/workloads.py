@@ -70,8 +70,28 @@ class Ctx:
 Result = dict[str, float]
 
 
+def flush(client: redis.Redis, timeout_s: float = 60.0) -> None:
+    """Empty the server and wait until it has freed what it held. ``FLUSHALL SYNC``: a plain
+    FLUSHALL frees in a background thread where ``lazyfree-lazy-user-flush`` is on (Valkey 8+
+    by default), and the server's other lazy frees (expired and deleted keys) may still be
+    under way, so the next figure would count bytes and CPU of the previous run. Waits for
+    ``INFO memory`` ``lazyfree_pending_objects`` to reach 0."""
+    client.execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]
+    settle(client, timeout_s)
+
+
+def settle(client: redis.Redis, timeout_s: float = 60.0) -> None:
+    """Wait until the server's background (lazy) freeing is done: ``lazyfree_pending_objects``
+    is 0 (a server without the field has none)."""
+    end = time.monotonic() + timeout_s
+    while int(client.info("memory").get("lazyfree_pending_objects", 0)):
+        if time.monotonic() > end:
+            raise BenchError(f"lazy freeing still pending after {timeout_s:.0f} s")
+        time.sleep(0.01)
+
+
 def _fresh(ctx: Ctx, prefix: str) -> str:
-    ctx.client.flushall()
+    flush(ctx.client)
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
