@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast
+from helpers import eventually, fast, running
 
 from streamq import InvalidPriority, Job, Queue, QueueConfig, Registry, Retry, Worker
 from streamq._core.keys import DEFAULT_PRIORITY, GROUP, Keys
@@ -366,3 +366,21 @@ async def test_dead_consumers_are_pruned_from_every_level(url: str, q: Queue,
     async with Worker(url, [q.name], reg, cfg):
         await eventually(lambda: all(c["name"] != b"gone" for c in r.xinfo_consumers(
             k.stream_level(4), GROUP)), what="the dead consumer pruned from the level's stream")
+
+
+async def test_an_idle_worker_with_fewer_slots_than_levels_reads_every_level(
+        q: Queue, url: str) -> None:
+    """An idle worker blocks on the level streams with one slot per stream read: with fewer
+    free slots than levels in use (concurrency 1 here: one slot), a job arriving at a lower
+    level must still be read, not wait for a higher-level job to wake the worker first (the
+    cluster chaos run's last low-priority retry, promoted after the queue drained, never ran)."""
+    reg, ledger = _ledger_registry()
+    async with running(url, q.name, reg, concurrency=1) as w:
+        q.enqueue("t", job_id="hi", priority=4)
+        await eventually(lambda: w.stats.completed >= 1, what="the priority-4 job")
+        # the worker has drained the queue and waits for work on the levels it knows
+        q.enqueue_many([{"type": "t", "job_id": "lo", "priority": 0},
+                        {"type": "t", "job_id": "mid"}])
+        await eventually(lambda: w.stats.completed >= 3, timeout_s=20,
+                         what="the jobs enqueued at lower levels while the worker was idle")
+    assert sorted(ledger) == ["hi", "lo", "mid"]

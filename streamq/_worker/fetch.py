@@ -221,13 +221,18 @@ class Fetching(HandOff):
 
     async def _wait_for_work(self, qs: QState, n: int, now: float
                              ) -> tuple[list[tuple[QState, list[Any]]], int]:
-        """A blocking XREADGROUP COUNT 1 over the level streams (the highest n levels): at
-        most one entry per level, never a burst of low-priority entries ahead of urgent work
-        arriving just after; then claims go on. Returns the entries read per lane, and how
-        many jobs were handed over started (launched already, in slots of the n)."""
+        """A blocking XREADGROUP COUNT 1 over every level's stream: at most one entry per
+        level, never a burst of low-priority entries ahead of urgent work arriving just
+        after; then claims go on. Every level is read, also with fewer slots (n) than levels
+        in use: a level left out would never be read while the worker stays idle (a job
+        promoted to it after the queue drained waited for ever). When more levels answer
+        than n, the highest levels' entries start and the rest, delivered to this consumer,
+        are read as its own entries next (as after a lost reply). Returns the entries read
+        per lane, and how many jobs were handed over started (launched already, in slots of
+        the n)."""
         client = self._client
         assert client is not None
-        lanes = [qs.lanes[p] for p in qs.order[:n]]
+        lanes = [qs.lanes[p] for p in qs.order]
         # one stream (no priority level in use, no queue-wide rate limit): read up to n at
         # once, and go on claiming only when that filled n (a backlog may be left); an idle
         # worker that got a lone job then waits again instead of sending a claim that finds
@@ -266,6 +271,11 @@ class Fetching(HandOff):
                 got.append((lane, entries))
         if sum(len(entries) for _, entries in got) >= count:
             qs.idle = False
+        if not single and sum(len(entries) for _, entries in got) > n:
+            rank = {id(lane): i for i, lane in enumerate(lanes)}  # highest level first
+            got.sort(key=lambda le: rank[id(le[0])])
+            got = got[:n]  # (count 1: one entry per level that answered)
+            qs.own_cursor = "0"  # the entries left out: delivered to us, read as our own
         return got, launched
 
     async def _claim(self, qs: QState, n: int) -> None:
