@@ -351,6 +351,10 @@ class ClusterChaos:
                 return True
             with contextlib.suppress(RuntimeError):
                 wait_for(drained, self.o.drain_timeout_s, "every accepted job to end")
+            for jid in accepted:  # after a timeout: drained() stopped at the first job not
+                info = infos.get(jid)  # ended; read the rest, so 'lost' lists only those
+                if info is None or info.state not in ("completed", "failed"):
+                    infos[jid] = q.get(jid)
         finally:
             q.close()
         self.timing["drain_s"] = time.time() - t0
