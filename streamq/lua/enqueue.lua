@@ -379,15 +379,17 @@ for i = 1, n do
     out[#out + 1] = state; out[#out + 1] = result; out[#out + 1] = err; out[#out + 1] = mine
   end
 end
+-- The payload of job i to index: an accepted job's own, or a debounce/keep_last fold's new
+-- payload under the job it replaced (true: ZADD NX, its other entries stay; the stale field
+-- entries of the old payload are dropped by searches, which check field filters on the
+-- record's payload).
+local function ix_payload(i)
+  local b = 5 + 10 * (i - 1)
+  if IX[-i] then return ARGV[b] end
+  return IX['f' .. b], true
+end
 if IX then  -- the search section (header): index the jobs this call accepted
-  -- (and a debounce/keep_last fold's new payload, under the job it replaced: ZADD NX, its
-  -- other entries stay; the stale field entries of the old payload are dropped by searches,
-  -- which check field filters on the record's payload)
-  ix_write(IX, now, n, function(i)
-    local b = 5 + 10 * (i - 1)
-    if IX[-i] then return ARGV[b] end
-    return IX['f' .. b], true
-  end)
+  ix_write(IX, now, n, ix_payload)
 end
 if handable > 0 then
   -- an optimisation only: whatever it meets (an ACL without a command it needs, ...), the
