@@ -383,13 +383,13 @@ end
 -- payload under the job it replaced (true: ZADD NX, its other entries stay; the stale field
 -- entries of the old payload are dropped by searches, which check field filters on the
 -- record's payload).
-local function ix_payload(i)
+local function ix_pick(i)
   local b = 5 + 10 * (i - 1)
   if IX[-i] then return ARGV[b] end
   return IX['f' .. b], true
 end
 if IX then  -- the search section (header): index the jobs this call accepted
-  ix_write(IX, now, n, ix_payload)
+  ix_write(IX, now, n, ix_pick)
 end
 if handable > 0 then
   -- an optimisation only: whatever it meets (an ACL without a command it needs, ...), the
