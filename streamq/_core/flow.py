@@ -148,11 +148,16 @@ def shard_counts(prefix: str, queues: Iterable[str], known: Mapping[str, int]
 
 
 def wk_of(jk: Keys, job_id: str, level: int, events_arg: str, dead_ttl_s: int,
-          dead_maxlen: int) -> str:
-    """A waiting record's 'wk' (_flow.lua's header): the keys and settings of its release."""
-    return " ".join([jk.stream_level(level), jk.delayed, jk.deps(job_id), jk.dep_results(job_id),
-                     jk.waiting, jk.events, jk.stats, jk.dead, jk.levels, events_arg,
-                     str(dead_ttl_s), str(dead_maxlen), jk.wake_channel])
+          dead_maxlen: int, handoff: bool = True) -> str:
+    """A waiting record's 'wk' (_flow.lua's header): the keys and settings of its release;
+    with ``handoff`` also the tickets ZSET of its stream and its queue's pause flag, so that
+    its release hands it to a worker waiting for work (docs/workflows.md#hand-off)."""
+    words = [jk.stream_level(level), jk.delayed, jk.deps(job_id), jk.dep_results(job_id),
+             jk.waiting, jk.events, jk.stats, jk.dead, jk.levels, events_arg,
+             str(dead_ttl_s), str(dead_maxlen), jk.wake_channel]
+    if handoff:
+        words += [jk.at_level(level).tickets, jk.paused]
+    return " ".join(words)
 
 
 def member(ref: JobRef, index: int) -> str:

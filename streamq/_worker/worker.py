@@ -220,6 +220,9 @@ class Worker(Fetching):
         self._client, self._hk = client, hk
         self._settler = Settler(client, self.queue_config, self._leases, self.stats,
                                 self.consumer, self._settled_n, self._outage)
+        # a job a settling call releases (a workflow step) is handed to this worker
+        self._settler.hand_args = self._finish_hand_args
+        self._settler.on_handed = self._finish_handed
         threads = self.config.sync_threads or self.config.concurrency
         self._runner = SyncRunner(threads, self.config.max_abandoned_threads or threads, log)
         self._attempts.runner = self._runner
@@ -449,7 +452,7 @@ class Worker(Fetching):
 
     def _reserve(self, want: int) -> int:
         share = max(1, self._free // max(1, self._fetchers))
-        n = min(want, share, self._free)
+        n = max(0, min(want, share, self._free))  # (a hand-off may have taken more)
         self._free -= n
         if self._free <= 0:
             self._capacity.clear()
