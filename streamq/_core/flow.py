@@ -247,6 +247,13 @@ def _entries(box: str, reply: Any) -> list[Message]:
     return out
 
 
+def relay_read(keys: Keys, entries: Any) -> Op[int]:
+    """Apply outbox entries a blocking read brought (relay.py: at once, without reading them
+    again); returns how many were applied."""
+    codes = yield from apply(_entries(keys.outbox, entries))
+    return sum(1 for c in codes if c >= 0)
+
+
 def relay(keys: Keys, batch: int = RELAY_BATCH) -> Op[tuple[int, bool, str]]:
     """One relay step over a shard's outbox: up to ``batch`` messages applied and deleted.
     Returns (messages applied, whether more may be waiting, the id of the last entry read:

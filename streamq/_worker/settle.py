@@ -163,8 +163,13 @@ class Settler:
         finally:
             qs.sending = False
             qs.settled.set()
-        handed = reply[len(batch):]
-        reply = reply[:len(batch)]
+        if len(reply) > len(batch):  # jobs it released and started for this worker: run
+            # them first (the bookkeeping below can wait)
+            handed = reply[len(batch):]
+            reply = reply[:len(batch)]
+            if self.on_handed is not None:
+                self.on_handed(qs, [handed[i:i + _HANDED_ROW]
+                                    for i in range(0, len(handed), _HANDED_ROW)], sent)
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
         completed = 0
@@ -183,9 +188,6 @@ class Settler:
             for jtype, n in (by_type or {"?": completed}).items():
                 tel.COMPLETED.add(n, tel.job_attrs(k.queue, jtype))
         self.on_settled(len(batch))
-        if handed and self.on_handed is not None:
-            self.on_handed(qs, [handed[i:i + _HANDED_ROW]
-                                for i in range(0, len(handed), _HANDED_ROW)], sent)
         if cfg.min_replicas:
             self.unreplicated.note(k.queue, len(batch), acked, cfg)
 
