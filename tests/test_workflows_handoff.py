@@ -128,7 +128,7 @@ def test_a_cross_slot_release_takes_an_idle_workers_ticket(r: redis.Redis, q: Qu
     inbox = k.inbox(PREFIX)
     member = "|".join((k.job(""), inbox, PREFIX, "1000", "3600", "1000", "w1"))
     SCRIPTS["ticket"](r, [k.tickets, inbox], [member, 5000, GROUP, "w1"])
-    sub = r.pubsub()
+    sub = r.pubsub()  # type: ignore[no-untyped-call]
     sub.subscribe(inbox)  # a live worker listens on its inbox's channel
     assert sub.get_message(timeout=5.0) is not None  # (subscribed)
     try:
