@@ -51,8 +51,9 @@ def test_the_finishing_caller_is_handed_the_released_job_started(
     q.enqueue("x", job_id="b", depends_on=["a"])
     out = _finish_as(r, q, "a", entry, token)
     assert out[0] == b"completed"
-    assert len(out) == 1 + 9
+    assert len(out) == 1 + 10
     eid, jid, code, tok, attempt = out[1:6]
+    assert out[10] == [f"0 {q.name} a".encode(), b"c42"]  # its dependency results, inline
     assert (jid, code, int(attempt)) == (b"b", b"run", 1)
     assert tok == f"{PREFIX}h{eid.decode()}".encode()
     rec = q.get("b")
@@ -66,7 +67,7 @@ def test_a_repeated_finish_hands_the_released_job_once(r: redis.Redis, q: Queue)
     q.enqueue("x", job_id="b", depends_on=["a"])
     first = _finish_as(r, q, "a", entry, token)
     again = _finish_as(r, q, "a", entry, token)  # the client's repeat after a lost reply
-    assert len(first) == 10
+    assert len(first) == 11
     assert again == [b"completed"]  # nothing released, nothing handed again
     assert r.hget(q.keys.job("b"), "n") == b"1"
     assert len(_pending_of(r, q, "c1")) == 1
@@ -147,11 +148,13 @@ def test_a_cross_slot_release_takes_an_idle_workers_ticket(r: redis.Redis, q: Qu
 async def test_a_chain_runs_each_step_once_with_attempt_1_handed_over(
         url: str, qname: str) -> None:
     runs: dict[str, list[int]] = {}
+    seen: dict[str, list[Any]] = {}
     reg = Registry()
 
     @reg.handler("step")
     async def step(job: Job) -> int:
         runs.setdefault(job.id, []).append(job.attempt)
+        seen[job.id] = [d.result for d in job.dependency_results()]
         return len(runs)
 
     from streamq import JobSpec, chain
@@ -163,4 +166,6 @@ async def test_a_chain_runs_each_step_once_with_attempt_1_handed_over(
         # every step ran once, with attempt 1; the steps after the first were released by
         # their dependency's finish.lua and started there for this worker
         assert runs == {f"f.{i}": [1] for i in range(20)}
+        # each step saw the step before it (its results came with its start, or were read)
+        assert seen == {f"f.{i}": [i] if i else [] for i in range(20)}
         assert w.stats.handed_over >= 19

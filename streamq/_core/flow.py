@@ -363,6 +363,14 @@ def all_results(keys: Keys, job_id: str, serde: Any) -> Op[list[DependencyResult
     return out
 
 
+def results_of(flat: Sequence[Any], serde: Any) -> list[DependencyResult]:
+    """A job's dependency results from its results HASH as HGETALL gives it (field, value,
+    ...), by index."""
+    out = [decode_result(flat[i], flat[i + 1], serde) for i in range(0, len(flat) - 1, 2)]
+    out.sort(key=lambda d: d.index)
+    return out
+
+
 def decode_result(field: Any, value: Any, serde: Any) -> DependencyResult:
     idx, q, cid = _s(field).split(" ", 2)
     raw = value if isinstance(value, bytes) else str(value).encode()

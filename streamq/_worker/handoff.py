@@ -70,7 +70,8 @@ class HandOff:
         def _release(self, n: int) -> None: ...
         def _busy(self, qs: QState, entry: str) -> bool: ...
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                    data: bytes, times: tuple[int, int, int]) -> asyncio.Task[None]: ...
+                    data: bytes, times: tuple[int, int, int], deps: Any = None
+                    ) -> asyncio.Task[None]: ...
 
     def _ticket_member(self, qs: QState) -> str:
         """This worker's ticket for a lane (ticket.lua's header): fixed per worker run."""
@@ -143,12 +144,13 @@ class HandOff:
     def _launch_started(self, qs: QState, rows: list[Sequence[Any]], since: float,
                         tasks: list[asyncio.Task[None]] | None = None) -> int:
         """Launch jobs started for this worker by a script (each row: stream entry id, job
-        id, code, token, attempt, data, deadline, wait ms, age ms), started no earlier than
-        ``since``: _handed's rules. Returns how many were launched (their tasks added to
-        ``tasks`` when given)."""
+        id, code, token, attempt, data, deadline, wait ms, age ms, and optionally its
+        dependency results: finish.lua's), started no earlier than ``since``: _handed's
+        rules. Returns how many were launched (their tasks added to ``tasks`` when given)."""
         launched = 0
         late = time.monotonic() - since >= self.config.renew_every_s
-        for eid, jid, code, token, attempt, data, deadline, wait_ms, age_ms in rows:
+        for row in rows:
+            eid, jid, code, token, attempt, data, deadline, wait_ms, age_ms = row[:9]
             if code == b"own":  # a malformed entry: start.lua settles it with our own ones
                 qs.own_cursor = "0"
                 continue
@@ -167,8 +169,9 @@ class HandOff:
                 continue
             launched += 1
             tok = _text(token)
+            deps = row[9] if len(row) > 9 and isinstance(row[9], list) else None
             task = self._launch(qs, entry, job_id, tok, int(attempt), data,
-                                (int(deadline), int(wait_ms), int(age_ms)))
+                                (int(deadline), int(wait_ms), int(age_ms)), deps)
             if tasks is not None:
                 tasks.append(task)
             self._leases.backdate(qs.keys.tag, entry, tok, since)

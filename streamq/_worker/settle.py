@@ -25,7 +25,7 @@ from .state import Finish, QState, WorkerStats
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 _PERMANENT_TRIES = 3
-_HANDED_ROW = 9
+_HANDED_ROW = 10
 """Values per job finish.lua handed to its caller (after the outcomes)."""
 _HAND_BACK_S = 5.0
 """How long a stopping worker keeps trying to hand its jobs back through transient errors."""

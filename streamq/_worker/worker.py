@@ -484,8 +484,11 @@ class Worker(Fetching):
         self._release(before - self._owed())
 
     def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                data: bytes, times: tuple[int, int, int]) -> asyncio.Task[None]:
+                data: bytes, times: tuple[int, int, int], deps: Any = None
+                ) -> asyncio.Task[None]:
         lease = Lease(qs.keys, job_id, entry, token)
+        if deps is not None:  # its dependency results, sent with its start (Lease.deps)
+            lease.deps = deps
         self._leases.add(lease)
         if self._cancels is not None:  # its cancel already heard: it stops at once
             self._cancels.launched(lease)

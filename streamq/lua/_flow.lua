@@ -25,8 +25,11 @@
 -- 15 (its queue's pause flag), written by the key builder since they came; a record without
 -- them is released to its stream only.
 -- FLOW_TO: {stream, group, consumer, records (record key prefix), tokens (token prefix), ev,
--- dttl, dmax, left (how many more it takes), rows (9 values per job handed: hand_one's)}.
+-- dttl, dmax, left (how many more it takes), rows (10 values per job handed: hand_one's,
+-- then its dependency results HASH as HGETALL gives it when it has at most DEPS_INLINE
+-- fields, else 0)}.
 local FLOW_TO = nil
+local DEPS_INLINE = 32
 local FLOW = nil
 local CASCADE_KEEP_MS = 3600000
 function lib_flow()
@@ -58,8 +61,14 @@ function lib_flow()
       local row = {hand_one(c, T.records, T.tokens, e)}
       if row[1] then
         T.left = T.left - 1
+        -- its dependency results too when they are few (the worker reads them before the
+        -- handler: a round trip saved), else 0 (the worker reads them page by page)
+        row[10] = 0
+        if row[3] == 'run' and rcall('HLEN', W[4]) <= DEPS_INLINE then
+          row[10] = rcall('HGETALL', W[4])
+        end
         local rows = T.rows
-        for j = 1, 9 do rows[#rows + 1] = row[j] end
+        for j = 1, 10 do rows[#rows + 1] = row[j] end
       end
       count_starts(c)
     elseif W[14] then
@@ -94,7 +103,7 @@ function lib_flow()
           count(W[7], 'handoff_errors', 1)
           if FLOW_TO then
             local rows = FLOW_TO.rows
-            for _, v in ipairs({'', '', 'own', '', 0, '', 0, 0, 0}) do rows[#rows + 1] = v end
+            for _, v in ipairs({'', '', 'own', '', 0, '', 0, 0, 0, 0}) do rows[#rows + 1] = v end
           end
         end
       end

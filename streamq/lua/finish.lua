@@ -71,9 +71,11 @@
 -- A job with parents ('pk') or dependencies ('wk') resolves them in its terminal transition
 -- (_flow.lua's settled: inline in this slot, through the outbox for another one).
 -- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed' |
---           'cancelled') or 'lost'; then, with ARGV[9 + 7*N ..], 9 values per job handed to
+--           'cancelled') or 'lost'; then, with ARGV[9 + 7*N ..], 10 values per job handed to
 --           the caller: stream entry id, job id, code ('run', or 'own': read your own pending
---           entries), token, attempt, data, deadline ms, ms in the stream, age ms (start.lua's).
+--           entries), token, attempt, data, deadline ms, ms in the stream, age ms (start.lua's),
+--           and its dependency results (field, value, ... as HGETALL gives them; 0: more than
+--           _flow.lua's DEPS_INLINE, read them).
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, events_maxlen, dead_ttl, dead_maxlen, wake =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
