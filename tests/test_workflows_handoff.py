@@ -16,6 +16,7 @@ from helpers import eventually, fast, finished, started
 from streamq import Job, Queue, Registry, Worker
 from streamq._core.keys import GROUP
 from streamq._core.scripts import SCRIPTS
+from streamq._worker.handoff import inbox_row
 from streamq.admin import Admin
 
 PREFIX = "px"
@@ -141,6 +142,9 @@ def test_a_cross_slot_release_takes_an_idle_workers_ticket(r: redis.Redis, q: Qu
     got: Any = r.xrange(inbox)
     fields = got[0][1]
     assert (fields[b"id"], fields[b"c"], fields[b"n"]) == (b"b", b"run", b"1")
+    dep = f"0 {other} a".encode()  # its dependency results came along
+    assert fields[b"r"] == b"%d:%s2:c1" % (len(dep), dep)
+    assert inbox_row(got[0])[-1] == [dep, b"c1"]
     assert r.zcard(k.tickets) == 0  # the ticket was used
     assert _pending_of(r, q, "w1") == [fields[b"e"].decode()]
 

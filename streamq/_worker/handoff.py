@@ -44,11 +44,31 @@ def _text(v: Any) -> str:
 
 
 def inbox_row(entry: Any) -> tuple[Any, ...]:
-    """An inbox entry read by XREADGROUP as a row of ticket.lua's reply."""
+    """An inbox entry read by XREADGROUP as a row of ticket.lua's reply, and the job's
+    dependency results when the entry brings them (field 'r': _flow.lua's hand)."""
     eid, f = entry
     f = f or {}
     return (eid, f.get(b"e", b""), f.get(b"id", b""), f.get(b"c", b"own"), f.get(b"k", b""),
-            f.get(b"n", 0), f.get(b"d", b""), f.get(b"dl", 0), f.get(b"w", 0), f.get(b"a", 0))
+            f.get(b"n", 0), f.get(b"d", b""), f.get(b"dl", 0), f.get(b"w", 0), f.get(b"a", 0),
+            _unpacked(f.get(b"r")))
+
+
+def _unpacked(raw: Any) -> list[bytes] | None:
+    """'<length>:<bytes>' items, one after the other, as a list (None: none, or malformed:
+    the results are read from their HASH)."""
+    if not isinstance(raw, bytes):
+        return None
+    out: list[bytes] = []
+    i = 0
+    try:
+        while i < len(raw):
+            j = raw.index(b":", i)
+            n = int(raw[i:j])
+            out.append(raw[j + 1:j + 1 + n])
+            i = j + 1 + n
+    except ValueError:
+        return None
+    return out if i == len(raw) else None
 
 
 class HandOff:

@@ -72,7 +72,14 @@ function lib_flow()
       end
       count_starts(c)
     elseif W[14] then
-      hand_off(c, W[14], nil, 1, e)
+      -- its dependency results go in the inbox entry too, when few: '<length>:<bytes>' per
+      -- field and value (the worker reads them instead of the results HASH)
+      hand_off(c, W[14], nil, 1, e, function()
+        if rcall('HLEN', W[4]) > DEPS_INLINE then return nil end
+        local t = {}
+        for _, v in ipairs(rcall('HGETALL', W[4])) do t[#t + 1] = #v .. ':' .. v end
+        return table.concat(t)
+      end)
     end
   end
 

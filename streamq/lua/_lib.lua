@@ -902,8 +902,9 @@ end
 -- (hand_one; only: as there) and written to its inbox STREAM, where its blocked read wakes
 -- with it. paused (optional): the pause flag, checked here (paused: nothing is handed, no
 -- ticket touched); nil: the caller checked it. c is a start context (start_entry) whose
--- consumer and settings each ticket sets; its starts are counted (count_starts).
-local function hand_off(c, tickets, paused, m, only)
+-- consumer and settings each ticket sets; its starts are counted (count_starts). more
+-- (optional): a function giving a started job's extra inbox field 'r' (or nil for none).
+local function hand_off(c, tickets, paused, m, only, more)
   local live = rcall('ZRANGEBYSCORE', tickets, c.now, '+inf', 'LIMIT', 0, m + 4)
   if not live[1] then return end  -- (the common case under load: no idle worker, nothing
   -- more to do)
@@ -933,8 +934,14 @@ local function hand_off(c, tickets, paused, m, only)
       if not entry then break end  -- nothing left undelivered (or no consumer group yet)
       rcall('ZREM', tickets, member)
       m = m - 1
-      rcall('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id, 'c', code,
-        'k', tok, 'n', attempt, 'd', data, 'dl', deadline, 'w', wait, 'a', age)
+      local r = more and code == 'run' and more() or nil
+      if r then
+        rcall('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id, 'c', code,
+          'k', tok, 'n', attempt, 'd', data, 'dl', deadline, 'w', wait, 'a', age, 'r', r)
+      else
+        rcall('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id, 'c', code,
+          'k', tok, 'n', attempt, 'd', data, 'dl', deadline, 'w', wait, 'a', age)
+      end
       if only then break end  -- (one entry was added)
     end
   end
