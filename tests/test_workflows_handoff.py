@@ -173,3 +173,31 @@ async def test_a_chain_runs_each_step_once_with_attempt_1_handed_over(
         # each step saw the step before it (its results came with its start, or were read)
         assert seen == {f"f.{i}": [i] if i else [] for i in range(20)}
         assert w.stats.handed_over >= 19
+
+
+async def test_concurrency_holds_when_one_end_releases_many(url: str, qname: str) -> None:
+    """One job's end releases ten jobs: the worker takes a few of them started (the slots it
+    offered, reserved for the call), the rest are read from the stream; never more at once
+    than its concurrency."""
+    running, peak, runs = [0], [0], {}
+    reg = Registry()
+
+    @reg.handler("x")
+    async def x(job: Job) -> None:
+        runs[job.id] = runs.get(job.id, 0) + 1
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        try:
+            await asyncio.sleep(0.01)
+        finally:
+            running[0] -= 1
+
+    with Queue.from_url(url, qname) as q:
+        q.enqueue("x", job_id="a")  # (linked before the worker runs it)
+        for i in range(10):
+            q.enqueue("x", job_id=f"p{i}", depends_on=["a"])
+        async with Worker(url, [qname], reg, fast(concurrency=3)):
+            await eventually(lambda: finished(q, *(f"p{i}" for i in range(10))), 30.0,
+                             "every parent done")
+    assert runs == {"a": 1, **{f"p{i}": 1 for i in range(10)}}
+    assert peak[0] <= 3

@@ -32,8 +32,9 @@ _HANDED_WAIT_S = 0.002
 """How long a fetch loop waits for a job just handed over to end before its next ticket."""
 _HANDED_YIELDS = 8
 """At most this many event-loop turns for the settling loop to send that job's outcome."""
-_FINISH_TAKES = 100
-"""At most this many jobs a finish.lua call releases are handed to the worker that sent it."""
+_FINISH_TAKES = 4
+"""At most this many jobs a finish.lua call releases are handed to the worker that sent it
+(their slots are held for the call's round trip: a few, not every free one)."""
 TICKET_SLACK_MS = 500
 """A hand-off ticket holds this long past the blocking read it was posted for: a worker
 that is gone (killed while idle) gets handed nothing after that."""
@@ -203,26 +204,29 @@ class HandOff:
         its consumer, record key prefix, token prefix and how many it takes (its free slots);
         none while it stops, with hand-off off, for a lane of another priority level, while
         levels are in use or with a queue-wide rate limit (the start would skip those
-        checks, as a ticket's would)."""
+        checks, as a ticket's would). The slots offered are reserved until the call is
+        answered (_finish_handed gives back what it did not use), so concurrency holds."""
         cfg = self.queue_config
         if (not self._running or not cfg.handoff or self._no_handoff or self._free < 1
                 or cfg.rate_limit is not None or qs.keys.level != DEFAULT_PRIORITY
                 or len(qs.order) > 1):
             return []
-        return [self.consumer, qs.keys.job(""), self._token_prefix,
-                min(self._free, _FINISH_TAKES)]
+        takes = min(self._free, _FINISH_TAKES)
+        self._free -= takes
+        if self._free <= 0:
+            self._capacity.clear()
+        return [self.consumer, qs.keys.job(""), self._token_prefix, takes]
 
-    def _finish_handed(self, qs: QState, rows: list[Sequence[Any]], sent: float) -> None:
+    def _finish_handed(self, qs: QState, rows: list[Sequence[Any]], sent: float,
+                       reserved: int) -> None:
         """Run the jobs a finish.lua call sent at ``sent`` released and started for this
-        worker (_finish_hand_args); the slots they take are taken from the free ones (a
-        started job always runs: _settle_slots' rule)."""
+        worker (_finish_hand_args; rows empty: none, or the call failed) in the ``reserved``
+        slots, and free the rest."""
         launched = self._launch_started(qs, rows, sent)
         if launched:
             self.stats.started += launched
             self.stats.handed_over += launched
-            self._free -= launched
-            if self._free <= 0:
-                self._capacity.clear()
+        self._settle_slots(reserved, launched)
 
     async def _let_handed_settle(self, qs: QState) -> None:
         """A job was just handed over: before this loop posts its next ticket, let that

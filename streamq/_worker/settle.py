@@ -72,9 +72,10 @@ class Settler:
         self.hand_args: Callable[[QState], list[Any]] | None = None
         """finish.lua's hand-off arguments for a lane ([] = none): the worker takes the jobs
         a call releases (docs/workflows.md#hand-off)."""
-        self.on_handed: Callable[[QState, list[Sequence[Any]], float], None] | None = None
-        """Runs the jobs a call released and started for the worker (with hand_args): the
-        lane, their rows (finish.lua's), when (time.monotonic) the call was sent."""
+        self.on_handed: Callable[[QState, list[Sequence[Any]], float, int], None] | None = None
+        """Runs the jobs a call with hand_args released and started for the worker: the
+        lane, their rows (finish.lua's; none when the call failed), when (time.monotonic)
+        the call was sent, and how many slots hand_args reserved for them."""
 
     async def flush_loop(self, qs: QState, settling: Callable[[], bool]) -> None:
         """Settle the outcomes buffered for ``qs``, a batch per call, until the worker stops
@@ -159,17 +160,19 @@ class Settler:
         except BaseException:
             if hand:  # a lost reply may have handed this worker a job: its own entries
                 qs.own_cursor = "0"
+                if self.on_handed is not None:
+                    self.on_handed(qs, [], sent, int(hand[3]))  # (its slots back)
             raise
         finally:
             qs.sending = False
             qs.settled.set()
-        if len(reply) > len(batch):  # jobs it released and started for this worker: run
-            # them first (the bookkeeping below can wait)
+        if hand and self.on_handed is not None:  # jobs it released and started for this
+            # worker: run them first (the bookkeeping below can wait)
             handed = reply[len(batch):]
             reply = reply[:len(batch)]
-            if self.on_handed is not None:
-                self.on_handed(qs, [handed[i:i + _HANDED_ROW]
-                                    for i in range(0, len(handed), _HANDED_ROW)], sent)
+            self.on_handed(qs, [handed[i:i + _HANDED_ROW]
+                                for i in range(0, len(handed), _HANDED_ROW)], sent,
+                           int(hand[3]))
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
         completed = 0
