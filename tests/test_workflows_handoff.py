@@ -179,7 +179,8 @@ async def test_concurrency_holds_when_one_end_releases_many(url: str, qname: str
     """One job's end releases ten jobs: the worker takes a few of them started (the slots it
     offered, reserved for the call), the rest are read from the stream; never more at once
     than its concurrency."""
-    running, peak, runs = [0], [0], {}
+    running, peak = [0], [0]
+    runs: dict[str, int] = {}
     reg = Registry()
 
     @reg.handler("x")
