@@ -19,8 +19,8 @@
 -- which the relay applies with resolve.lua in the parent's slot, then deletes.
 -- A job released into its default-level ready stream with no group, while its queue is not
 -- paused, is handed to a worker waiting for work (docs/workflows.md#hand-off), started here as
--- start.lua starts one: to the caller of finish.lua (FLOW_TO, set by finish.lua) when the job
--- is released into the caller's own stream and the caller takes more, else to an idle
+-- start.lua starts one: to the caller of finish.lua (FLOW_TO, from finish.lua's FLOW_AT)
+-- when the job is released into the caller's own stream and the caller takes more, else to an idle
 -- worker's ticket (hand_off). That needs 'wk' words 14 (the tickets ZSET of its stream) and
 -- 15 (its queue's pause flag), written by the key builder since they came; a record without
 -- them is released to its stream only.
@@ -28,7 +28,10 @@
 -- dttl, dmax, left (how many more it takes), rows (10 values per job handed: hand_one's,
 -- then its dependency results HASH as HGETALL gives it when it has at most DEPS_INLINE
 -- fields, else 0)}.
-local FLOW_TO = nil
+-- finish.lua sets FLOW_AT (the index of its first hand-off ARGV); FLOW_TO is made from it
+-- and from finish.lua's KEYS[1] and ARGV[1..4] (its stream, consumer group, events
+-- setting, dead-letter retention and max length) when a release first needs it (flow_to).
+local FLOW_AT, FLOW_TO = nil, nil
 local DEPS_INLINE = 32
 local FLOW = nil
 local CASCADE_KEEP_MS = 3600000
@@ -48,17 +51,26 @@ function lib_flow()
 
   -- All dependencies ended: the job goes to its level's ready stream (or the delayed ZSET
   -- when it has a start time still ahead), as enqueue.lua puts a new one.
+  local function flow_to()
+    if not FLOW_TO and FLOW_AT then
+      FLOW_TO = {stream = KEYS[1], group = ARGV[1], consumer = ARGV[FLOW_AT],
+        records = ARGV[FLOW_AT + 1], tokens = ARGV[FLOW_AT + 2], ev = ARGV[2],
+        dttl = ARGV[3], dmax = ARGV[4], left = tonumber(ARGV[FLOW_AT + 3]) or 0, rows = {}}
+    end
+    return FLOW_TO
+  end
+
   -- Hand a job just released to entry e of W[1] to a worker (FLOW_TO's header).
   local function hand(W, e, now)
     if rcall('EXISTS', W[15]) == 1 then return end  -- paused: it waits in its stream
-    local T = FLOW_TO
+    local T = flow_to()
     local c = {stream = W[1], dead = W[8], stats = W[7], events = W[6], group = 'streamq',
       resume = '', now = now, paused = false, started = 0, reclaimed = 0, failed = 0,
       handed = 0, cancelled = 0, fresh = {}}
     if T and T.left > 0 and T.stream == W[1] then
       c.group, c.consumer, c.events_maxlen, c.dead_ttl, c.dead_maxlen =
         T.group, T.consumer, T.ev, T.dttl, T.dmax
-      local row = {hand_one(c, T.records, T.tokens, e)}
+      local row = {lib_hand().hand_one(c, T.records, T.tokens, e)}
       if row[1] then
         T.left = T.left - 1
         -- its dependency results too when they are few (the worker reads them before the
@@ -74,7 +86,7 @@ function lib_flow()
     elseif W[14] then
       -- its dependency results go in the inbox entry too, when few: '<length>:<bytes>' per
       -- field and value (the worker reads them instead of the results HASH)
-      hand_off(c, W[14], nil, 1, e, function()
+      lib_hand().hand_off(c, W[14], nil, 1, e, function()
         if rcall('HLEN', W[4]) > DEPS_INLINE then return nil end
         local t = {}
         for _, v in ipairs(rcall('HGETALL', W[4])) do t[#t + 1] = #v .. ':' .. v end
@@ -108,9 +120,12 @@ function lib_flow()
         -- one delivered but not started: its worker reads its own entries ('own')
         if not pcall(hand, W, e, now) then
           count(W[7], 'handoff_errors', 1)
-          if FLOW_TO then
-            local rows = FLOW_TO.rows
-            for _, v in ipairs({'', '', 'own', '', 0, '', 0, 0, 0, 0}) do rows[#rows + 1] = v end
+          local T = flow_to()
+          if T then
+            local rows = T.rows
+            for _, v in ipairs({'', '', 'own', '', 0, '', 0, 0, 0, 0}) do
+              rows[#rows + 1] = v
+            end
           end
         end
       end

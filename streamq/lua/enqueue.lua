@@ -329,7 +329,7 @@ if handable > 0 then
     group = 'streamq', resume = '', now = now, paused = false, started = 0, reclaimed = 0,
     failed = 0, handed = 0, cancelled = 0, fresh = {}, G = G,
     gat = (has_g and not G) and 5 + n or nil, gkeys = KEYS, gspec = ARGV[5 + 10 * n]}
-  local ok = pcall(hand_off, c, KEYS[ho], KEYS[ho + 1], handable)
+  local ok = pcall(lib_hand().hand_off, c, KEYS[ho], KEYS[ho + 1], handable)
   if not ok then count(stats, 'handoff_errors', 1) end
 end
 count(stats, 'enqueued', enqueued - counted)

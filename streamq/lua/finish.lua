@@ -96,12 +96,8 @@ local ff, ff_new = nil, false  -- tokens for the marker; whether this call delet
 local recent = KEYS[18 + n]
 local done_ids = recent and {} or nil  -- ids this call completed (for the recent list)
 local MARKED = nil  -- ' <token> <token> ... ': the marker, read when a record is missing
-local takes = tonumber(ARGV[12 + 7 * n] or '')
-if takes then  -- the caller takes jobs this call releases (_flow.lua's FLOW_TO)
-  FLOW_TO = {stream = stream, group = group, consumer = ARGV[9 + 7 * n],
-    records = ARGV[10 + 7 * n], tokens = ARGV[11 + 7 * n], ev = events_maxlen,
-    dttl = dead_ttl, dmax = dead_maxlen, left = takes, rows = {}}
-end
+if ARGV[12 + 7 * n] then FLOW_AT = 9 + 7 * n end  -- the caller takes jobs this call
+-- releases (_flow.lua's flow_to)
 -- Whether the caller's last call completed this token's fire-and-forget job (deleted its
 -- record): a repeat of that call. The token is kept for the marker this call may write.
 local function marked(token)
