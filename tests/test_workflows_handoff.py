@@ -202,3 +202,40 @@ async def test_concurrency_holds_when_one_end_releases_many(url: str, qname: str
                              "every parent done")
     assert runs == {"a": 1, **{f"p{i}": 1 for i in range(10)}}
     assert peak[0] <= 3
+
+
+async def test_a_lost_finish_reply_runs_the_handed_job_once(
+        url: str, qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection drops as finish.lua's reply (with a job it released and started for the
+    worker) comes back: the worker sends the call again (it answers the same outcome and
+    hands nothing again) and reads its own pending entries, where start.lua answers the same
+    start: the released job runs once, with attempt 1, without waiting for its lease."""
+    runs: dict[str, list[int]] = {}
+    reg = Registry()
+
+    @reg.handler("t")
+    async def t(job: Job) -> int:
+        runs.setdefault(job.id, []).append(job.attempt)
+        return job.attempt
+
+    finish = SCRIPTS["finish"]
+    orig = finish.run_async
+    lost = [0]
+
+    async def lossy(client: Any, keys: Any, args: Any, *a: Any, **kw: Any) -> Any:
+        reply: Any = await orig(client, keys, args, *a, **kw)
+        if not lost[0] and len(reply) > int(args[5]):  # (it handed a job over)
+            lost[0] += 1
+            raise redis.ConnectionError("reply of finish.lua lost (test)")
+        return reply
+
+    monkeypatch.setattr(finish, "run_async", lossy)
+    with Queue.from_url(url, qname) as q:
+        q.enqueue("t", job_id="a")
+        q.enqueue("t", job_id="b", depends_on=["a"], max_attempts=1)
+        async with Worker(url, [qname], reg, fast(visibility_timeout_s=60.0)):
+            await eventually(lambda: finished(q, "b"), 20.0, "the released job done")
+        rec = q.get("b")
+        assert rec is not None and rec.state == "completed"
+    assert lost == [1]
+    assert runs == {"a": [1], "b": [1]}
