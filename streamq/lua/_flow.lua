@@ -7,7 +7,7 @@
 --           <waiting ZSET> <events STREAM> <stats HASH> <dead STREAM> <levels SET>
 --           <events spec> <dead ttl s> <dead max length> <wake channel>
 --           [<tickets ZSET of its ready stream> <pause flag>]' (13 words, 15 since the
---           release hand-off came (FLOW_TO below), written by Python's key builder at enqueue:
+--           release hand-off came (hand, below), written by Python's key builder at enqueue:
 --           every name in the parent's own slot)
 --   'wd' = '<delay ms> <run at ms>' when it starts later than when its dependencies end.
 -- A job that others wait for keeps 'pk' = '<parents SET> <outbox STREAM> <its queue>' (its
@@ -49,8 +49,7 @@ function lib_flow()
 
   local LETTER = {c = 'completed', f = 'failed', x = 'cancelled', p = 'purged', m = 'missing'}
 
-  -- All dependencies ended: the job goes to its level's ready stream (or the delayed ZSET
-  -- when it has a start time still ahead), as enqueue.lua puts a new one.
+  -- The caller of finish.lua as a hand-off target (FLOW_TO's header), made when first needed.
   local function flow_to()
     if not FLOW_TO and FLOW_AT then
       FLOW_TO = {stream = KEYS[1], group = ARGV[1], consumer = ARGV[FLOW_AT],
@@ -95,6 +94,8 @@ function lib_flow()
     end
   end
 
+  -- All dependencies ended: the job goes to its level's ready stream (or the delayed ZSET
+  -- when it has a start time still ahead), as enqueue.lua puts a new one.
   local function release(prec, pid, W, now)
     rcall('ZREM', W[5], pid)
     rcall('DEL', W[3])
