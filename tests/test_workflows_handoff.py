@@ -149,8 +149,9 @@ def test_a_cross_slot_release_takes_an_idle_workers_ticket(r: redis.Redis, q: Qu
     assert _pending_of(r, q, "w1") == [fields[b"e"].decode()]
 
 
+@pytest.mark.parametrize("concurrency", [1, 8])
 async def test_a_chain_runs_each_step_once_with_attempt_1_handed_over(
-        url: str, qname: str) -> None:
+        url: str, qname: str, concurrency: int) -> None:
     runs: dict[str, list[int]] = {}
     seen: dict[str, list[Any]] = {}
     reg = Registry()
@@ -162,7 +163,7 @@ async def test_a_chain_runs_each_step_once_with_attempt_1_handed_over(
         return len(runs)
 
     from streamq import JobSpec, chain
-    async with Worker(url, [qname], reg, fast(concurrency=8)) as w:
+    async with Worker(url, [qname], reg, fast(concurrency=concurrency)) as w:
         with Queue.from_url(url, qname) as q:
             await asyncio.sleep(0.2)  # (not needed for correctness: the worker goes idle)
             q.enqueue_flow(chain(*(JobSpec("step") for _ in range(20))), flow_id="f")
