@@ -529,3 +529,28 @@ async def test_dead_letters_from_before_the_index_are_found(
     new = await _bury(url, prefix, admin, "late", ["new gateway failure"], SearchConfig())
     page = admin.find(error="gateway")
     assert [h.job_id for h in page.items] == new + old and page.source == "words"
+
+
+async def test_a_worker_keeps_the_error_index_up_to_date(
+        url: str, prefix: str, admin: Admin, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamq._ops import search_words
+
+    monkeypatch.setattr(search_words, "ERROR_INDEX_EVERY_S", 0.05)
+    monkeypatch.setattr(search_words, "SYNC_MAX", 4)  # (a worker's call: more at once again)
+    reg = Registry()
+
+    @reg.handler("charge")
+    async def charge(job: Job) -> None:
+        raise Fail(f"quota exceeded {job.payload['i']}")
+
+    q = queue(url, "hk", prefix, search=SearchConfig())
+    ids = {x.job_id for x in q.enqueue_many(
+        [{"type": "charge", "payload": {"i": i}, "max_attempts": 1} for i in range(10)])}
+    k = Keys("hk", prefix)
+    async with Worker(url, ["hk"], reg, fast(), QueueConfig(key_prefix=prefix)):
+        # the worker indexes them as they come: no search runs meanwhile
+        await eventually(lambda: r.zcard(k.ix_ewl) == 10, 30, "10 dead letters indexed")
+    assert r.exists(k.ix_ew)
+    assert {h.job_id for h in admin.find(error="quota").items} == ids
+    q.close()
