@@ -32,7 +32,7 @@ else
 end
 for _, m in ipairs(old) do ew_drop(ew, ewl, m) end
 local mark = ''
-local last = rcall('ZREVRANGE', ewl, 0, 0)
+local last = rcall('ZRANGE', ewl, -1, -1)  -- (ZRANGE: in the tenant ACL rule)
 if last[1] then
   local ms, seq = string.match(last[1], '^(%d+)%-(%d+)')
   mark = string.format('%.0f-%.0f', tonumber(ms), tonumber(seq))
