@@ -6,6 +6,7 @@ queues (the session's server is shared)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,12 +155,13 @@ def test_bound_is_reported_and_the_cursor_continues(url: str, prefix: str, admin
     q.enqueue_many([{"type": "common", "delay": 3600} for _ in range(300)])
     rare = q.enqueue("common", {}).job_id  # the newest queued one; then 300 older scheduled
     q.enqueue_many([{"type": "common", "delay": 3600} for _ in range(300)])
-    page = admin.find(state="queued", max_scan=100, limit=10)
+    page = admin.find(type="common", state="queued", max_scan=100, limit=10)
     assert page.items == [] and page.bound_hit and page.scanned == 100
-    assert page.source == "time"
+    assert page.source == "type"
     found, cursor, scanned = [], page.cursor, page.scanned
     while cursor is not None:
-        page = admin.find(state="queued", max_scan=100, limit=10, cursor=cursor)
+        page = admin.find(type="common", state="queued", max_scan=100, limit=10,
+                          cursor=cursor)
         found += [h.job_id for h in page.items]
         scanned += page.scanned
         cursor = page.cursor
@@ -472,7 +474,11 @@ async def test_error_text_is_found_where_a_word_starts_by_index_and_scan_alike(
 
 
 async def test_a_rare_error_among_many_is_found_without_the_bound(
-        url: str, prefix: str, admin: Admin, r: redis.Redis) -> None:
+        url: str, prefix: str, admin: Admin, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamq._ops import search_words
+
+    monkeypatch.setattr(search_words, "SYNC_MAX", 1000)  # (the search indexes all 600 first)
     msgs = ["insufficient funds"] * 600
     msgs[3] = "address not verified"
     ids = await _bury(url, prefix, admin, "many", msgs, SearchConfig())
@@ -553,4 +559,34 @@ async def test_a_worker_keeps_the_error_index_up_to_date(
         await eventually(lambda: r.zcard(k.ix_ewl) == 10, 30, "10 dead letters indexed")
     assert r.exists(k.ix_ew)
     assert {h.job_id for h in admin.find(error="quota").items} == ids
+    q.close()
+
+
+async def test_queued_jobs_are_read_from_the_ready_streams(url: str, prefix: str,
+                                                          admin: Admin) -> None:
+    """state="queued" alone reads each shard's ready streams (every priority level), newest
+    entry first: a few queued jobs among many scheduled, active and finished ones are found
+    without the bound; delivered entries (active jobs) are checked out on their records."""
+    q = queue(url, "rq", prefix, shards=2, search=SearchConfig())
+    reg = Registry()
+    started: list[str] = []
+
+    @reg.handler("hold")
+    async def hold(job: Job) -> None:
+        started.append(job.id)
+        await asyncio.sleep(3600)
+
+    q.enqueue_many([{"type": "later", "delay": 3600} for _ in range(300)])
+    held = [q.enqueue("hold", {}).job_id for _ in range(4)]
+    async with Worker(url, ["rq"], reg, fast(concurrency=4),
+                      QueueConfig(key_prefix=prefix, shards=2)):
+        await eventually(lambda: len(started) == 4, 20, "4 active jobs")
+        queued = [q.enqueue("t", {}, priority=p).job_id for p in (0, 2, 4, 2)]
+        q.enqueue_many([{"type": "later", "delay": 3600} for _ in range(300)])
+        page = admin.find(state="queued", max_scan=50)
+        assert page.source == "stream" and not page.bound_hit
+        assert {h.job_id for h in page.items} == set(queued)
+        assert all(h.state == "queued" for h in page.items) and not set(held) & {
+            h.job_id for h in page.items}
+        assert {h[1] for h in all_pages(admin, 1, state="queued")} == set(queued)
     q.close()

@@ -22,7 +22,7 @@ import attrs
 
 from .._core.driver import Call, Cmd, Op, Step, _s, ok
 from .._core.errors import InvalidSearch, SerializationError
-from .._core.keys import Keys, queues_key, shard_of
+from .._core.keys import Keys, levels_in_use, queues_key, shard_of
 from .._core.model import STATE_NAMES, _entry_ms, record_state
 from .._core.scripts import Arg
 from .._core.search import DECL_FIELDS, DECL_SINCE, error_match, error_text, field_value, word_spec
@@ -145,6 +145,9 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
             if q.state in _STATE_SET and source != "dead":
                 srcs, used = yield from _state_init(q, srcs, prefix)
                 source = "state" if used else source
+            if q.state == "queued" and source == "time":
+                srcs, used = yield from _queued_init(srcs, prefix)
+                source = "stream" if used else source
             spec = _spec(q) if source == "dead" else None
             if spec is not None:
                 srcs, used = yield from _words_init(q, srcs, prefix, since)
@@ -251,6 +254,30 @@ def _words_init(q: SearchQuery, srcs: list[_Src], prefix: str,
         out.append(e)
         s.lo = (f"{q.since_ms}-0" if q.since_ms is not None and q.since_ms > m[0]
                 else f"({mark}")
+    return out, used
+
+
+def _queued_init(srcs: list[_Src], prefix: str) -> Op[tuple[list[_Src], bool]]:
+    """``state="queued"`` alone (no index filter): per shard, its ready streams (one per
+    priority level in use), newest entry first, in place of the time index; an entry's job is
+    checked on its record (the stream also holds delivered entries, of active jobs). A shard
+    with grouped jobs waiting for a slot (queued, in no stream yet) keeps the time index."""
+    step: Step = []
+    for s in srcs:
+        k = Keys(s.queue, prefix, s.shard)
+        step += [Cmd.of("SMEMBERS", k.levels), Cmd.of("ZCARD", k.group_wait)]
+    replies = yield step
+    out: list[_Src] = []
+    used = False
+    for i, s in enumerate(srcs):
+        waiting = replies[2 * i + 1]
+        if isinstance(waiting, Exception) or int(waiting or 0) > 0:
+            out.append(s)
+            continue
+        used = True
+        k = Keys(s.queue, prefix, s.shard)
+        out.extend(_Src("d", s.queue, s.shard, _label(s.queue, s.shard, f"p{lv}"),
+                        k.stream_level(lv), rec=s.rec) for lv in levels_in_use(replies[2 * i]))
     return out, used
 
 

@@ -179,7 +179,7 @@ class Housekeeper:
 
     def _words_step(self, qs: QState) -> Callable[[], Any]:
         """Index this shard's new dead letters by the words of their errors (ixdead.lua: the
-        next 1,000 each call, at once again while more wait)."""
+        next 200 each call, at once again while more wait)."""
         call = _words.sync_call(qs.keys)
         script = SCRIPTS[call.script]
 

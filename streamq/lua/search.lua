@@ -3,8 +3,9 @@
 -- call per shard and page, not a round of commands per record. It writes only to drop what
 -- is stale from the error-word index (a dead letter gone from its stream, or whose record
 -- expired: _lib.lua's ew_drop): safe to repeat.
--- KEYS[1]   the index: a search ZSET (Keys.ix_*), the dead-letter STREAM of one queue shard,
---           or its error-word index (Keys.ix_ew, written by ixdead.lua)
+-- KEYS[1]   the index: a search ZSET (Keys.ix_*), the dead-letter STREAM of one queue shard
+--           (or a ready stream: state="queued"), or its error-word index (Keys.ix_ew,
+--           written by ixdead.lua)
 -- KEYS[2]   e only: the dead-letter STREAM
 -- KEYS[3]   e only: the indexed dead letters (Keys.ix_ewl)
 -- ARGV[1]   'z' (ZSET, newest first by rank), 'd' (STREAM, newest first) or 'e' (the dead
@@ -124,7 +125,7 @@ local function dead_fields(f)
   local job, reason, etype = '', '', ''
   for j = 1, #f, 2 do
     local k = f[j]
-    if k == 'job' then job = f[j + 1]
+    if k == 'job' or k == 'id' then job = f[j + 1]  -- (id: a ready stream's entry)
     elseif k == 'reason' then reason = f[j + 1]
     elseif k == 'etype' then etype = f[j + 1] end
   end
