@@ -589,4 +589,13 @@ async def test_queued_jobs_are_read_from_the_ready_streams(url: str, prefix: str
         assert all(h.state == "queued" for h in page.items) and not set(held) & {
             h.job_id for h in page.items}
         assert {h[1] for h in all_pages(admin, 1, state="queued")} == set(queued)
+    # grouped jobs beyond their group's first slot wait in no stream: listed with the rest
+    grouped = [q.enqueue("t", {}, group="g").job_id for _ in range(3)]
+    r = redis.Redis.from_url(url)
+    assert sum(r.zcard(Keys("rq", prefix, sh).group_wait) for sh in (0, 1)) >= 1
+    r.close()
+    page = admin.find(state="queued", max_scan=50)
+    assert page.source == "stream" and not page.bound_hit
+    # (the held ones too: the worker's stop handed them back, queued again)
+    assert {h.job_id for h in page.items} == set(queued) | set(grouped) | set(held)
     q.close()

@@ -260,24 +260,41 @@ def _words_init(q: SearchQuery, srcs: list[_Src], prefix: str,
 def _queued_init(srcs: list[_Src], prefix: str) -> Op[tuple[list[_Src], bool]]:
     """``state="queued"`` alone (no index filter): per shard, its ready streams (one per
     priority level in use), newest entry first, in place of the time index; an entry's job is
-    checked on its record (the stream also holds delivered entries, of active jobs). A shard
-    with grouped jobs waiting for a slot (queued, in no stream yet) keeps the time index."""
+    checked on its record (the stream also holds delivered entries, of active jobs). Grouped
+    jobs waiting for their group's slot are queued in no stream: their ids (at most
+    ``STATE_LIST_MAX`` per shard, with their enqueue times from the time index) join as a
+    fixed list; a shard with more keeps the time index."""
     step: Step = []
     for s in srcs:
         k = Keys(s.queue, prefix, s.shard)
         step += [Cmd.of("SMEMBERS", k.levels), Cmd.of("ZCARD", k.group_wait)]
     replies = yield step
     out: list[_Src] = []
+    lists: list[tuple[_Src, Keys]] = []
     used = False
     for i, s in enumerate(srcs):
         waiting = replies[2 * i + 1]
-        if isinstance(waiting, Exception) or int(waiting or 0) > 0:
+        if isinstance(waiting, Exception) or int(waiting or 0) > STATE_LIST_MAX:
             out.append(s)
             continue
         used = True
         k = Keys(s.queue, prefix, s.shard)
         out.extend(_Src("d", s.queue, s.shard, _label(s.queue, s.shard, f"p{lv}"),
                         k.stream_level(lv), rec=s.rec) for lv in levels_in_use(replies[2 * i]))
+        if int(waiting or 0):
+            lists.append((_Src("l", s.queue, s.shard, _label(s.queue, s.shard, "gw"),
+                               k.group_wait, rec=s.rec, done=True), k))
+    if lists:
+        got = yield [Cmd.of("ZRANGE", k.group_wait, 0, -1) for _, k in lists]
+        ids = [[_s(m).rpartition(" ")[2][17:] for m in ok(r) or []] for r in got]
+        scores = yield [Cmd.of("ZMSCORE", k.ix_all, *js) if js else Cmd.of("ECHO", "")
+                        for (_, k), js in zip(lists, ids, strict=True)]
+        for (lst, _), js, sc in zip(lists, ids, scores, strict=True):
+            vals = (ok(sc) or []) if js else []
+            lst.buf = sorted(((int(float(v)), lst.label, j, j)
+                              for j, v in zip(js, vals, strict=True) if v is not None),
+                             reverse=True)
+            out.append(lst)
     return out, used
 
 
