@@ -443,7 +443,7 @@ async def _bury(url: str, prefix: str, admin: Admin, name: str, msgs: list[str],
     return ids
 
 
-MSGS = ["card declined by issuer", "scorecard declined", "Gateway timed-out: retry later",
+MSGS = ["card declined by issuer", "scorecard declined", "Gateway timed-out: retry later Éclair",
         "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
         " fifteen sixteen seventeen"]
 
@@ -467,6 +467,7 @@ async def test_error_text_is_found_where_a_word_starts_by_index_and_scan_alike(
         assert found("timed out") == []           # the text as it is: '-' is not ' '
         assert found("fail gateway") == [2]       # the error type leads the text
         assert found(": retry") == [2]            # starts with no letter: anywhere
+        assert found("ÉCLAIR") == [2] and found("éclair") == []  # (lower case: ASCII only)
         assert found("fifteen") == [3]            # 'fail' is the first of 16 distinct words
         assert found("sixteen") == []             # the 17th: not searchable
         assert found(":") == [2]                  # no word at all: the stream answers

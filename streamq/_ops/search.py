@@ -472,7 +472,7 @@ def _fetch(q: SearchQuery, srcs: Sequence[_Src], n: int,
            last: tuple[int, str, str] | None) -> Op[None]:
     """The next ``n`` entries of each source, checked on their records by search.lua."""
     flt: list[Arg] = [_LETTER.get(q.state or "", ""), q.state or "", q.group or "",
-                      q.type or "", (q.error or "").lower(), q.error_type or ""]
+                      q.type or "", _ascii_lower(q.error or ""), q.error_type or ""]
     lo = f"{q.since_ms}-0" if q.since_ms is not None else "-"
     spec = _spec(q) or ""
     replies = yield [Call("search", [s.key], ["z", s.rec, s.rank, "", n, *flt]) if s.kind == "z"
@@ -577,3 +577,9 @@ def _ms(v: Any) -> int:
         return int(v) if v else 0
     except (TypeError, ValueError):
         return 0
+
+
+def _ascii_lower(text: str) -> str:
+    """Lower case as search.lua's string.lower does it: ASCII letters only (the error-text
+    rule; ``str.lower`` would also change other letters, which the text keeps as they are)."""
+    return text.encode(errors="surrogateescape").lower().decode(errors="surrogateescape")
