@@ -126,6 +126,9 @@ async def test_error_filters_find_dead_letters(url: str, prefix: str, admin: Adm
     assert admin.find(error="declined", type="other").items == []
     # text only in the record's error (the dead letter says "attempts exhausted")
     assert [h.job_id for h in admin.find(error="GATEWAY timed").items] == [slow]
+    # one text across the parts: '<error type> <reason> <message>'
+    assert [h.job_id for h in admin.find(error="exhausted gateway").items] == [slow]
+    assert [h.job_id for h in admin.find(error="timeouterror attempts").items] == [slow]
     assert [h.job_id for h in admin.find(error="gateway", error_type="TimeoutError").items
             ] == [slow]
     assert admin.find(error="gateway", error_type="Fail").items == []
@@ -466,6 +469,7 @@ async def test_error_text_is_found_where_a_word_starts_by_index_and_scan_alike(
         assert found("timed-out: r") == [2]       # any text, its first word at a start
         assert found("timed out") == []           # the text as it is: '-' is not ' '
         assert found("fail gateway") == [2]       # the error type leads the text
+        assert found("LATER Éclair") == [2]       # a non-ASCII letter as it is
         assert found(": retry") == [2]            # starts with no letter: anywhere
         assert found("ÉCLAIR") == [2] and found("éclair") == []  # (lower case: ASCII only)
         assert found("fifteen") == [3]            # 'fail' is the first of 16 distinct words

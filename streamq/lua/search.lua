@@ -24,7 +24,7 @@
 --           type and reason, else the record's, and the record's error message)
 -- ARGV[11]  error type wanted ('' = any): a dead letter's, else the record's last error's
 -- ARGV[12]  e only: the word to read, 'x<word>' (one word) or 'p<prefix>' (every word that
---           starts so, at most 64 wl: more answers {'!broad'}, read the stream instead)
+--           starts so, at most 64 words: more answers {'!broad'}, read the stream instead)
 -- Returns per entry read, in order: z: member, score, code; d, e: entry id, job id, reason,
 --           error type (both '' unless the code is 2), code. Code 0: the record is gone; 1:
 --           it does not match; 2: it matches these filters (the caller reads it whole and
@@ -38,8 +38,13 @@ local F = {'s', 'state', 'g'}  -- one read per record: the fields the filters ne
 if need_err then F[#F + 1] = 'error'; F[#F + 1] = 'reason' end
 if want_t ~= '' then F[#F + 1] = 'b'; F[#F + 1] = 'type' end
 local IE, IT = 4, need_err and 6 or 4
--- printable ASCII without quote or backslash reads the same in a JSON text and its values
-local QUICK = not sfind(want_e, '[^ -~]') and not sfind(want_e, '["\\]')
+-- The query's longest word: every word of a match lies within one part of the error text
+-- (a word never spans the spaces that join them), and JSON never escapes a-z 0-9, so a
+-- record whose raw fields lack it cannot match (no JSON decoded for it).
+local QTOK = nil
+for t in string.gmatch(want_e, '[0-9a-z]+') do
+  if not QTOK or #t > #QTOK then QTOK = t end
+end
 local function check(id, reason, etype)
   local r = rcall('HMGET', prefix .. id, unpack(F))
   if not r[1] and not r[2] then return 0 end
@@ -64,8 +69,7 @@ local function check(id, reason, etype)
   end
   if want_e == '' then return 2 end
   if reason == nil or reason == '' then reason = r[IE + 1] or '' end
-  -- (a text not in the raw error at all is not in its message: no JSON decoded for it)
-  if QUICK and not sfind(lower((etype or '') .. ' ' .. reason .. ' ' .. err), want_e, 1, true)
+  if QTOK and not sfind(lower((etype or '') .. ' ' .. reason .. ' ' .. err), QTOK, 1, true)
   then
     return 1
   end
@@ -74,7 +78,7 @@ local function check(id, reason, etype)
 end
 -- The next n dead letters with the word (or a word with the prefix), newest first, at or
 -- before ARGV[3] and at or after ARGV[4]: their index positions, or nil when a prefix starts
--- more than 64 wl.
+-- more than 64 words.
 local function e_positions()
   local mode, tok = ssub(ARGV[12], 1, 1), ssub(ARGV[12], 2)
   local hi = ew_pos(ARGV[3])
