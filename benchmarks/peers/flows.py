@@ -136,8 +136,13 @@ def render(doc: dict[str, Any]) -> str:
         f" plain job's completion, the fan-in's callback, the chain's last step), the enqueue"
         f" included. Plain drain: {n:,} no-op jobs; fan-in: {n:,} no-op children and one"
         f" callback that reads all their results (jobs/s = {n:,} / time); chain: {c:,} steps,"
-        f" each getting the previous step's result. CPU: the worker process's and"
-        f" redis-server's, per job (children + callback; steps), µs.",
+        f" each getting the previous step's result. Every run is checked (else listed as"
+        f" failed): the callback saw all {n:,} results, the chain's last step counted {c:,}"
+        f" (each step got its predecessor's result), every child / step ran exactly once."
+        f" Fan-in enqueue / after: the producer's enqueue call, and the time from its return"
+        f" to the callback (below 0: the callback ended before the enqueue call returned)."
+        f" CPU: the worker process's and redis-server's, per job (children + callback;"
+        f" steps), µs.",
         "",
         f"| peer | plain drain (jobs/s) | {n:,}{chr(0x2192)}1 fan-in (jobs/s) |"
         " fan-in / plain | fan-in: enqueue / after (s) |"
@@ -193,8 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="--fan 200 --chain 20 --reps 1, streamq only unless --peers")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--render", type=Path, default=None, metavar="JSON",
+                    help="only rewrite the .md next to a peers_flows.json from it")
     raw = list(sys.argv[1:] if argv is None else argv)
     a = ap.parse_args(raw)
+    if a.render:
+        md = render(json.loads(a.render.read_text()))
+        a.render.with_suffix(".md").write_text(md)
+        print(md)
+        return 0
     if a.smoke:
         a.fan, a.chain, a.reps, a.timeout = 200, 20, 1, 120.0
         if "--peers" not in raw:
