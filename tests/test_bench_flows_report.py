@@ -19,7 +19,9 @@ def _doc() -> dict[str, Any]:
         "streamq": {"plain": [_run(1, "plain", 1000), _run(2, "plain", 2000)],
                     "fan": [_run(1, "fan", 600), _run(2, "fan", 1000)],
                     "fandeps": [_run(1, "fandeps", 800), _run(2, "fandeps", 1600)],
-                    "chain": [_run(1, "chain", 100), _run(2, "chain", 300)]},
+                    "chain": [_run(1, "chain", 100), _run(2, "chain", 300)],
+                    "plain_pre": [_run(1, "plain", 1000)],
+                    "fan_pre": [_run(1, "fan", 900)]},
         "celery": {"plain": [_run(1, "plain", 100), _run(2, "plain", 400)],
                    "fan": [{"rep": 1, "error": "RuntimeError: timed out after 600 s; 9000"
                                                " children/steps done", "load1": 2.0}],
@@ -53,3 +55,4 @@ def test_a_failed_peer_is_reported_with_its_error() -> None:
     assert "celery fan: timed out; not repeated" in md
     assert "streamq (`depends_on`)" in md
     assert "| celery | n/a |" not in md
+    assert "| streamq | 1,000 | 900 | 0.90 |" in md  # the prefilled table

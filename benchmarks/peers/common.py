@@ -480,6 +480,7 @@ def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | 
     p.add_argument("workload", choices=("drain", "enqueue", "latency", "io", "recovery",
                                         "cpu", "flow"))
     p.add_argument("--what", default="plain", help="flow: plain, fan, fandeps or chain")
+    p.add_argument("--prefill", action="store_true", help="flow: enqueue, then the worker")
     p.add_argument("--url", required=True)
     p.add_argument("--n", type=int, default=20_000)
     p.add_argument("--bulk-n", type=int, default=None)
@@ -505,7 +506,8 @@ def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | 
         elif args.workload == "flow":
             import flowload
 
-            out = flowload.run_flow(peer, r, args.what, args.n, args.concurrency, args.timeout)
+            out = flowload.run_flow(peer, r, args.what, args.n, args.concurrency, args.timeout,
+                                    args.prefill)
         elif args.workload == "enqueue":
             out = run_enqueue(peer, r, args.n, args.bulk_n or args.n)
         elif args.workload == "latency":

@@ -21,6 +21,10 @@ the callback / last step calls :func:`flow_end` with what it saw (the number of 
 the chain's running count), which the harness checks. CPU: the worker process's (its whole
 session, with children) and redis-server's (``INFO cpu``), from just before ``t0`` to the
 end, per job.
+
+``--prefill``: everything is enqueued first, then the worker starts, and the time runs from
+the first job's start (the drain workload's way: the engine's side alone, no producer in
+the span; no CPU figures, which would include the worker's start-up).
 """
 
 from __future__ import annotations
@@ -51,19 +55,28 @@ def _progress(r) -> str:
     return f"{int(r.get('bench:done') or 0)} children/steps done"
 
 
-def run_flow(peer, r, what: str, n: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
+def run_flow(peer, r, what: str, n: int, concurrency: int, timeout_s: float,
+             prefill: bool = False) -> dict[str, Any]:
     r.flushdb()
-    proc = common._start_worker(peer, concurrency, None, {"BENCH_KIND": "flow"})
-    try:
-        # warm-up: the worker is up and has run one job before the clock starts
-        peer.flow_enqueue("plain", 1)
-        got = common._wait_count(r, "bench:done", 1, 120, [proc])
-        if got < 1:
-            raise RuntimeError("the worker did not run the warm-up job in 120 s")
-        time.sleep(0.2)  # its count flushed (every 50 ms)
-        r.delete("bench:done", "bench:first", "bench:last", END_KEY, SEEN_KEY)
-        cpu0, rcpu0 = common.session_cpu_s({proc.pid}), redis_cpu_s(r)
+    proc = None
+    if prefill:  # everything enqueued first, then the worker; timed from its first start
         t0, enqueue_s = peer.flow_enqueue(what, n)
+    else:
+        proc = common._start_worker(peer, concurrency, None, {"BENCH_KIND": "flow"})
+    try:
+        if prefill:
+            proc = common._start_worker(peer, concurrency, None, {"BENCH_KIND": "flow"})
+        else:
+            # warm-up: the worker is up and has run one job before the clock starts
+            peer.flow_enqueue("plain", 1)
+            got = common._wait_count(r, "bench:done", 1, 120, [proc])
+            if got < 1:
+                raise RuntimeError("the worker did not run the warm-up job in 120 s")
+            time.sleep(0.2)  # its count flushed (every 50 ms)
+            r.delete("bench:done", "bench:first", "bench:last", END_KEY, SEEN_KEY)
+        cpu0, rcpu0 = common.session_cpu_s({proc.pid}), redis_cpu_s(r)
+        if not prefill:
+            t0, enqueue_s = peer.flow_enqueue(what, n)
         deadline = time.monotonic() + timeout_s
         while True:
             if what == "plain":
@@ -78,6 +91,7 @@ def run_flow(peer, r, what: str, n: int, concurrency: int, timeout_s: float) -> 
             time.sleep(0.005)
         cpu1, rcpu1 = common.session_cpu_s({proc.pid}), redis_cpu_s(r)
         if what == "plain":
+            time.sleep(0.1)  # every worker thread's last completion flushed
             end = r.zrevrange("bench:last", 0, 0, withscores=True)[0][1]
             seen = n
         else:
@@ -85,15 +99,19 @@ def run_flow(peer, r, what: str, n: int, concurrency: int, timeout_s: float) -> 
             seen = int(r.get(SEEN_KEY) or -1)
         time.sleep(0.2)
         done = int(r.get("bench:done") or 0)
+        if prefill:  # the first child / step's start (as the drain workload)
+            t0 = r.zrange("bench:first", 0, 0, withscores=True)[0][1]
     finally:
-        common._stop([proc])
+        if proc is not None:
+            common._stop([proc])
     jobs = n + 1 if what.startswith("fan") else n
     out: dict[str, Any] = {
-        "what": what, "n": n, "jobs": jobs, "wall_s": end - t0, "per_s": n / (end - t0),
-        "enqueue_s": enqueue_s, "after_enqueue_s": end - t0 - enqueue_s, "seen": seen, "done": done,
-        "worker_cpu_us_per_job": (cpu1 - cpu0) / jobs * 1e6,
-        "redis_cpu_us_per_job": (rcpu1 - rcpu0) / jobs * 1e6,
-    }
+        "what": what, "n": n, "jobs": jobs, "prefill": prefill, "wall_s": end - t0,
+        "per_s": n / (end - t0), "enqueue_s": enqueue_s, "seen": seen, "done": done}
+    if not prefill:  # (a prefilled run's worker CPU would include its start-up)
+        out.update(after_enqueue_s=end - t0 - enqueue_s,
+                   worker_cpu_us_per_job=(cpu1 - cpu0) / jobs * 1e6,
+                   redis_cpu_us_per_job=(rcpu1 - rcpu0) / jobs * 1e6)
     bad = []
     if seen != n:
         who = "callback" if what.startswith("fan") else "last step"

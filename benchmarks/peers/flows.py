@@ -16,7 +16,10 @@ process and settings as the peers harness's drain: streamq ``Worker`` concurrenc
 * ``fandeps`` (streamq only): the same fan-in as ``enqueue_many`` + ``enqueue(...,
   depends_on=[...])``;
 * ``chain``: C steps, each getting the previous step's result: streamq ``chain(...)``,
-  BullMQ a C-deep flow (each step the one child of the next), celery ``chain(...)``.
+  BullMQ a C-deep flow (each step the one child of the next), celery ``chain(...)``;
+* ``plain_pre`` and ``fan_pre``: the plain drain and the fan-in with everything enqueued
+  before the worker starts, timed from the first job's start (the engine's side alone, as
+  the peers drain and ``benchmarks.flow_bench`` measure it).
 
 Repetitions interleave the peers (the peer order rotates each repetition) and each peer's
 measures run back to back, so a fan-in's ratio to its own peer's plain drain is taken within
@@ -48,8 +51,9 @@ from . import setup as envs
 from .harness import LOGDIR, PEERS, RESULTS, run_adapter
 
 FLOW_PEERS = ("streamq", "bullmq", "celery")
-MEASURES = {"streamq": ("plain", "fan", "fandeps", "chain")}
-DEFAULT_MEASURES = ("plain", "fan", "chain")
+MEASURES = {"streamq": ("plain", "fan", "fandeps", "chain", "plain_pre", "fan_pre")}
+DEFAULT_MEASURES = ("plain", "fan", "chain", "plain_pre", "fan_pre")
+RATIO_MEASURES = ("plain", "fan", "chain", "plain_pre", "fan_pre")
 EN = "\N{EN DASH}"
 TIMES = "\N{MULTIPLICATION SIGN}"
 SETTINGS = {
@@ -108,12 +112,14 @@ def ratios(doc: dict[str, Any]) -> dict[str, Any]:
         for fan in ("fan", "fandeps"):
             if fan in r:
                 out["fan_over_plain"][f"{p}/{fan}"] = paired(r[fan], r.get("plain", []))
+        if "fan_pre" in r:
+            out["fan_over_plain"][f"{p}/fan_pre"] = paired(r["fan_pre"], r.get("plain_pre", []))
     sq = res.get("streamq", {})
     for p, r in res.items():
         if p == "streamq":
             continue
         out["streamq_over_peer"][p] = {m: paired(sq.get(m, []), r.get(m, []))
-                                       for m in DEFAULT_MEASURES}
+                                       for m in RATIO_MEASURES}
     return out
 
 
@@ -171,13 +177,25 @@ def render(doc: dict[str, Any]) -> str:
                 f" {fmt(stat(r[fan], 'after_enqueue_s'), 2)} |"
                 f" {cell(r.get('chain', []), 'per_s') if first else ''} |"
                 f" {', '.join(cpu)} | {', '.join(rcpu)} |")
+    if any("fan_pre" in r for r in res.values()):
+        lines += ["", "The engine's side alone: everything enqueued before the worker starts,"
+                  " timed from the first job's start to the last completion / the callback"
+                  " (as the peers drain measures):", "",
+                  "| peer | plain drain (jobs/s) | fan-in (jobs/s) | fan-in / plain |",
+                  "|---|--:|--:|--:|"]
+        for p, r in res.items():
+            if "fan_pre" in r:
+                fr = rt["fan_over_plain"].get(f"{p}/fan_pre")
+                lines.append(f"| {p} | {cell(r.get('plain_pre', []), 'per_s')} |"
+                             f" {cell(r['fan_pre'], 'per_s')} | {fmt(fr, 2) if fr else 'n/a'} |")
     lines += ["", f"streamq's figure {TIMES} the peer's (above 1: streamq is faster), per"
               " repetition, median (min" + EN + "max):", "",
-              "| streamq vs | plain drain | fan-in | chain |", "|---|--:|--:|--:|"]
+              "| streamq vs | plain drain | fan-in | chain | plain drain, prefilled |"
+              " fan-in, prefilled |", "|---|--:|--:|--:|--:|--:|"]
     for p, by in rt["streamq_over_peer"].items():
         lines.append(f"| {p} | " + " | ".join(
             (f"{TIMES}" + fmt(by[k], 2)) if by.get(k) else "n/a"
-            for k in DEFAULT_MEASURES) + " |")
+            for k in RATIO_MEASURES) + " |")
     lines += ["", "Settings:", ""]
     lines += [f"- {p}: {SETTINGS[p]}" for p in res if p in SETTINGS]
     notes = [f"- {p} {k}: {x}" for p, by in doc["notes"].items() for k, x in by.items()]
@@ -194,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--peers", default=",".join(FLOW_PEERS))
     ap.add_argument("--concurrency", type=int, default=100)
+    ap.add_argument("--skip", default="", help="measures to skip (e.g. plain_pre,fan_pre)")
     ap.add_argument("--timeout", type=float, default=600.0, help="per measure (s)")
     ap.add_argument("--smoke", action="store_true",
                     help="--fan 200 --chain 20 --reps 1, streamq only unless --peers")
@@ -212,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         if "--peers" not in raw:
             a.peers = "streamq"
     peers = [p for p in a.peers.split(",") if p]
+    skip = set(filter(None, a.skip.split(",")))
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         ap.error(f"unknown peers {unknown}")
@@ -244,15 +264,19 @@ def main(argv: list[str] | None = None) -> int:
             log(f"== repetition {rep}/{a.reps}")
             k = (rep - 1) % max(1, len(live))
             for p in live[k:] + live[:k]:
-                for what in MEASURES.get(p, DEFAULT_MEASURES):
-                    runs = res[p].setdefault(what, [])
+                for m in MEASURES.get(p, DEFAULT_MEASURES):
+                    if m in skip:
+                        continue
+                    what, pre = (m[:-4], True) if m.endswith("_pre") else (m, False)
+                    runs = res[p].setdefault(m, [])
                     if any("timed out" in r.get("error", "") for r in runs):
-                        notes[p][what] = "timed out; not repeated"
+                        notes[p][m] = "timed out; not repeated"
                         continue
                     n = a.chain if what == "chain" else a.fan
                     out = run_adapter(p, "flow", servers[p].url,
                                       ["--what", what, "--n", str(n), "--concurrency",
-                                       str(a.concurrency), "--timeout", str(a.timeout)],
+                                       str(a.concurrency), "--timeout", str(a.timeout),
+                                       *(["--prefill"] if pre else [])],
                                       a.timeout + 180, log)
                     out.update(rep=rep, load1=round(os.getloadavg()[0], 2))
                     runs.append(out)
