@@ -20,12 +20,14 @@ from helpers import eventually, fast, wait_until
 from streamq import (
     AsyncQueue,
     Job,
+    JobSpec,
     Keys,
     Queue,
     QueueConfig,
     Registry,
     ReplicationTimeout,
     Worker,
+    chain,
 )
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.keys import shard_of
@@ -261,3 +263,28 @@ async def test_sigkill_of_the_primary_loses_no_accepted_job(
             redis_cluster.failover(primary)
         wait_until(lambda: redis_cluster.owner(Keys(name).stream) == primary, timeout_s=30,
                    what="the roles restored")
+
+
+async def test_a_flow_over_two_nodes_waits_on_each(redis_cluster: ClusterServer) -> None:
+    """A chain whose steps live in queues on two primaries: with the replicas up it is
+    confirmed; with the second node's replica frozen, ReplicationTimeout names the flow's jobs
+    (which stand), sync and asyncio; after SIGCONT the same flow again is confirmed."""
+    url = redis_cluster.url
+    first = spread_name(redis_cluster, 1)
+    primary = owners(redis_cluster, first, 1)[0]
+    second = next(n for n in (f"e-{uuid.uuid4().hex[:10]}" for _ in range(1000))
+                  if owners(redis_cluster, n, 1)[0] != primary)
+    flow = chain(JobSpec("ok"), JobSpec("ok", queue=second))
+    with Queue.from_url(url, first, CFG) as q:
+        assert len(q.enqueue_flow(flow, flow_id="ok1").job_ids) == 2
+        with frozen(redis_cluster, owners(redis_cluster, second, 1)[0]):
+            with Queue.from_url(url, first, SHORT) as qs, \
+                    pytest.raises(ReplicationTimeout) as told:
+                qs.enqueue_flow(flow, flow_id="cut1")
+            assert told.value.job_ids == ["cut1.0", "cut1.1"]
+            async with AsyncQueue.from_url(url, first, SHORT) as aq:
+                with pytest.raises(ReplicationTimeout):
+                    await aq.enqueue_flow(flow, flow_id="cut2")
+            info = q.get("cut1.0")
+            assert info is not None and info.state == "queued"  # it stands on the primary
+        assert q.enqueue_flow(flow, flow_id="cut1").job_ids == ["cut1.0", "cut1.1"]

@@ -33,11 +33,13 @@ from streamq import (
     InvalidArgument,
     Job,
     JobInfo,
+    JobSpec,
     Queue,
     QueueConfig,
     Registry,
     ReplicationTimeout,
     Worker,
+    chain,
 )
 from streamq._core.retry import transient
 from streamq._core.sentinels import SentinelSet
@@ -517,3 +519,46 @@ def _check_ledger(path: Path, accepted: list[str], records: dict[str, JobInfo | 
                                           jid, run, starts[jid])
     print(f"sentinel failover: {len(accepted)} accepted, all completed, {duplicates} duplicate"
           " run(s), each begun before the new primary took over")
+
+
+async def test_workflow_writes_wait_for_min_replicas_too(surl: str, qname: str) -> None:
+    """``depends_on``, ``enqueue_flow``, ``add_children`` and a batch's open and add (sync and
+    asyncio) follow their last write with a barrier and a WAIT: with the one replica there is
+    they are confirmed; asking for two raises ReplicationTimeout naming the jobs written, which
+    stand on the primary, and repeating the call is safe."""
+    ok = QueueConfig(min_replicas=1, min_replicas_timeout_ms=5000)
+    short = QueueConfig(min_replicas=2, min_replicas_timeout_ms=50)
+    with Queue.from_url(surl, qname, ok) as q:
+        assert q.enqueue("echo", job_id="d0").status == "queued"
+        assert q.enqueue("echo", job_id="w0", depends_on=["d0"]).status == "waiting"
+        out = q.enqueue_flow(chain(JobSpec("echo"), JobSpec("echo")), flow_id="f0")
+        assert [r.status for r in out.results] == ["queued", "waiting"]
+        batch = q.batch(on_complete=JobSpec("echo"), batch_id="b0")
+        assert len(batch.add([JobSpec("echo"), JobSpec("echo")]).job_ids) == 2
+    with Queue.from_url(surl, qname, short) as q:
+        with pytest.raises(ReplicationTimeout) as one:
+            q.enqueue("echo", job_id="w1", depends_on=["d0"])
+        assert one.value.job_ids == ["w1"] and (one.value.replicas, one.value.wanted) == (1, 2)
+        with pytest.raises(ReplicationTimeout) as flow:
+            q.enqueue_flow(chain(JobSpec("echo"), JobSpec("echo")), flow_id="f1")
+        assert len(flow.value.job_ids) == 2
+        assert [r.status for r in flow.value.results] == ["queued", "waiting"]
+        for jid in ["w1", *flow.value.job_ids]:
+            info = q.get(jid)
+            assert info is not None and info.state in ("queued", "waiting"), jid
+        with pytest.raises(ReplicationTimeout) as opened:
+            q.batch(on_success=JobSpec("echo"), batch_id="b1")
+        assert len(opened.value.job_ids) == 1
+        with pytest.raises(ReplicationTimeout) as again:  # repeating writes nothing new
+            q.enqueue_flow(chain(JobSpec("echo"), JobSpec("echo")), flow_id="f1")
+        assert again.value.job_ids == flow.value.job_ids
+    async with AsyncQueue.from_url(surl, qname, short) as aq:
+        with pytest.raises(ReplicationTimeout) as aflow:
+            await aq.enqueue_flow(chain(JobSpec("echo"), JobSpec("echo")), flow_id="f2")
+        assert len(aflow.value.job_ids) == 2
+        with pytest.raises(ReplicationTimeout) as awaiting:
+            await aq.enqueue("echo", job_id="w2", depends_on=["d0"])
+        assert awaiting.value.job_ids == ["w2"]
+    async with AsyncQueue.from_url(surl, qname, ok) as aq:
+        abatch = await aq.batch(on_complete=JobSpec("echo"), batch_id="b2")
+        assert len((await abatch.add([JobSpec("echo")])).job_ids) == 1

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import (
     AskError,
@@ -53,11 +53,14 @@ from redis.exceptions import (
 from . import nodes
 from .config import QueueConfig
 from .conn import is_cluster
+from .driver import Call as DCall
+from .driver import Op, adrive, drive
 from .errors import ReplicationTimeout, ScriptError
 from .keys import barrier_key
 from .scripts import Arg, Script, _pack, _sort
 
 Call = tuple[Sequence[str], Sequence[Arg]]
+T = TypeVar("T")
 
 
 BARRIER_TTL_MS = 60_000
@@ -440,3 +443,87 @@ class Unreplicated:
             extra={"queue": queue})
         self._pending = 0
         self._last = now
+
+
+# --- operations of several steps (workflows): one barrier and WAIT after the last step -------
+
+def _noting(op: Op[T], seen: set[str]) -> Op[T]:
+    """``op``, step for step, noting the first key of every script call it sends (each
+    call's keys are in one slot, so one key names the node that ran it)."""
+    try:
+        step = next(op)
+        while True:
+            seen.update(c.keys[0] for c in step if isinstance(c, DCall) and c.keys)
+            step = op.send((yield step))
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+def _confirm_cmds(config: QueueConfig, seen: set[str], barrier: str
+                  ) -> tuple[list[nodes.Command], nodes.Tail]:
+    """On a Redis Cluster: a keyed barrier in each slot the operation wrote to, each node's
+    pipeline ending with its WAIT."""
+    wait = ("WAIT", config.min_replicas, config.min_replicas_timeout_ms)
+    cmds: list[nodes.Command] = [("SET", bk, "1", "PX", BARRIER_TTL_MS)
+                                 for bk in sorted({barrier_key(k) for k in seen})]
+    return cmds, lambda _cmds, _asking: [(wait, False)]
+
+
+def _fewest(got: list[Any], tails: list[list[Any]]) -> int:
+    """The fewest replicas any node confirmed (0 for a node whose barrier or WAIT failed)."""
+    acks = [0 if isinstance(rep, BaseException) else _acked(tail)
+            for rep, tail in zip(got, tails, strict=True)]
+    return min(acks, default=0)
+
+
+def drive_confirmed(client: Any, op: Op[T], config: QueueConfig, barrier: str
+                    ) -> tuple[T, int | None]:
+    """Run ``op`` (an operation of several steps, whose calls may run on any pooled
+    connection), then, with ``min_replicas``, write a barrier and WAIT: the WAIT follows the
+    barrier on its connection, so it covers everything the primary had written by then,
+    every call of ``op`` included (on a cluster: a barrier in each slot ``op`` wrote to, and
+    a WAIT per node). Returns (op's answer, the fewest replicas that confirmed it, or None
+    without ``min_replicas``)."""
+    if not config.min_replicas:
+        return drive(client, op), None
+    seen: set[str] = set()
+    out = drive(client, _noting(op, seen))
+    if not seen:
+        return out, config.min_replicas
+    if is_cluster(client):
+        cmds, tail = _confirm_cmds(config, seen, barrier)
+        got, tails = nodes.run_tailed(client, cmds, tail, each=True)
+        return out, _fewest(got, tails)
+    pipe = client.pipeline(transaction=False)
+    for cmd in _wait_cmds(config, barrier):
+        pipe.execute_command(*cmd)
+    return out, int(pipe.execute()[-1])
+
+
+async def adrive_confirmed(client: Any, op: Op[T], config: QueueConfig, barrier: str
+                           ) -> tuple[T, int | None]:
+    """:func:`drive_confirmed` for an asyncio client."""
+    if not config.min_replicas:
+        return await adrive(client, op), None
+    seen: set[str] = set()
+    out = await adrive(client, _noting(op, seen))
+    if not seen:
+        return out, config.min_replicas
+    if is_cluster(client):
+        cmds, tail = _confirm_cmds(config, seen, barrier)
+        got, tails = await nodes.arun_tailed(client, cmds, tail, each=True)
+        return out, _fewest(got, tails)
+    pipe = client.pipeline(transaction=False)
+    for cmd in _wait_cmds(config, barrier):
+        pipe.execute_command(*cmd)
+    return out, int((await pipe.execute())[-1])
+
+
+def confirm_ids(config: QueueConfig, acked: int | None, job_ids: list[str],
+                results: list[Any] | None = None) -> None:
+    """Raise :class:`ReplicationTimeout` naming ``job_ids`` when ``acked`` (from
+    :func:`drive_confirmed`) is short of ``min_replicas``."""
+    if acked is not None and acked < config.min_replicas and job_ids:
+        raise ReplicationTimeout(job_ids, acked, config.min_replicas,
+                                 config.min_replicas_timeout_ms, results)

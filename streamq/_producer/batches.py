@@ -45,6 +45,7 @@ class Queue(Protocol):
 
     def _check(self) -> None: ...
     def _note(self) -> None: ...
+    def _drive_flow(self, op: Any) -> Any: ...
     def cancel(self, job_id: str) -> CancelResult: ...
 
 
@@ -57,6 +58,7 @@ class AsyncQueue(Protocol):
 
     async def _check(self) -> None: ...
     async def _note(self) -> None: ...
+    async def _drive_flow(self, op: Any) -> Any: ...
     async def cancel(self, job_id: str) -> CancelResult: ...
 
 BATCH_TYPE = "streamq.batch"
@@ -230,13 +232,13 @@ class Batch:
         q._check()  # (the shard count, as every write does)
         bid = new_job_id() if batch_id is None else check_job_id(batch_id)
         specs = callback_specs(on_success, on_complete, on_death)
-        ids = call(lambda _r: drive(q.client, open_batch(q.keys, q.config, bid, specs)))
+        ids = call(lambda _r: q._drive_flow(open_batch(q.keys, q.config, bid, specs)))
         q._note()
         return cls(q, bid, ids)
 
     def _run(self, op: Any) -> Any:
         q = self.queue
-        return call(lambda _r: drive(q.client, op()))
+        return call(lambda _r: q._drive_flow(op()))
 
     def add(self, specs: Sequence[JobSpec], *, add_id: str | None = None,
             from_job: Job | None = None) -> FlowResult:
@@ -290,14 +292,13 @@ class AsyncBatch:
         await q._check()
         bid = new_job_id() if batch_id is None else check_job_id(batch_id)
         specs = callback_specs(on_success, on_complete, on_death)
-        ids = await acall(lambda _r: adrive(q.client, open_batch(q.keys, q.config, bid,
-                                                                 specs)))
+        ids = await acall(lambda _r: q._drive_flow(open_batch(q.keys, q.config, bid, specs)))
         await q._note()
         return cls(q, bid, ids)
 
     async def _run(self, op: Any) -> Any:
         q = self.queue
-        return await acall(lambda _r: adrive(q.client, op()))
+        return await acall(lambda _r: q._drive_flow(op()))
 
     async def add(self, specs: Sequence[JobSpec], *, add_id: str | None = None,
                   from_job: Job | None = None) -> FlowResult:

@@ -292,3 +292,18 @@ def add_children(keys: Keys, cfg: QueueConfig, parent_id: str, specs: Sequence[J
     yield from link([link_call(keys.prefix, sh, pk.job(parent_id), parent_id, k, base + i)
                      for i, k in enumerate(kids)])
     return kids
+
+
+def written(out: Any) -> tuple[list[str], list[EnqueueResult]]:
+    """The job ids (and EnqueueResults, where the operation has them) that a workflow
+    operation wrote: what a ReplicationTimeout names (``QueueConfig.min_replicas``)."""
+    if isinstance(out, FlowResult):
+        return out.job_ids, out.results
+    if isinstance(out, EnqueueResult):
+        return [out.job_id], [out]
+    if isinstance(out, dict):  # a batch's callbacks: kind -> job id
+        return [str(v) for v in out.values()], []
+    if isinstance(out, list):  # add_children: JobRefs
+        return [r.job_id for r in out if isinstance(r, JobRef)], []
+    return [], []
+

@@ -125,6 +125,13 @@ class Queue(_Base):
             SyncBatcher(self._enqueue_each) if self.config.shards == 1
             else ShardedSync(self._enqueue_each, _shard))
 
+    def _drive_flow(self, op: Any) -> Any:
+        """A workflow operation; with min_replicas, a barrier and WAIT after its last step
+        (ReplicationTimeout names the jobs it wrote when the replicas fell short)."""
+        out, acked = durable.drive_confirmed(self.client, op, self.config, self._barrier)
+        durable.confirm_ids(self.config, acked, *_flows.written(out))
+        return out
+
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
                  **client_kwargs: Any) -> Queue:
@@ -198,7 +205,7 @@ class Queue(_Base):
             self._before((job_type,))
         if "depends_on" in options:
             self._check()
-            res: EnqueueResult = call(lambda _r: drive(self.client, _flows.enqueue_waiting(
+            res: EnqueueResult = call(lambda _r: self._drive_flow(_flows.enqueue_waiting(
                 self.keys, self.config, job_type, payload, dict(options))))
             self._note()
             return res
@@ -218,7 +225,7 @@ class Queue(_Base):
         the result. The same ``flow_id`` again writes nothing new (docs/workflows.md)."""
         self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
-        out: _flows.FlowResult = call(lambda _r: drive(self.client, _flows.enqueue_flow(
+        out: _flows.FlowResult = call(lambda _r: self._drive_flow(_flows.enqueue_flow(
             self.keys, self.config, flow, fid)))
         self._note()
         return out
@@ -228,7 +235,7 @@ class Queue(_Base):
         """From the handler of running job ``job_id``: enqueue ``children`` (JobSpec) as its
         dependencies; ``raise WaitForChildren()`` then waits for them (docs/workflows.md)."""
         cid = prod.new_job_id()[:12]  # (one per call: a retried call repeats it)
-        return call(lambda _r: drive(self.client, _flows.add_children(
+        return call(lambda _r: self._drive_flow(_flows.add_children(
             self.keys, self.config, check_job_id(job_id), children, policy, cid)))
 
     def batch(self, *, on_success: _flows.JobSpec | None = None,
@@ -409,6 +416,12 @@ class AsyncQueue(_Base):
             AsyncBatcher(self._enqueue_each) if self.config.shards == 1
             else ShardedAsync(self._enqueue_each, _shard))
 
+    async def _drive_flow(self, op: Any) -> Any:
+        """See ``Queue._drive_flow``."""
+        out, acked = await durable.adrive_confirmed(self.client, op, self.config, self._barrier)
+        durable.confirm_ids(self.config, acked, *_flows.written(out))
+        return out
+
     @classmethod
     def from_url(cls, url: str, name: str, config: QueueConfig | None = None,
                  **client_kwargs: Any) -> AsyncQueue:
@@ -477,7 +490,7 @@ class AsyncQueue(_Base):
             await self._before((job_type,))
         if "depends_on" in options:
             await self._check()
-            r = await acall(lambda _r: adrive(self.client, _flows.enqueue_waiting(
+            r: EnqueueResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_waiting(
                 self.keys, self.config, job_type, payload, dict(options))))
             await self._note()
             return r
@@ -496,7 +509,7 @@ class AsyncQueue(_Base):
         """Enqueue a flow: see ``Queue.enqueue_flow``."""
         await self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
-        r: _flows.FlowResult = await acall(lambda _r: adrive(self.client, _flows.enqueue_flow(
+        r: _flows.FlowResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_flow(
             self.keys, self.config, flow, fid)))
         await self._note()
         return r
@@ -505,7 +518,7 @@ class AsyncQueue(_Base):
                            policy: str = "fail") -> list[JobRef]:
         """See ``Queue.add_children``."""
         cid = prod.new_job_id()[:12]
-        return await acall(lambda _r: adrive(self.client, _flows.add_children(
+        return await acall(lambda _r: self._drive_flow(_flows.add_children(
             self.keys, self.config, check_job_id(job_id), children, policy, cid)))
 
     async def batch(self, *, on_success: _flows.JobSpec | None = None,

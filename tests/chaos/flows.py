@@ -24,8 +24,8 @@ and failed over. Then every node is checked against the execution ledger kept ou
 ``python -m tests.chaos --cluster --flows`` (``make soak-flows``); the bounded CI run is
 ``tests/chaos/test_chaos_flows.py``. See ``docs/reliability.md#workflows-under-faults``.
 
-Flows are enqueued before the faults begin (``wait.lua`` / ``link.lua`` do not WAIT for a
-replica yet: docs/workflows.md#not-there-yet), then the replicas are synced.
+The producer's flow calls hold a lock that a primary kill takes (written when the flow writes
+did not WAIT for a replica; they now do under ``min_replicas``, but no kill overlaps them yet).
 """
 
 from __future__ import annotations
