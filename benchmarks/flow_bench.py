@@ -18,7 +18,11 @@ steps (30) alternating
 between two queues (cross slot: each hand-off goes through the child's outbox and the relay),
 one idle worker serving both; each step's handler notes when it starts and returns, and a
 hand-off is the time from a step's return to the next step's start (settle, release, fetch,
-start). Prints p50/p95/max per kind.
+start). Prints p50/p95/max per kind, and how many steps the worker was handed started
+(by the finish.lua or resolve.lua that released them: docs/workflows.md#hand-off).
+``--breakdown`` also times the worker's script calls between a step's return and the next
+step's start (each script's first call there: when it was sent, its round trip, and from its
+reply to the next start).
 
 ``--batch-pairs K`` runs only the plain drain and the batch, K interleaved pairs, and prints
 each pair's ratio and the median (on a busy machine one pair says little).
@@ -135,18 +139,66 @@ def _handoff_registry() -> Registry:
     return reg
 
 
-async def _chain_run(url: str, queues: list[str], steps: int, fid: str) -> list[float]:
+_CALLS: list[tuple[str, float, float]] = []
+"""With --breakdown: (script, sent, answered) of every script call the worker made."""
+
+
+def _time_scripts() -> None:
+    """Time every script call in this process (the worker's): --breakdown."""
+    from streamq._core.scripts import SCRIPTS, Script
+
+    def timed(name: str, run: Any) -> Any:
+        async def run_async(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return await run(*a, **kw)
+            finally:
+                _CALLS.append((name, t, time.perf_counter()))
+        return run_async
+
+    for name, script in SCRIPTS.items():
+        if isinstance(script, Script):
+            script.run_async = timed(name, script.run_async)  # type: ignore[method-assign]
+
+
+def _breakdown(ids: list[str]) -> dict[str, list[float]]:
+    """Per hand-off (a step's return to the next step's start): the script calls made in
+    between, as (sent - return, answered - sent, start - answered) of the first call of
+    each script after the return."""
+    out: dict[str, list[float]] = {}
+    for a, b in itertools.pairwise(ids):
+        if a not in _MARKS or b not in _MARKS:
+            continue
+        end, start = _MARKS[a][1], _MARKS[b][0]
+        seen: set[str] = set()
+        for name, t0, t1 in sorted(_CALLS, key=lambda c: c[1]):
+            if end <= t0 <= start and name not in seen and name != "ticket":
+                seen.add(name)
+                out.setdefault(f"return -> {name}.lua sent", []).append((t0 - end) * 1000)
+                out.setdefault(f"{name}.lua round trip", []).append((t1 - t0) * 1000)
+                if t1 <= start:
+                    out.setdefault(f"{name}.lua reply -> next start", []).append(
+                        (start - t1) * 1000)
+    return out
+
+
+async def _chain_run(url: str, queues: list[str], steps: int, fid: str,
+                     stats: dict[str, int]) -> list[float]:
     """One chain of ``steps`` no-op steps, step i in queues[i % len(queues)], run by one worker
-    serving every queue; returns each hand-off (ms, one step's return to the next's start)."""
+    serving every queue; returns each hand-off (ms, one step's return to the next's start).
+    ``stats`` gets the worker's count of jobs handed over (started for it by a script)."""
     cfg = attrs.evolve(WorkerConfig(), concurrency=10)
     flow = chain(*(JobSpec("step", queue=queues[i % len(queues)]) for i in range(steps)))
-    async with Worker(url, queues, _handoff_registry(), cfg):
+    async with Worker(url, queues, _handoff_registry(), cfg) as w:
         await asyncio.sleep(0.5)  # the worker idle in its blocking read
         done = _LAST[f"{fid}.{steps - 1}"] = asyncio.Event()
+        _CALLS.clear()
         with Queue.from_url(url, queues[0]) as q:
             q.enqueue_flow(flow, flow_id=fid)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), 60 + steps * 2.0)
+        stats["handed"] = w.stats.handed_over
+        stats["started"] = w.stats.started
     ids = [f"{fid}.{i}" for i in range(steps)]
     return [(_MARKS[b][0] - _MARKS[a][1]) * 1000 for a, b in itertools.pairwise(ids)
             if a in _MARKS and b in _MARKS]
@@ -157,20 +209,31 @@ def _pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p * len(xs)))]
 
 
-def _handoff(steps: int, cross: int) -> int:
+def _handoff(steps: int, cross: int, breakdown: bool = False) -> int:
     print(f"# Hand-off: a step's return to the next step's start ({steps}-step chain in one"
           f" queue, {cross}-step chain across two)\n")
+    if breakdown:
+        _time_scripts()
+    with open("/proc/loadavg") as f:
+        print(f"load average before: {f.read().split()[0]}\n")
     with RedisServer() as srv:
         for kind, queues, k in (("same slot", ["ha"], steps),
                                 ("cross slot", ["hb", "hc"], cross)):
             t0 = time.perf_counter()
-            hs = asyncio.run(_chain_run(srv.url, queues, k, f"h{len(queues)}"))
+            stats: dict[str, int] = {}
+            fid = f"h{len(queues)}"
+            hs = asyncio.run(_chain_run(srv.url, queues, k, fid, stats))
             took = time.perf_counter() - t0
             if len(hs) < k - 1:
                 print(f"- {kind}: only {len(hs) + 1} of {k} steps ran")
                 continue
             print(f"- {kind}: p50 {_pct(hs, 0.5):.2f} ms, p95 {_pct(hs, 0.95):.2f} ms,"
-                  f" max {max(hs):.2f} ms over {len(hs)} hand-offs ({took:.1f} s in all)")
+                  f" max {max(hs):.2f} ms over {len(hs)} hand-offs ({took:.1f} s in all);"
+                  f" {stats.get('handed', 0)} of {stats.get('started', 0)} steps handed over"
+                  f" started")
+            if breakdown:
+                for what, xs in _breakdown([f"{fid}.{i}" for i in range(k)]).items():
+                    print(f"  - {what}: p50 {_pct(xs, 0.5):.2f} ms ({len(xs)} hand-offs)")
     return 0
 
 
@@ -181,10 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-pairs", type=int, default=0)
     ap.add_argument("--handoff", type=int, default=0)
     ap.add_argument("--handoff-cross", type=int, default=30)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="with --handoff: time the worker's script calls in between")
     a = ap.parse_args(argv)
     n = a.fan
     if a.handoff:
-        return _handoff(a.handoff, a.handoff_cross)
+        return _handoff(a.handoff, a.handoff_cross, a.breakdown)
     if a.batch_pairs:
         return _pairs(n, a.batch_pairs)
     added: list[float] = []

@@ -148,11 +148,16 @@ def shard_counts(prefix: str, queues: Iterable[str], known: Mapping[str, int]
 
 
 def wk_of(jk: Keys, job_id: str, level: int, events_arg: str, dead_ttl_s: int,
-          dead_maxlen: int) -> str:
-    """A waiting record's 'wk' (_flow.lua's header): the keys and settings of its release."""
-    return " ".join([jk.stream_level(level), jk.delayed, jk.deps(job_id), jk.dep_results(job_id),
-                     jk.waiting, jk.events, jk.stats, jk.dead, jk.levels, events_arg,
-                     str(dead_ttl_s), str(dead_maxlen), jk.wake_channel])
+          dead_maxlen: int, handoff: bool = True) -> str:
+    """A waiting record's 'wk' (_flow.lua's header): the keys and settings of its release;
+    with ``handoff`` also the tickets ZSET of its stream and its queue's pause flag, so that
+    its release hands it to a worker waiting for work (docs/workflows.md#hand-off)."""
+    words = [jk.stream_level(level), jk.delayed, jk.deps(job_id), jk.dep_results(job_id),
+             jk.waiting, jk.events, jk.stats, jk.dead, jk.levels, events_arg,
+             str(dead_ttl_s), str(dead_maxlen), jk.wake_channel]
+    if handoff:
+        words += [jk.at_level(level).tickets, jk.paused]
+    return " ".join(words)
 
 
 def member(ref: JobRef, index: int) -> str:
@@ -240,6 +245,13 @@ def _entries(box: str, reply: Any) -> list[Message]:
             out.append((box, _s(eid), _s(f["p"]), _s(f["i"]), _s(f["m"]),
                         v if isinstance(v, bytes) else str(v).encode()))
     return out
+
+
+def relay_read(keys: Keys, entries: Any) -> Op[int]:
+    """Apply outbox entries a blocking read brought (relay.py: at once, without reading them
+    again); returns how many were applied."""
+    codes = yield from apply(_entries(keys.outbox, entries))
+    return sum(1 for c in codes if c >= 0)
 
 
 def relay(keys: Keys, batch: int = RELAY_BATCH) -> Op[tuple[int, bool, str]]:
@@ -347,6 +359,14 @@ def all_results(keys: Keys, job_id: str, serde: Any) -> Op[list[DependencyResult
         out.extend(page)
         if cur == 0:
             break
+    out.sort(key=lambda d: d.index)
+    return out
+
+
+def results_of(flat: Sequence[Any], serde: Any) -> list[DependencyResult]:
+    """A job's dependency results from its results HASH as HGETALL gives it (field, value,
+    ...), by index."""
+    out = [decode_result(flat[i], flat[i + 1], serde) for i in range(0, len(flat) - 1, 2)]
     out.sort(key=lambda d: d.index)
     return out
 

@@ -175,19 +175,23 @@ async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, 
             for stream, entries in raw]
 
 
-async def xread_wait(client: Any, stream: str, after: str, block: int) -> bool:
-    """``XREAD COUNT 1 BLOCK block STREAMS stream after``: whether an entry came (the relay's
-    idle wait on its outbox). As :func:`xreadgroup`, without redis-py's command layer, so on
-    a cluster no ``COMMAND GETKEYS`` round trip precedes each wait. Without hiredis this
-    goes through redis-py."""
-    command = ("XREAD", "COUNT", 1, "BLOCK", block, "STREAMS", stream, after)
+async def xread_wait(client: Any, stream: str, after: str, block: int, count: int = 1
+                     ) -> list[Any]:
+    """``XREAD COUNT count BLOCK block STREAMS stream after`` (the relay's idle wait on its
+    outbox): the entries that came, each ``[id, [field, value, ...]]`` as XRANGE gives them
+    (empty: none came). As :func:`xreadgroup`, without redis-py's command layer, so on a
+    cluster no ``COMMAND GETKEYS`` round trip precedes each wait. Without hiredis this goes
+    through redis-py."""
+    command = ("XREAD", "COUNT", count, "BLOCK", block, "STREAMS", stream, after)
     if _pack is not None and getattr(client, "connection_pool", None) is not None:
         raw = await exchange(client, _pack(command), 1)
     elif _pack is not None and acluster(client):
         raw = await cexchange(client, stream, command)
     else:
-        raw = await client.xread({stream: after}, count=1, block=block)
-    return bool(raw)
+        raw = await client.xread({stream: after}, count=count, block=block)
+        return [[eid, [x for kv in (f or {}).items() for x in kv]]
+                for eid, f in (raw[0][1] if raw else [])]
+    return list(raw[0][1]) if raw else []
 
 
 async def exchange(client: Any, packed: bytes, replies: int, kept: Kept | None = None

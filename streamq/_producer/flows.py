@@ -180,7 +180,8 @@ def wait_call(keys: Keys, cfg: QueueConfig, p: prod.Prepared, deps: Sequence[Job
     return Call("wait", [jk.job(jid), jk.deps(jid), jk.waiting, jk.events, jk.stats, *ix_keys],
                 [jid, a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8],
                  "" if p.level == DEFAULT_PRIORITY else p.level,
-                 wk_of(jk, jid, p.level, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen),
+                 wk_of(jk, jid, p.level, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
+                       cfg.handoff),
                  cfg.events_arg, *(member(d, i) for i, d in enumerate(deps)), *ix_args])
 
 
@@ -278,7 +279,7 @@ def add_children(keys: Keys, cfg: QueueConfig, parent_id: str, specs: Sequence[J
     (r,) = yield [Call("adopt", [pk.job(parent_id), pk.deps(parent_id),
                                  pk.dep_results(parent_id)],
                        [call_id, wk_of(pk, parent_id, level, cfg.events_arg, cfg.dead_ttl_s,
-                                       cfg.dead_maxlen),
+                                       cfg.dead_maxlen, cfg.handoff),
                         *(f"{member(k, 0)[0]} {k.queue} {k.job_id}" for k in kids)])]
     code = ok(r)[0]
     code = code.decode() if isinstance(code, bytes) else str(code)

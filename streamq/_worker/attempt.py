@@ -26,7 +26,7 @@ from .._core.errors import (
     SerializationError,
     WaitForChildren,
 )
-from .._core.flow import DEPS_HEADER, all_results
+from .._core.flow import DEPS_HEADER, all_results, results_of
 from .._core.model import Job, envelope_from_data, plain_body
 from .._core.timeseries import SeriesRecorder
 from .cancel import cancelled
@@ -155,8 +155,10 @@ class Attempts:
                   self.registry.lifecycle.ctx)
         if self.deps_client is not None and (spec.children or (headers and DEPS_HEADER in
                                                                headers)):
-            # a job that waited for others: its dependency results, page by page
-            deps = await adrive(self.deps_client, all_results(qs.keys, job.id, serde))
+            # a job that waited for others: its dependency results, sent with its start
+            # (a hand-off: Lease.deps) or read page by page
+            deps = (results_of(lease.deps, serde) if lease.deps is not None else
+                    await adrive(self.deps_client, all_results(qs.keys, job.id, serde)))
             object.__setattr__(job, "_dependencies", tuple(deps))
         span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
                            self.config.trace_parent, self.server) if tel.tracing() else None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aredis
 
 from .._core.config import QueueConfig, WorkerConfig
-from .._core.keys import GROUP
+from .._core.keys import DEFAULT_PRIORITY, GROUP
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .lease import LeaseKeeper
@@ -32,6 +32,9 @@ _HANDED_WAIT_S = 0.002
 """How long a fetch loop waits for a job just handed over to end before its next ticket."""
 _HANDED_YIELDS = 8
 """At most this many event-loop turns for the settling loop to send that job's outcome."""
+_FINISH_TAKES = 4
+"""At most this many jobs a finish.lua call releases are handed to the worker that sent it
+(their slots are held for the call's round trip: a few, not every free one)."""
 TICKET_SLACK_MS = 500
 """A hand-off ticket holds this long past the blocking read it was posted for: a worker
 that is gone (killed while idle) gets handed nothing after that."""
@@ -42,11 +45,31 @@ def _text(v: Any) -> str:
 
 
 def inbox_row(entry: Any) -> tuple[Any, ...]:
-    """An inbox entry read by XREADGROUP as a row of ticket.lua's reply."""
+    """An inbox entry read by XREADGROUP as a row of ticket.lua's reply, and the job's
+    dependency results when the entry brings them (field 'r': _flow.lua's hand)."""
     eid, f = entry
     f = f or {}
     return (eid, f.get(b"e", b""), f.get(b"id", b""), f.get(b"c", b"own"), f.get(b"k", b""),
-            f.get(b"n", 0), f.get(b"d", b""), f.get(b"dl", 0), f.get(b"w", 0), f.get(b"a", 0))
+            f.get(b"n", 0), f.get(b"d", b""), f.get(b"dl", 0), f.get(b"w", 0), f.get(b"a", 0),
+            _unpacked(f.get(b"r")))
+
+
+def _unpacked(raw: Any) -> list[bytes] | None:
+    """'<length>:<bytes>' items, one after the other, as a list (None: none, or malformed:
+    the results are read from their HASH)."""
+    if not isinstance(raw, bytes):
+        return None
+    out: list[bytes] = []
+    i = 0
+    try:
+        while i < len(raw):
+            j = raw.index(b":", i)
+            n = int(raw[i:j])
+            out.append(raw[j + 1:j + 1 + n])
+            i = j + 1 + n
+    except ValueError:
+        return None
+    return out if i == len(raw) else None
 
 
 class HandOff:
@@ -63,11 +86,13 @@ class HandOff:
         _token_prefix: str
         _free: int
         _no_handoff: bool
+        _running: bool
 
         def _release(self, n: int) -> None: ...
         def _busy(self, qs: QState, entry: str) -> bool: ...
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                    data: bytes, times: tuple[int, int, int]) -> asyncio.Task[None]: ...
+                    data: bytes, times: tuple[int, int, int], deps: Any = None
+                    ) -> asyncio.Task[None]: ...
 
     def _ticket_member(self, qs: QState) -> str:
         """This worker's ticket for a lane (ticket.lua's header): fixed per worker run."""
@@ -129,10 +154,24 @@ class HandOff:
         taken over: the job is started again as this worker's own pending entry (start.lua:
         the same lease and attempt, its idle time reset; or left alone if another worker
         took it over), as a job it had read itself would be (invariant 13)."""
+        for row in rows:
+            qs.inbox_acks.append(_text(row[0]))
+        launched = self._launch_started(qs, [row[1:] for row in rows], since, qs.handed)
+        if launched:
+            self.stats.started += launched
+            self.stats.handed_over += launched
+        return launched
+
+    def _launch_started(self, qs: QState, rows: list[Sequence[Any]], since: float,
+                        tasks: list[asyncio.Task[None]] | None = None) -> int:
+        """Launch jobs started for this worker by a script (each row: stream entry id, job
+        id, code, token, attempt, data, deadline, wait ms, age ms, and optionally its
+        dependency results: finish.lua's), started no earlier than ``since``: _handed's
+        rules. Returns how many were launched (their tasks added to ``tasks`` when given)."""
         launched = 0
         late = time.monotonic() - since >= self.config.renew_every_s
-        for inbox_entry, eid, jid, code, token, attempt, data, deadline, wait_ms, age_ms in rows:
-            qs.inbox_acks.append(_text(inbox_entry))
+        for row in rows:
+            eid, jid, code, token, attempt, data, deadline, wait_ms, age_ms = row[:9]
             if code == b"own":  # a malformed entry: start.lua settles it with our own ones
                 qs.own_cursor = "0"
                 continue
@@ -151,13 +190,43 @@ class HandOff:
                 continue
             launched += 1
             tok = _text(token)
-            qs.handed.append(self._launch(qs, entry, job_id, tok, int(attempt), data,
-                                          (int(deadline), int(wait_ms), int(age_ms))))
+            deps = row[9] if len(row) > 9 and isinstance(row[9], list) else None
+            task = self._launch(qs, entry, job_id, tok, int(attempt), data,
+                                (int(deadline), int(wait_ms), int(age_ms)), deps)
+            if tasks is not None:
+                tasks.append(task)
             self._leases.backdate(qs.keys.tag, entry, tok, since)
+        return launched
+
+    def _finish_hand_args(self, qs: QState) -> list[Any]:
+        """finish.lua's optional arguments that make this worker the hand-off target of the
+        jobs a settling call releases into the lane's stream (docs/workflows.md#hand-off):
+        its consumer, record key prefix, token prefix and how many it takes (its free slots);
+        none while it stops, with hand-off off, for a lane of another priority level, while
+        levels are in use or with a queue-wide rate limit (the start would skip those
+        checks, as a ticket's would). The slots offered are reserved until the call is
+        answered (_finish_handed gives back what it did not use), so concurrency holds."""
+        cfg = self.queue_config
+        if (not self._running or not cfg.handoff or self._no_handoff or self._free < 1
+                or cfg.rate_limit is not None or qs.keys.level != DEFAULT_PRIORITY
+                or len(qs.order) > 1):
+            return []
+        takes = min(self._free, _FINISH_TAKES)
+        self._free -= takes
+        if self._free <= 0:
+            self._capacity.clear()
+        return [self.consumer, qs.keys.job(""), self._token_prefix, takes]
+
+    def _finish_handed(self, qs: QState, rows: list[Sequence[Any]], sent: float,
+                       reserved: int) -> None:
+        """Run the jobs a finish.lua call sent at ``sent`` released and started for this
+        worker (_finish_hand_args; rows empty: none, or the call failed) in the ``reserved``
+        slots, and free the rest."""
+        launched = self._launch_started(qs, rows, sent)
         if launched:
             self.stats.started += launched
             self.stats.handed_over += launched
-        return launched
+        self._settle_slots(reserved, launched)
 
     async def _let_handed_settle(self, qs: QState) -> None:
         """A job was just handed over: before this loop posts its next ticket, let that

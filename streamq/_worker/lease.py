@@ -38,6 +38,9 @@ class Lease:
     task: Any = None
     """The task running the job's async handler, while it runs (cancel.py interrupts it)."""
     interrupted: bool = False
+    deps: Any = None
+    """The job's dependency results as the script that started it sent them (field, value,
+    ...: finish.lua's hand-off), read instead of the results HASH; None: read them."""
 
 
 class LeaseKeeper:

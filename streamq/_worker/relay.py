@@ -8,8 +8,10 @@ A worker's relay (``wait_ms`` > 0) does not sleep between steps when the outbox 
 it waits in blocking ``XREAD`` calls on the outbox, after the last entry it read, for at most
 the interval (each read at most ``wait_ms``, under the client's socket timeout), so a message
 written by a finishing child is applied at once (one step per interval when idle, as with
-the sleep). A message whose resolve failed is not read again until the next interval (the
-read waits after it). The scheduler daemon, which steps every shard's relay in one loop,
+the sleep). The entries such a read brings are applied at once (resolve.lua, then deleted),
+without reading them again; the next step reads what is left. A message whose resolve failed
+is tried once more by that step, then not again until the next interval (the read waits
+after it). The scheduler daemon, which steps every shard's relay in one loop,
 keeps the sleep."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from typing import Any
 
 from .._core.driver import adrive
-from .._core.flow import relay, repair
+from .._core.flow import RELAY_BATCH, relay, relay_read, repair
 from .._core.keys import Keys
 from .._core.sends import xread_wait
 
@@ -63,7 +65,9 @@ class Relay:
         # interval, in reads of at most wait_ms (under the client's socket timeout)
         end = time.monotonic() + every_s
         while (left := end - time.monotonic()) > 0:
-            if await xread_wait(client, self.keys.outbox, last,
-                                max(1, min(self.wait_ms, int(left * 1000)))):
+            got = await xread_wait(client, self.keys.outbox, last,
+                                   max(1, min(self.wait_ms, int(left * 1000))), RELAY_BATCH)
+            if got:  # applied at once (no XRANGE first); the next step reads what is left
+                self.relayed += await adrive(client, relay_read(self.keys, got))
                 break
         return 0.0

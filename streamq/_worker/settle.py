@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -24,6 +25,8 @@ from .state import Finish, QState, WorkerStats
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 _PERMANENT_TRIES = 3
+_HANDED_ROW = 10
+"""Values per job finish.lua handed to its caller (after the outcomes)."""
 _HAND_BACK_S = 5.0
 """How long a stopping worker keeps trying to hand its jobs back through transient errors."""
 """A batch that meets a permanent (non-transient) error this many times in a row is dropped
@@ -66,6 +69,13 @@ class Settler:
         self.unreplicated = durable.Unreplicated(log)
         self._calls: dict[str, _FinishCall] = {}
         """Each lane's fixed part of a finish.lua call, by lane tag."""
+        self.hand_args: Callable[[QState], list[Any]] | None = None
+        """finish.lua's hand-off arguments for a lane ([] = none): the worker takes the jobs
+        a call releases (docs/workflows.md#hand-off)."""
+        self.on_handed: Callable[[QState, list[Sequence[Any]], float, int], None] | None = None
+        """Runs the jobs a call with hand_args released and started for the worker: the
+        lane, their rows (finish.lua's; none when the call failed), when (time.monotonic)
+        the call was sent, and how many slots hand_args reserved for them."""
 
     async def flush_loop(self, qs: QState, settling: Callable[[], bool]) -> None:
         """Settle the outcomes buffered for ``qs``, a batch per call, until the worker stops
@@ -134,8 +144,11 @@ class Settler:
         for b in batch:
             args.extend(b)
         args.extend((call.group_arg, RECENT_KEEP))
+        hand = self.hand_args(qs) if self.hand_args is not None else []
+        args.extend(hand)
         qs.settle_calls += 1
         qs.sending = True
+        sent = time.monotonic()
         try:
             if cfg.min_replicas:  # each call followed by a WAIT
                 (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
@@ -144,9 +157,22 @@ class Settler:
                 reply = await SCRIPTS["finish"].run_async(self.client, keys, args,
                                                           kept=qs.settles, ping_first=lone)
                 acked = 0
+        except BaseException:
+            if hand:  # a lost reply may have handed this worker a job: its own entries
+                qs.own_cursor = "0"
+                if self.on_handed is not None:
+                    self.on_handed(qs, [], sent, int(hand[3]))  # (its slots back)
+            raise
         finally:
             qs.sending = False
             qs.settled.set()
+        if hand and self.on_handed is not None:  # jobs it released and started for this
+            # worker: run them first (the bookkeeping below can wait)
+            handed = reply[len(batch):]
+            reply = reply[:len(batch)]
+            self.on_handed(qs, [handed[i:i + _HANDED_ROW]
+                                for i in range(0, len(handed), _HANDED_ROW)], sent,
+                           int(hand[3]))
         del qs.buf[:len(batch)]
         self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
         completed = 0

@@ -220,6 +220,9 @@ class Worker(Fetching):
         self._client, self._hk = client, hk
         self._settler = Settler(client, self.queue_config, self._leases, self.stats,
                                 self.consumer, self._settled_n, self._outage)
+        # a job a settling call releases (a workflow step) is handed to this worker
+        self._settler.hand_args = self._finish_hand_args
+        self._settler.on_handed = self._finish_handed
         threads = self.config.sync_threads or self.config.concurrency
         self._runner = SyncRunner(threads, self.config.max_abandoned_threads or threads, log)
         self._attempts.runner = self._runner
@@ -449,7 +452,7 @@ class Worker(Fetching):
 
     def _reserve(self, want: int) -> int:
         share = max(1, self._free // max(1, self._fetchers))
-        n = min(want, share, self._free)
+        n = max(0, min(want, share, self._free))  # (a hand-off may have taken more)
         self._free -= n
         if self._free <= 0:
             self._capacity.clear()
@@ -481,8 +484,11 @@ class Worker(Fetching):
         self._release(before - self._owed())
 
     def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                data: bytes, times: tuple[int, int, int]) -> asyncio.Task[None]:
+                data: bytes, times: tuple[int, int, int], deps: Any = None
+                ) -> asyncio.Task[None]:
         lease = Lease(qs.keys, job_id, entry, token)
+        if deps is not None:  # its dependency results, sent with its start (Lease.deps)
+            lease.deps = deps
         self._leases.add(lease)
         if self._cancels is not None:  # its cancel already heard: it stops at once
             self._cancels.launched(lease)

@@ -5,8 +5,10 @@
 -- A waiting job (state letter 'w') keeps, in its record:
 --   'wk' = '<ready stream of its level> <delayed ZSET> <deps SET> <dependency results HASH>
 --           <waiting ZSET> <events STREAM> <stats HASH> <dead STREAM> <levels SET>
---           <events spec> <dead ttl s> <dead max length> <wake channel>' (13 words, written
---           by Python's key builder at enqueue: every name in the parent's own slot)
+--           <events spec> <dead ttl s> <dead max length> <wake channel>
+--           [<tickets ZSET of its ready stream> <pause flag>]' (13 words, 15 since the
+--           release hand-off came (hand, below), written by Python's key builder at enqueue:
+--           every name in the parent's own slot)
 --   'wd' = '<delay ms> <run at ms>' when it starts later than when its dependencies end.
 -- A job that others wait for keeps 'pk' = '<parents SET> <outbox STREAM> <its queue>' (its
 -- own slot), written by link.lua. Members of the parents SET: '<policy><index> <parent record
@@ -15,6 +17,22 @@
 -- A parent in the child's slot is resolved inline; one in another slot gets a message in
 -- the child's outbox ('p' parent record key, 'i' parent id, 'm' deps member, 'v' value),
 -- which the relay applies with resolve.lua in the parent's slot, then deletes.
+-- A job released into its default-level ready stream with no group, while its queue is not
+-- paused, is handed to a worker waiting for work (docs/workflows.md#hand-off), started here as
+-- start.lua starts one: to the caller of finish.lua (FLOW_TO, from finish.lua's FLOW_AT)
+-- when the job is released into the caller's own stream and the caller takes more, else to an idle
+-- worker's ticket (hand_off). That needs 'wk' words 14 (the tickets ZSET of its stream) and
+-- 15 (its queue's pause flag), written by the key builder since they came; a record without
+-- them is released to its stream only.
+-- FLOW_TO: {stream, group, consumer, records (record key prefix), tokens (token prefix), ev,
+-- dttl, dmax, left (how many more it takes), rows (10 values per job handed: hand_one's,
+-- then its dependency results HASH as HGETALL gives it when it has at most DEPS_INLINE
+-- fields, else 0)}.
+-- finish.lua sets FLOW_AT (the index of its first hand-off ARGV); FLOW_TO is made from it
+-- and from finish.lua's KEYS[1] and ARGV[1..4] (its stream, consumer group, events
+-- setting, dead-letter retention and max length) when a release first needs it (flow_to).
+local FLOW_AT, FLOW_TO = nil, nil
+local DEPS_INLINE = 32
 local FLOW = nil
 local CASCADE_KEEP_MS = 3600000
 function lib_flow()
@@ -31,12 +49,57 @@ function lib_flow()
 
   local LETTER = {c = 'completed', f = 'failed', x = 'cancelled', p = 'purged', m = 'missing'}
 
+  -- The caller of finish.lua as a hand-off target (FLOW_TO's header), made when first needed.
+  local function flow_to()
+    if not FLOW_TO and FLOW_AT then
+      FLOW_TO = {stream = KEYS[1], group = ARGV[1], consumer = ARGV[FLOW_AT],
+        records = ARGV[FLOW_AT + 1], tokens = ARGV[FLOW_AT + 2], ev = ARGV[2],
+        dttl = ARGV[3], dmax = ARGV[4], left = tonumber(ARGV[FLOW_AT + 3]) or 0, rows = {}}
+    end
+    return FLOW_TO
+  end
+
+  -- Hand a job just released to entry e of W[1] to a worker (FLOW_TO's header).
+  local function hand(W, e, now)
+    if rcall('EXISTS', W[15]) == 1 then return end  -- paused: it waits in its stream
+    local T = flow_to()
+    local c = {stream = W[1], dead = W[8], stats = W[7], events = W[6], group = 'streamq',
+      resume = '', now = now, paused = false, started = 0, reclaimed = 0, failed = 0,
+      handed = 0, cancelled = 0, fresh = {}}
+    if T and T.left > 0 and T.stream == W[1] then
+      c.group, c.consumer, c.events_maxlen, c.dead_ttl, c.dead_maxlen =
+        T.group, T.consumer, T.ev, T.dttl, T.dmax
+      local row = {lib_hand().hand_one(c, T.records, T.tokens, e)}
+      if row[1] then
+        T.left = T.left - 1
+        -- its dependency results too when they are few (the worker reads them before the
+        -- handler: a round trip saved), else 0 (the worker reads them page by page)
+        row[10] = 0
+        if row[3] == 'run' and rcall('HLEN', W[4]) <= DEPS_INLINE then
+          row[10] = rcall('HGETALL', W[4])
+        end
+        local rows = T.rows
+        for j = 1, 10 do rows[#rows + 1] = row[j] end
+      end
+      count_starts(c)
+    elseif W[14] then
+      -- its dependency results go in the inbox entry too, when few: '<length>:<bytes>' per
+      -- field and value (the worker reads them instead of the results HASH)
+      lib_hand().hand_off(c, W[14], nil, 1, e, function()
+        if rcall('HLEN', W[4]) > DEPS_INLINE then return nil end
+        local t = {}
+        for _, v in ipairs(rcall('HGETALL', W[4])) do t[#t + 1] = #v .. ':' .. v end
+        return table.concat(t)
+      end)
+    end
+  end
+
   -- All dependencies ended: the job goes to its level's ready stream (or the delayed ZSET
   -- when it has a start time still ahead), as enqueue.lua puts a new one.
   local function release(prec, pid, W, now)
     rcall('ZREM', W[5], pid)
     rcall('DEL', W[3])
-    local r = rcall('HMGET', prec, 'wd', 'p')
+    local r = rcall('HMGET', prec, 'wd', 'p', 'g')
     local due = 0
     if r[1] then
       local d, at = string.match(r[1], '^(%d+) (%d+)$')
@@ -51,6 +114,23 @@ function lib_flow()
       local e = rcall('XADD', W[1], '*', 'id', pid)
       rcall('HSET', prec, 's', 'q', 'e', enc_entry(e))
       if r[2] then rcall('SADD', W[9], r[2]) end
+      emit(W[6], W[10], pid, 'queued', now, 'dependencies ended')
+      if W[15] and not r[2] and not r[3] then
+        -- an optimisation only: whatever it meets (an ACL without a command it needs, ...),
+        -- the job is released, and one not handed over is read from its stream as usual;
+        -- one delivered but not started: its worker reads its own entries ('own')
+        if not pcall(hand, W, e, now) then
+          count(W[7], 'handoff_errors', 1)
+          local T = flow_to()
+          if T then
+            local rows = T.rows
+            for _, v in ipairs({'', '', 'own', '', 0, '', 0, 0, 0, 0}) do
+              rows[#rows + 1] = v
+            end
+          end
+        end
+      end
+      return
     end
     emit(W[6], W[10], pid, 'queued', now, 'dependencies ended')
   end

@@ -855,3 +855,108 @@ local function count_starts(c)
   count(c.stats, 'cancelled', c.cancelled)
   count(c.stats, 'group_held', c.gheld or 0)
 end
+
+
+-- The hand-off functions (docs/performance.md#hand-off), made on first use in a script call
+-- (enqueue.lua when it adds a job an idle worker may take, _flow.lua's release): a script
+-- that never hands a job over makes none of them.
+local HAND = nil
+local function lib_hand()
+  if HAND then return HAND end
+  -- Hand-off (docs/performance.md#hand-off): deliver the oldest entry of c.stream not yet
+  -- delivered to c.consumer (XREADGROUP COUNT 1: it lands in that consumer's pending list, as
+  -- a claim's would) and start its job there as start.lua starts one (start_entry, token
+  -- '<tokens>h<entry>'; records: the record key prefix, from a field the key builder wrote,
+  -- as claim.lua's). only (optional): the entry the caller just added (a job a workflow
+  -- released); another one met first (a backlog) and an entry without a job id are left
+  -- delivered, not started: code 'own' sends the worker to its own pending entries (start.lua
+  -- starts them with every gate). Returns nothing when no entry was delivered, else the entry,
+  -- the job id, then start_entry's code, token, attempt, data, deadline, wait and age.
+  local function hand_one(c, records, tokens, only)
+    local reply = rpcall('XREADGROUP', 'GROUP', c.group, c.consumer, 'COUNT', 1,
+      'STREAMS', c.stream, '>')
+    if type(reply) ~= 'table' or reply.err or not reply[1] then return end  -- (no group yet,
+    -- or nothing left undelivered)
+    local e = reply[1][2][1]
+    local entry, id = e[1], nil
+    for j = 1, #e[2], 2 do
+      if e[2][j] == 'id' then id = e[2][j + 1] end
+    end
+    if not id or (only and entry ~= only) then
+      return entry, id or '', 'own', '', 0, '', 0, 0, 0
+    end
+    return entry, id, start_entry(c, records .. id, entry, id, tokens .. 'h' .. entry, true)
+  end
+
+  -- A ticket member's fields: '<records>|<inbox>|<tokens>|<events>|<dead ttl>|<dead max>|<consumer>'
+  -- (ticket.lua; the first two not empty, the consumer the rest, not empty); nil: malformed.
+  -- Plain searches for '|' (a pattern with seven captures over ~150 bytes costs ~4x more).
+  local function ticket_fields(m)
+    local find, sub = string.find, string.sub
+    local a = find(m, '|', 1, true)
+    if not a or a == 1 then return nil end
+    local b = find(m, '|', a + 1, true)
+    if not b or b == a + 1 then return nil end
+    local c = find(m, '|', b + 1, true)
+    local d = c and find(m, '|', c + 1, true)
+    local e = d and find(m, '|', d + 1, true)
+    local f = e and find(m, '|', e + 1, true)
+    if not f or f == #m then return nil end
+    return sub(m, 1, a - 1), sub(m, a + 1, b - 1), sub(m, b + 1, c - 1), sub(m, c + 1, d - 1),
+      sub(m, d + 1, e - 1), sub(m, e + 1, f - 1), sub(m, f + 1)
+  end
+
+  -- Hand up to m entries just added to c.stream to idle workers through their tickets (the
+  -- tickets ZSET of c.stream; ticket.lua): each taken ticket's worker gets one entry started
+  -- (hand_one; only: as there) and written to its inbox STREAM, where its blocked read wakes
+  -- with it. paused (optional): the pause flag, checked here (paused: nothing is handed, no
+  -- ticket touched); nil: the caller checked it. c is a start context (start_entry) whose
+  -- consumer and settings each ticket sets; its starts are counted (count_starts). more
+  -- (optional): a function giving a started job's extra inbox field 'r' (or nil for none).
+  local function hand_off(c, tickets, paused, m, only, more)
+    local live = rcall('ZRANGEBYSCORE', tickets, c.now, '+inf', 'LIMIT', 0, m + 4)
+    if not live[1] then return end  -- (the common case under load: no idle worker, nothing
+    -- more to do)
+    for i, member in ipairs(live) do
+      if m <= 0 then break end
+      local records, inbox, tokens, ev, dttl, dmax, consumer = ticket_fields(member)
+      local there = nil  -- whether the inbox exists (nil: not asked yet)
+      if i == 1 and paused then
+        -- the pause flag and the first inbox in one EXISTS, the inbox named twice: an odd
+        -- count is the flag (paused: nothing starts, no ticket is touched), 2 or more the inbox
+        local k
+        if inbox then k = rcall('EXISTS', paused, inbox, inbox)
+        else k = rcall('EXISTS', paused) end
+        if k % 2 == 1 then return end
+        there = k >= 2
+      end
+      -- the worker subscribes to its inbox's name as a channel: no subscriber, no worker
+      -- (killed: its connection closed) or none yet; an inbox gone, a worker gone
+      local alive = inbox and rcall('PUBSUB', 'NUMSUB', inbox)[2] > 0
+      if alive and there == nil then there = rcall('EXISTS', inbox) == 1 end
+      if not alive or not there then
+        rcall('ZREM', tickets, member)
+      else
+        c.consumer, c.events_maxlen, c.dead_ttl, c.dead_maxlen = consumer, ev, dttl, dmax
+        local entry, id, code, tok, attempt, data, deadline, wait, age =
+          hand_one(c, records, tokens, only)
+        if not entry then break end  -- nothing left undelivered (or no consumer group yet)
+        rcall('ZREM', tickets, member)
+        m = m - 1
+        local r = more and code == 'run' and more() or nil
+        if r then
+          rcall('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id, 'c', code,
+            'k', tok, 'n', attempt, 'd', data, 'dl', deadline, 'w', wait, 'a', age, 'r', r)
+        else
+          rcall('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id, 'c', code,
+            'k', tok, 'n', attempt, 'd', data, 'dl', deadline, 'w', wait, 'a', age)
+        end
+        if only then break end  -- (one entry was added)
+      end
+    end
+    count_starts(c)
+  end
+
+  HAND = {hand_one = hand_one, hand_off = hand_off}
+  return HAND
+end

@@ -17,7 +17,7 @@
 -- KEYS[2]   its pending SET (Keys.deps)
 -- KEYS[3]   its dependency results HASH (Keys.dep_results)
 -- ARGV[1]   call id (the caller's, the same on a repeat)
--- ARGV[2]   'wk' (flow.wk_of: 13 words, every name in this slot), or '@<open member>' (a
+-- ARGV[2]   'wk' (flow.wk_of: 13 or 15 words, every name in this slot), or '@<open member>' (a
 --           batch's waiting callback)
 -- ARGV[3..] one per child: '<policy letter> <child queue> <child id>'
 -- Returns {'ok', first index} (child i gets first index + i - 1) or {'not_running', state}

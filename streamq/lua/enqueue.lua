@@ -212,77 +212,6 @@ else
     end
   end
 end
--- A ticket member's fields: '<records>|<inbox>|<tokens>|<events>|<dead ttl>|<dead max>|<consumer>'
--- (ticket.lua; the first two not empty, the consumer the rest, not empty); nil: malformed.
--- Plain searches for '|' (a pattern with seven captures over ~150 bytes costs ~4x more).
-local function ticket_fields(m)
-  local find, sub = string.find, string.sub
-  local a = find(m, '|', 1, true)
-  if not a or a == 1 then return nil end
-  local b = find(m, '|', a + 1, true)
-  if not b or b == a + 1 then return nil end
-  local c = find(m, '|', b + 1, true)
-  local d = c and find(m, '|', c + 1, true)
-  local e = d and find(m, '|', d + 1, true)
-  local f = e and find(m, '|', e + 1, true)
-  if not f or f == #m then return nil end
-  return sub(m, 1, a - 1), sub(m, a + 1, b - 1), sub(m, b + 1, c - 1), sub(m, c + 1, d - 1),
-    sub(m, d + 1, e - 1), sub(m, e + 1, f - 1), sub(m, f + 1)
-end
--- Hand up to m jobs just added to the ready stream to idle workers (the header's hand-off).
-local function hand_off(stream, tickets, paused, dead, stats, events, now, m, G)
-  local live = rcall('ZRANGEBYSCORE', tickets, now, '+inf', 'LIMIT', 0, m + 4)
-  if not live[1] then return end  -- (the common case under load: no idle worker, nothing
-  -- more to do)
-  -- a grouped entry at the stream's head goes through its gate (start_entry makes the group
-  -- context from gat and gspec when it meets one)
-  local c = {dead = dead, stats = stats, events = events, stream = stream, group = 'streamq',
-    resume = '', now = now, paused = false, started = 0, reclaimed = 0, failed = 0,
-    handed = 0, cancelled = 0, fresh = {}, G = G, gat = (has_g and not G) and 5 + n or nil,
-    gkeys = KEYS, gspec = ARGV[5 + 10 * n]}
-  for i, member in ipairs(live) do
-    if m <= 0 then break end
-    local records, inbox, tokens, ev, dttl, dmax, consumer = ticket_fields(member)
-    local there = nil  -- whether the inbox exists (nil: not asked yet)
-    if i == 1 then
-      -- the pause flag and the first inbox in one EXISTS, the inbox named twice: an odd
-      -- count is the flag (paused: nothing starts, no ticket is touched), 2 or more the inbox
-      local k
-      if inbox then k = rcall('EXISTS', paused, inbox, inbox)
-      else k = rcall('EXISTS', paused) end
-      if k % 2 == 1 then return end
-      there = k >= 2
-    end
-    -- the worker subscribes to its inbox's name as a channel: no subscriber, no worker
-    -- (killed: its connection closed) or none yet; an inbox gone, a worker gone
-    local alive = inbox and rcall('PUBSUB', 'NUMSUB', inbox)[2] > 0
-    if alive and there == nil then there = rcall('EXISTS', inbox) == 1 end
-    if not alive or not there then
-      rcall('ZREM', tickets, member)
-    else
-      local reply = rpcall('XREADGROUP', 'GROUP', c.group, consumer, 'COUNT', 1,
-        'STREAMS', stream, '>')
-      if type(reply) == 'table' and reply.err then break end  -- no consumer group yet
-      if not reply or not reply[1] then break end  -- nothing left undelivered
-      rcall('ZREM', tickets, member)
-      m = m - 1
-      local e = reply[1][2][1]
-      local entry, id = e[1], nil
-      for j = 1, #e[2], 2 do
-        if e[2][j] == 'id' then id = e[2][j + 1] end
-      end
-      c.consumer, c.events_maxlen, c.dead_ttl, c.dead_maxlen = consumer, ev, dttl, dmax
-      local code, tok, attempt, data, deadline, wait, age = 'own', '', 0, '', 0, 0, 0
-      if id then
-        code, tok, attempt, data, deadline, wait, age = start_entry(c,
-          records .. id, entry, id, tokens .. 'h' .. entry, true)
-      end
-      rcall('XADD', inbox, 'MAXLEN', 32, '*', 'e', entry, 'id', id or '', 'c', code,
-        'k', tok, 'n', attempt, 'd', data, 'dl', deadline, 'w', wait, 'a', age)
-    end
-  end
-  count_starts(c)
-end
 -- Dedup (the header's dedup section) before job i is accepted: returns the id and state of the
 -- job it is folded into and whether this call was folded into it already (a repeat), or
 -- nil and (keep_last) the running job it follows.
@@ -394,8 +323,13 @@ end
 if handable > 0 then
   -- an optimisation only: whatever it meets (an ACL without a command it needs, ...), the
   -- jobs are enqueued, and a job it did not hand over is read from the stream as usual
-  local ok = pcall(hand_off, stream, KEYS[ho], KEYS[ho + 1], KEYS[ho + 2], stats, events,
-    now, handable, G)
+  -- (a grouped entry at the stream's head goes through its gate: start_entry makes the
+  -- group context from gat and gspec when it meets one)
+  local c = {dead = KEYS[ho + 2], stats = stats, events = events, stream = stream,
+    group = 'streamq', resume = '', now = now, paused = false, started = 0, reclaimed = 0,
+    failed = 0, handed = 0, cancelled = 0, fresh = {}, G = G,
+    gat = (has_g and not G) and 5 + n or nil, gkeys = KEYS, gspec = ARGV[5 + 10 * n]}
+  local ok = pcall(lib_hand().hand_off, c, KEYS[ho], KEYS[ho + 1], handable)
   if not ok then count(stats, 'handoff_errors', 1) end
 end
 count(stats, 'enqueued', enqueued - counted)

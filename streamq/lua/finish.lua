@@ -54,6 +54,16 @@
 --           newest first, trimmed to ARGV[8 + 7*N] entries: one LPUSH and one LTRIM per call
 --           that completed a job, none per job (absent: an older worker; nothing is written)
 -- ARGV[8 + 7*N] (with KEYS[18+N]) how many entries the recent completions list keeps
+-- ARGV[9 + 7*N .. 12 + 7*N] (optional, after ARGV[8 + 7*N]) the caller as a hand-off target
+--           (docs/workflows.md#hand-off): its consumer name, the job record key prefix
+--           (Keys.job('')), its lease-token prefix and how many jobs it takes (0 = none). A
+--           job with dependencies that this call releases into KEYS[1] (default level, no
+--           group, the queue not paused) is delivered to the caller and started here, as
+--           start.lua starts one (_flow.lua's hand: token '<prefix>h<entry>', attempt counted),
+--           up to that many; more go to idle workers' tickets (hand_off) or wait in the
+--           stream. A repeat releases nothing again (the outcome is applied already), so it
+--           hands nothing: the caller finds a job handed to a lost reply among its own pending
+--           entries (start.lua with its token prefix answers the same start).
 -- An applied outcome of a grouped job (record 'g') frees its slot and admits its group's next
 -- waiting job(s) (_lib.lua's g_release; a repeat frees nothing more).
 -- A job with a dedup key (record 'dk') frees it when its outcome ends the key's window
@@ -61,7 +71,11 @@
 -- A job with parents ('pk') or dependencies ('wk') resolves them in its terminal transition
 -- (_flow.lua's settled: inline in this slot, through the outbox for another one).
 -- Returns per attempt: the state now held ('completed' | 'retrying' | 'failed' |
---           'cancelled') or 'lost'.
+--           'cancelled') or 'lost'; then, with ARGV[9 + 7*N ..], 10 values per job handed to
+--           the caller: stream entry id, job id, code ('run', or 'own': read your own pending
+--           entries), token, attempt, data, deadline ms, ms in the stream, age ms (start.lua's),
+--           and its dependency results (field, value, ... as HGETALL gives them; 0: more than
+--           _flow.lua's DEPS_INLINE, read them).
 local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, events_maxlen, dead_ttl, dead_maxlen, wake =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -82,6 +96,8 @@ local ff, ff_new = nil, false  -- tokens for the marker; whether this call delet
 local recent = KEYS[18 + n]
 local done_ids = recent and {} or nil  -- ids this call completed (for the recent list)
 local MARKED = nil  -- ' <token> <token> ... ': the marker, read when a record is missing
+if ARGV[12 + 7 * n] then FLOW_AT = 9 + 7 * n end  -- the caller takes jobs this call
+-- releases (_flow.lua's flow_to)
 -- Whether the caller's last call completed this token's fire-and-forget job (deleted its
 -- record): a repeat of that call. The token is kept for the marker this call may write.
 local function marked(token)
@@ -245,5 +261,8 @@ count(stats, 'rate_limited', limited)
 count(stats, 'cancelled', cancelled)
 count(stats, 'failed', failed)
 count(stats, 'lease_lost', lost)
+if FLOW_TO then
+  for _, v in ipairs(FLOW_TO.rows) do out[#out + 1] = v end
+end
 if V1_KEPT then lib_cold().v1_restore() end  -- (layout-1 records read: back in layout 1)
 return out

@@ -13,4 +13,8 @@
 -- ARGV[3]   the outcome: '<state letter><result or reason>'
 -- Returns 0 no-op (not waiting, or already resolved), 1 recorded, 2 dead-lettered,
 --           3 released.
-return lib_flow().resolve(KEYS[1], ARGV[1], ARGV[2], ARGV[3], now_ms())
+-- A job released to its default-level stream is handed to an idle worker's ticket when one
+-- waits (_flow.lua's hand: 'wk' words 14 and 15), started here.
+local res = lib_flow().resolve(KEYS[1], ARGV[1], ARGV[2], ARGV[3], now_ms())
+if V1_KEPT then lib_cold().v1_restore() end  -- (layout-1 records read: back in layout 1)
+return res
