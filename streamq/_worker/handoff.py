@@ -22,6 +22,7 @@ from .._core.keys import GROUP
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .lease import LeaseKeeper
+from .slots import Slots
 from .state import QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
@@ -59,9 +60,8 @@ class HandOff:
         stats: WorkerStats
         _leases: LeaseKeeper
         _client: aredis.Redis | None
-        _capacity: asyncio.Event
+        _slots: Slots
         _token_prefix: str
-        _free: int
         _no_handoff: bool
 
         def _release(self, n: int) -> None: ...
@@ -186,6 +186,4 @@ class HandOff:
         if used <= reserved:
             self._release(reserved - used)
         else:
-            self._free -= used - reserved
-            if self._free <= 0:
-                self._capacity.clear()
+            self._slots.overdraw(used - reserved)

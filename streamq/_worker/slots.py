@@ -1,0 +1,129 @@
+"""A worker's free slots, shared by its fetch loops (one per shard of each queue).
+
+A fetch loop about to claim (a backlog, or its own pending entries, or a reclaim) takes its
+turn: the loops that want slots queue up first come, first served, and the loop at the head
+takes every free slot it may use (``take_all``), then the next in line gets what is left or
+waits for the next release. A loop that just claimed queues up behind the ones waiting, so
+every shard's turn comes round (no shard starves) while each claim stays as large as the
+free slots allow: an N-shard queue's batches, and so its script calls per job, stay those of
+an unsharded queue (docs/scaling.md#sharded-queues). A static split (each loop ``free //
+loops``) made every batch N times smaller.
+
+A loop about to wait for work (its shard was found drained: a blocking read) does not take a
+turn: it is served first when slots come free, so that an idle shard's read goes out also
+while the other shards' loops take turns, and takes a share of the free slots
+(``take_share``): ``free // loops`` (at least one) while every loop is idle, as many as a
+lone job's read and a hand-off need; one slot while another loop has a backlog (it took its
+turn last), so that reads that block for up to ``block_ms`` park no more than one slot each
+while a busy shard could use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+
+class Slots:
+    """Free slots and the fetch loops' turns (one event loop; not thread-safe)."""
+
+    def __init__(self, free: int = 0, loops: int = 1) -> None:
+        self.free = free
+        self.loops = max(1, loops)
+        """How many fetch loops share the slots (the share of a blocking read)."""
+        self._turns: deque[list[asyncio.Future[None]]] = deque()
+        """Loops waiting for their turn, first come first served (each a box of a future,
+        renewed when it was woken for slots another took first)."""
+        self._readers: list[asyncio.Future[None]] = []
+        """Loops waiting for a slot for a blocking read (woken before the turns)."""
+        self._busy: set[str] = set()
+        """Loops whose last take was a turn (they had a backlog), by the caller's key."""
+
+    def __repr__(self) -> str:
+        return (f"Slots(free={self.free}, turns waiting={len(self._turns)},"
+                f" readers waiting={len(self._readers)})")
+
+    @property
+    def waiting(self) -> int:
+        """Fetch loops waiting for slots (for a turn or for a blocking read)."""
+        return len(self._turns) + len(self._readers)
+
+    def reset(self, free: int) -> None:
+        self.free = free
+        self._wake()
+
+    def release(self, n: int) -> None:
+        if n > 0:
+            self.free += n
+            self._wake()
+
+    def overdraw(self, n: int) -> None:
+        """Take n slots whatever is free (a job handed over always runs)."""
+        self.free -= n
+
+    def _wake(self) -> None:
+        if self.free <= 0:
+            return
+        if self._readers:  # a read needs one slot or a few: first
+            for fut in self._readers:
+                if not fut.done():
+                    fut.set_result(None)
+            self._readers.clear()
+        if self._turns:  # the head takes what the readers left when it runs
+            fut = self._turns[0][0]
+            if not fut.done():
+                fut.set_result(None)
+
+    def _take(self, n: int) -> int:
+        n = min(n, self.free)
+        self.free -= n
+        return n
+
+    def rest(self, who: str) -> None:
+        """The loop ``who`` fetches nothing for now (its queue paused or rate limited)."""
+        self._busy.discard(who)
+
+    async def take_all(self, want: int, who: str) -> int:
+        """Wait for this loop's turn and a free slot; take every free slot up to want."""
+        if want <= 0:
+            return 0
+        self._busy.add(who)
+        turns = self._turns
+        if self.free > 0 and not turns:
+            return self._take(want)
+        loop = asyncio.get_running_loop()
+        me = [loop.create_future()]
+        turns.append(me)
+        try:
+            while not (turns[0] is me and self.free > 0):
+                if me[0].done():  # woken, but another took the slots first: wait again
+                    me[0] = loop.create_future()
+                await me[0]
+        except BaseException:
+            turns.remove(me)
+            self._wake()  # the turn goes on to the next
+            raise
+        turns.popleft()
+        n = self._take(want)
+        self._wake()  # what is left: the next in line
+        return n
+
+    async def take_share(self, want: int, who: str) -> int:
+        """Wait for a free slot (no turn); take a share of the free slots for a blocking
+        read, at most want: one while another loop has a backlog, else ``free // loops``
+        (at least one)."""
+        if want <= 0:
+            return 0
+        self._busy.discard(who)
+        loop = asyncio.get_running_loop()
+        while self.free <= 0:
+            fut: asyncio.Future[None] = loop.create_future()
+            self._readers.append(fut)
+            try:
+                await fut
+            except BaseException:
+                if fut in self._readers:
+                    self._readers.remove(fut)
+                self._wake()  # a wake-up meant for this read: to the others
+                raise
+        return self._take(min(want, 1 if self._busy else max(1, self.free // self.loops)))
