@@ -9,13 +9,13 @@ free slots allow: an N-shard queue's batches, and so its script calls per job, s
 an unsharded queue (docs/scaling.md#sharded-queues). A static split (each loop ``free //
 loops``) made every batch N times smaller.
 
-A loop about to wait for work (its shard was found drained: a blocking read) does not take a
-turn: it is served first when slots come free, so that an idle shard's read goes out also
-while the other shards' loops take turns, and takes a share of the free slots
-(``take_share``): ``free // loops`` (at least one) while every loop is idle, as many as a
-lone job's read and a hand-off need; one slot while another loop has a backlog (it took its
-turn last), so that reads that block for up to ``block_ms`` park no more than one slot each
-while a busy shard could use them.
+A loop about to wait for work (its shard was found drained: a blocking read, which may hold
+its slots for up to ``block_ms``) takes its turn the same way but only a share of the free
+slots (``take_share``): ``free // loops`` (at least one) while every loop is idle, as many as
+a lone job's read and a hand-off need; one slot while another loop has a backlog (it took a
+whole turn last), so that idle shards' reads park no more than a slot each while a busy
+shard could use them. One line for both kinds keeps every loop's wait bounded: with fewer
+slots than shards, idle shards' reads served first would starve a shard with a backlog.
 """
 
 from __future__ import annotations
@@ -34,19 +34,16 @@ class Slots:
         self._turns: deque[list[asyncio.Future[None]]] = deque()
         """Loops waiting for their turn, first come first served (each a box of a future,
         renewed when it was woken for slots another took first)."""
-        self._readers: list[asyncio.Future[None]] = []
-        """Loops waiting for a slot for a blocking read (woken before the turns)."""
         self._busy: set[str] = set()
-        """Loops whose last take was a turn (they had a backlog), by the caller's key."""
+        """Loops whose last take was a whole turn (they had a backlog), by the caller's key."""
 
     def __repr__(self) -> str:
-        return (f"Slots(free={self.free}, turns waiting={len(self._turns)},"
-                f" readers waiting={len(self._readers)})")
+        return f"Slots(free={self.free}, waiting={len(self._turns)}, busy={len(self._busy)})"
 
     @property
     def waiting(self) -> int:
-        """Fetch loops waiting for slots (for a turn or for a blocking read)."""
-        return len(self._turns) + len(self._readers)
+        """Fetch loops waiting for their turn."""
+        return len(self._turns)
 
     def reset(self, free: int) -> None:
         self.free = free
@@ -62,22 +59,12 @@ class Slots:
         self.free -= n
 
     def _wake(self) -> None:
-        if self.free <= 0:
-            return
-        if self._readers:  # a read needs one slot or a few: first
-            for fut in self._readers:
-                if not fut.done():
-                    fut.set_result(None)
-            self._readers.clear()
-        if self._turns:  # the head takes what the readers left when it runs
+        """The loop at the head takes what is free when it runs (after the handlers that
+        end in the same event-loop turn freed theirs: one claim for all of them)."""
+        if self.free > 0 and self._turns:
             fut = self._turns[0][0]
             if not fut.done():
                 fut.set_result(None)
-
-    def _take(self, n: int) -> int:
-        n = min(n, self.free)
-        self.free -= n
-        return n
 
     def rest(self, who: str) -> None:
         """The loop ``who`` fetches nothing for now (its queue paused or rate limited)."""
@@ -85,12 +72,28 @@ class Slots:
 
     async def take_all(self, want: int, who: str) -> int:
         """Wait for this loop's turn and a free slot; take every free slot up to want."""
-        if want <= 0:
-            return 0
         self._busy.add(who)
+        await self._turn()
+        return self._take(want)
+
+    async def take_share(self, want: int, who: str) -> int:
+        """Wait for this loop's turn and a free slot; take a share of the free slots for a
+        blocking read, at most want: one while another loop has a backlog, else
+        ``free // loops`` (at least one)."""
+        self._busy.discard(who)
+        await self._turn()
+        return self._take(min(want, 1 if self._busy else max(1, self.free // self.loops)))
+
+    def _take(self, n: int) -> int:
+        n = max(0, min(n, self.free))
+        self.free -= n
+        self._wake()  # what is left: the next in line
+        return n
+
+    async def _turn(self) -> None:
         turns = self._turns
         if self.free > 0 and not turns:
-            return self._take(want)
+            return
         loop = asyncio.get_running_loop()
         me = [loop.create_future()]
         turns.append(me)
@@ -104,26 +107,3 @@ class Slots:
             self._wake()  # the turn goes on to the next
             raise
         turns.popleft()
-        n = self._take(want)
-        self._wake()  # what is left: the next in line
-        return n
-
-    async def take_share(self, want: int, who: str) -> int:
-        """Wait for a free slot (no turn); take a share of the free slots for a blocking
-        read, at most want: one while another loop has a backlog, else ``free // loops``
-        (at least one)."""
-        if want <= 0:
-            return 0
-        self._busy.discard(who)
-        loop = asyncio.get_running_loop()
-        while self.free <= 0:
-            fut: asyncio.Future[None] = loop.create_future()
-            self._readers.append(fut)
-            try:
-                await fut
-            except BaseException:
-                if fut in self._readers:
-                    self._readers.remove(fut)
-                self._wake()  # a wake-up meant for this read: to the others
-                raise
-        return self._take(min(want, 1 if self._busy else max(1, self.free // self.loops)))
