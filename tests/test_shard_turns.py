@@ -40,7 +40,12 @@ async def _queued(slots: Slots, n: int) -> None:
 async def test_the_loop_whose_turn_it_is_takes_every_free_slot() -> None:
     slots = Slots(10, loops=4)
     assert await slots.take_all(8, "a") == 8  # not 10 // 4: every free slot up to want
-    assert await slots.take_all(8, "b") == 2
+    b = asyncio.create_task(slots.take_all(8, "b"))
+    await _queued(slots, 1)  # a's claim is in flight: b waits for it to end
+    slots.release(1)
+    slots.pass_turn()
+    assert await b == 3
+    slots.pass_turn()
     c = asyncio.create_task(slots.take_all(8, "c"))
     await _queued(slots, 1)
     slots.release(1)
@@ -56,6 +61,7 @@ async def test_turns_are_first_come_first_served() -> None:
 
     async def take(who: str) -> None:
         got.append((who, await slots.take_all(100, who)))
+        slots.pass_turn()
 
     async def after_release(n: int) -> None:
         before = len(got)
@@ -78,13 +84,14 @@ async def test_a_blocking_read_waits_its_turn_and_parks_one_slot_while_a_shard_i
         ) -> None:
     slots = Slots(10, loops=4)
     assert await slots.take_all(10, "busy") == 10
+    slots.pass_turn()
     claim = asyncio.create_task(slots.take_all(50, "busy"))
     await _queued(slots, 1)
     read = asyncio.create_task(slots.take_share(50, "idle"))
     await _queued(slots, 2)
     slots.release(6)
     assert await claim == 6  # first come, first served: a read jumps no queue
-    slots.release(6)
+    slots.release(6)  # (and it need not wait for the claim in flight)
     assert await read == 1  # one slot: "busy" has a backlog
     assert slots.free == 5
     idle = Slots(100, loops=4)  # every loop idle: a share each, as a lone job's read needs

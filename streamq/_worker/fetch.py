@@ -170,9 +170,20 @@ class Fetching(HandOff):
             # docs/performance.md, issue 15's sixth round)
             want = min(self.config.fetch_batch, max(1, self.config.concurrency * 3 // 4))
             if qs.idle and qs.own_cursor is None and loop.time() < qs.next_reclaim:
-                n = await slots.take_share(want, qs.keys.tag)  # a blocking read: no turn
-            else:  # a claim (or a read of own or lapsed entries): in turn, every free slot
-                n = await slots.take_all(want, qs.keys.tag)
+                # a blocking read: a share of the free slots, the turn passed on at once
+                return await fetch(await slots.take_share(want, qs.keys.tag))
+            # a claim (or a read of own or lapsed entries): every free slot, the turn held
+            # until its reply (one claim in flight per worker, as with one unsharded queue)
+            n = await slots.take_all(want, qs.keys.tag)
+            try:
+                return await fetch(n)
+            finally:
+                slots.pass_turn()
+
+        async def fetch(n: int) -> float:
+            """The round itself, with n slots reserved."""
+            client = self._client
+            assert client is not None
             mode = "new"
             got: list[tuple[QState, list[Any]]] = []
             launched = 0

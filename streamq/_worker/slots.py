@@ -2,20 +2,23 @@
 
 A fetch loop about to claim (a backlog, or its own pending entries, or a reclaim) takes its
 turn: the loops that want slots queue up first come, first served, and the loop at the head
-takes every free slot it may use (``take_all``), then the next in line gets what is left or
-waits for the next release. A loop that just claimed queues up behind the ones waiting, so
-every shard's turn comes round (no shard starves) while each claim stays as large as the
-free slots allow: an N-shard queue's batches, and so its script calls per job, stay those of
-an unsharded queue (docs/scaling.md#sharded-queues). A static split (each loop ``free //
-loops``) made every batch N times smaller.
+takes every free slot it may use (``take_all``) and holds the turn until its claim is
+answered (``pass_turn``): one claim in flight per worker, as with one unsharded queue, so the
+slots that come free meanwhile go whole to the next claim. A loop that just claimed queues up
+behind the ones waiting, so every shard's turn comes round (no shard starves) while each
+claim stays as large as the free slots allow: an N-shard queue's batches, and so its script
+calls per job, stay those of an unsharded queue (docs/scaling.md#sharded-queues). A static
+split (each loop ``free // loops``, claims in flight side by side) made every batch about N
+times smaller.
 
 A loop about to wait for work (its shard was found drained: a blocking read, which may hold
-its slots for up to ``block_ms``) takes its turn the same way but only a share of the free
-slots (``take_share``): ``free // loops`` (at least one) while every loop is idle, as many as
-a lone job's read and a hand-off need; one slot while another loop has a backlog (it took a
-whole turn last), so that idle shards' reads park no more than a slot each while a busy
-shard could use them. One line for both kinds keeps every loop's wait bounded: with fewer
-slots than shards, idle shards' reads served first would starve a shard with a backlog.
+its slots for up to ``block_ms``) takes its turn in the same line (it need not wait for a
+claim in flight) but only a share of the free slots (``take_share``), and passes the turn on
+at once: ``free // loops`` (at least one) while every loop is idle, as many as a lone job's
+read and a hand-off need; one slot while another loop has a backlog (it took a whole turn
+last), so that idle shards' reads park no more than a slot each while a busy shard could use
+them. One line for both kinds keeps every loop's wait bounded: with fewer slots than shards,
+idle shards' reads served first would starve a shard with a backlog.
 """
 
 from __future__ import annotations
@@ -31,9 +34,11 @@ class Slots:
         self.free = free
         self.loops = max(1, loops)
         """How many fetch loops share the slots (the share of a blocking read)."""
-        self._turns: deque[list[asyncio.Future[None]]] = deque()
-        """Loops waiting for their turn, first come first served (each a box of a future,
-        renewed when it was woken for slots another took first)."""
+        self._turns: deque[tuple[list[asyncio.Future[None]], bool]] = deque()
+        """Loops waiting for their turn, first come first served: (a box of a future, renewed
+        when it was woken for slots another took first; whether it wants a whole turn)."""
+        self._held = False
+        """A whole turn is held (its claim in flight): the next whole turn waits for it."""
         self._busy: set[str] = set()
         """Loops whose last take was a whole turn (they had a backlog), by the caller's key."""
 
@@ -62,9 +67,14 @@ class Slots:
         """The loop at the head takes what is free when it runs (after the handlers that
         end in the same event-loop turn freed theirs: one claim for all of them)."""
         if self.free > 0 and self._turns:
-            fut = self._turns[0][0]
-            if not fut.done():
-                fut.set_result(None)
+            box, whole = self._turns[0]
+            if not (whole and self._held) and not box[0].done():
+                box[0].set_result(None)
+
+    def pass_turn(self) -> None:
+        """The whole turn taken by ``take_all`` is over (its claim answered): the next."""
+        self._held = False
+        self._wake()
 
     def rest(self, who: str) -> None:
         """The loop ``who`` fetches nothing for now (its queue paused or rate limited)."""
@@ -73,7 +83,8 @@ class Slots:
     async def take_all(self, want: int, who: str) -> int:
         """Wait for this loop's turn and a free slot; take every free slot up to want."""
         self._busy.add(who)
-        await self._turn()
+        await self._turn(True)
+        self._held = True
         return self._take(want)
 
     async def take_share(self, want: int, who: str) -> int:
@@ -81,7 +92,7 @@ class Slots:
         blocking read, at most want: one while another loop has a backlog, else
         ``free // loops`` (at least one)."""
         self._busy.discard(who)
-        await self._turn()
+        await self._turn(False)
         return self._take(min(want, 1 if self._busy else max(1, self.free // self.loops)))
 
     def _take(self, n: int) -> int:
@@ -90,18 +101,19 @@ class Slots:
         self._wake()  # what is left: the next in line
         return n
 
-    async def _turn(self) -> None:
+    async def _turn(self, whole: bool) -> None:
         turns = self._turns
-        if self.free > 0 and not turns:
+        if self.free > 0 and not turns and not (whole and self._held):
             return
         loop = asyncio.get_running_loop()
-        me = [loop.create_future()]
+        box = [loop.create_future()]
+        me = (box, whole)
         turns.append(me)
         try:
-            while not (turns[0] is me and self.free > 0):
-                if me[0].done():  # woken, but another took the slots first: wait again
-                    me[0] = loop.create_future()
-                await me[0]
+            while not (turns[0] is me and self.free > 0 and not (whole and self._held)):
+                if box[0].done():  # woken, but another took the slots first: wait again
+                    box[0] = loop.create_future()
+                await box[0]
         except BaseException:
             turns.remove(me)
             self._wake()  # the turn goes on to the next
