@@ -32,6 +32,7 @@ from typing import Any
 
 import redis
 
+import streamq
 from streamq import Job, Queue, QueueConfig, Registry, Worker, WorkerConfig
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.keys import shard_keys
@@ -140,9 +141,11 @@ def _setup(kind: str, shard_counts: list[int], a: Any) -> dict[str, Any]:
 
 
 def _commit() -> str:
+    """The commit of the streamq package measured (PYTHONPATH may point at another tree)."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=Path(__file__).parent).stdout.strip()
+                              text=True, check=True, cwd=Path(streamq.__file__).parent
+                              ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
