@@ -43,9 +43,9 @@ async def test_the_loop_whose_turn_it_is_takes_every_free_slot() -> None:
     b = asyncio.create_task(slots.take_all(8, "b"))
     await _queued(slots, 1)  # a's claim is in flight: b waits for it to end
     slots.release(1)
-    slots.pass_turn()
+    slots.pass_turn("a")
     assert await b == 3
-    slots.pass_turn()
+    slots.pass_turn("b")
     c = asyncio.create_task(slots.take_all(8, "c"))
     await _queued(slots, 1)
     slots.release(1)
@@ -61,7 +61,7 @@ async def test_turns_are_first_come_first_served() -> None:
 
     async def take(who: str) -> None:
         got.append((who, await slots.take_all(100, who)))
-        slots.pass_turn()
+        slots.pass_turn(who)
 
     async def after_release(n: int) -> None:
         before = len(got)
@@ -84,7 +84,7 @@ async def test_a_blocking_read_waits_its_turn_and_parks_one_slot_while_a_shard_i
         ) -> None:
     slots = Slots(10, loops=4)
     assert await slots.take_all(10, "busy") == 10
-    slots.pass_turn()
+    slots.pass_turn("busy")
     claim = asyncio.create_task(slots.take_all(50, "busy"))
     await _queued(slots, 1)
     read = asyncio.create_task(slots.take_share(50, "idle"))
@@ -96,6 +96,23 @@ async def test_a_blocking_read_waits_its_turn_and_parks_one_slot_while_a_shard_i
     assert slots.free == 5
     idle = Slots(100, loops=4)  # every loop idle: a share each, as a lone job's read needs
     assert await idle.take_share(75, "x") == 25
+
+
+async def test_a_turn_held_too_long_lapses() -> None:
+    """A claim that gets no answer (its node away) holds the other loops up no longer than
+    HOLD_MAX_S; its late pass_turn passes nobody else's turn."""
+    slots = Slots(10, loops=2)
+    assert await slots.take_all(4, "stuck") == 4
+    other = asyncio.create_task(slots.take_all(10, "other"))
+    assert await asyncio.wait_for(other, 30) == 6  # (the lapse: HOLD_MAX_S)
+    slots.release(4)
+    third = asyncio.create_task(slots.take_all(10, "third"))
+    await _queued(slots, 1)
+    slots.pass_turn("stuck")  # late: "other" still holds the turn
+    await asyncio.sleep(0)
+    assert not third.done()
+    slots.pass_turn("other")
+    assert await third == 4
 
 
 async def test_a_cancelled_wait_passes_the_turn_on() -> None:

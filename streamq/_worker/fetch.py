@@ -171,14 +171,22 @@ class Fetching(HandOff):
             want = min(self.config.fetch_batch, max(1, self.config.concurrency * 3 // 4))
             if qs.idle and qs.own_cursor is None and loop.time() < qs.next_reclaim:
                 # a blocking read: a share of the free slots, the turn passed on at once
-                return await fetch(await slots.take_share(want, qs.keys.tag))
-            # a claim (or a read of own or lapsed entries): every free slot, the turn held
-            # until its reply (one claim in flight per worker, as with one unsharded queue)
-            n = await slots.take_all(want, qs.keys.tag)
+                n = await slots.take_share(want, qs.keys.tag)
+            elif qs.failing:  # its last round failed (its node away?): a probe of one slot,
+                # no held turn, so that a node that does not answer holds no other shard up
+                n = await slots.take_share(1, qs.keys.tag)
+            else:  # a claim (or a read of own or lapsed entries): every free slot, the turn
+                # held until its reply (one claim in flight per worker, as unsharded)
+                n = await slots.take_all(want, qs.keys.tag)
             try:
-                return await fetch(n)
+                pause = await fetch(n)
+            except Exception:
+                qs.failing = True
+                raise
             finally:
-                slots.pass_turn()
+                slots.pass_turn(qs.keys.tag)
+            qs.failing = False
+            return pause
 
         async def fetch(n: int) -> float:
             """The round itself, with n slots reserved."""

@@ -3,13 +3,14 @@
 A fetch loop about to claim (a backlog, or its own pending entries, or a reclaim) takes its
 turn: the loops that want slots queue up first come, first served, and the loop at the head
 takes every free slot it may use (``take_all``) and holds the turn until its claim is
-answered (``pass_turn``): one claim in flight per worker, as with one unsharded queue, so the
-slots that come free meanwhile go whole to the next claim. A loop that just claimed queues up
-behind the ones waiting, so every shard's turn comes round (no shard starves) while each
-claim stays as large as the free slots allow: an N-shard queue's batches, and so its script
-calls per job, stay those of an unsharded queue (docs/scaling.md#sharded-queues). A static
-split (each loop ``free // loops``, claims in flight side by side) made every batch about N
-times smaller.
+answered (``pass_turn``; at most ``HOLD_MAX_S``): one claim in flight per worker, as with
+one unsharded queue, so the slots that come free meanwhile go whole to the next claim. A
+loop that just claimed queues up behind the ones waiting, so every shard's turn comes round
+(no shard starves) while each claim stays as large as the free slots allow: an N-shard
+queue's batches, and so its script calls per job, stay those of an unsharded queue
+(docs/scaling.md#how-a-worker-shares-its-slots-over-shards). A static split (each loop
+``free // loops``, claims side by side) made every batch about N times smaller. A loop whose
+last round failed (its node away?) probes with one slot and no held turn (fetch.py).
 
 A loop about to wait for work (its shard was found drained: a blocking read, which may hold
 its slots for up to ``block_ms``) takes its turn in the same line (it need not wait for a
@@ -26,6 +27,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+HOLD_MAX_S = 0.1
+"""A whole turn ends at its claim's reply, or after this long (a node that does not answer)."""
+
 
 class Slots:
     """Free slots and the fetch loops' turns (one event loop; not thread-safe)."""
@@ -37,8 +41,11 @@ class Slots:
         self._turns: deque[tuple[list[asyncio.Future[None]], bool]] = deque()
         """Loops waiting for their turn, first come first served: (a box of a future, renewed
         when it was woken for slots another took first; whether it wants a whole turn)."""
-        self._held = False
-        """A whole turn is held (its claim in flight): the next whole turn waits for it."""
+        self._holder: str | None = None
+        """The loop holding a whole turn (its claim in flight): the next whole turn waits."""
+        self._lapse: asyncio.TimerHandle | None = None
+        """Ends the held turn after HOLD_MAX_S: a claim stuck on a node that does not answer
+        holds up the other shards' claims no longer than that."""
         self._busy: set[str] = set()
         """Loops whose last take was a whole turn (they had a backlog), by the caller's key."""
 
@@ -68,12 +75,18 @@ class Slots:
         end in the same event-loop turn freed theirs: one claim for all of them)."""
         if self.free > 0 and self._turns:
             box, whole = self._turns[0]
-            if not (whole and self._held) and not box[0].done():
+            if not (whole and self._holder is not None) and not box[0].done():
                 box[0].set_result(None)
 
-    def pass_turn(self) -> None:
-        """The whole turn taken by ``take_all`` is over (its claim answered): the next."""
-        self._held = False
+    def pass_turn(self, who: str) -> None:
+        """The whole turn ``who`` took with ``take_all`` is over (its claim answered, or
+        HOLD_MAX_S passed): the next. A turn that lapsed already is not passed again."""
+        if self._holder != who:
+            return
+        self._holder = None
+        if self._lapse is not None:
+            self._lapse.cancel()
+            self._lapse = None
         self._wake()
 
     def rest(self, who: str) -> None:
@@ -84,7 +97,8 @@ class Slots:
         """Wait for this loop's turn and a free slot; take every free slot up to want."""
         self._busy.add(who)
         await self._turn(True)
-        self._held = True
+        self._holder = who
+        self._lapse = asyncio.get_running_loop().call_later(HOLD_MAX_S, self.pass_turn, who)
         return self._take(want)
 
     async def take_share(self, want: int, who: str) -> int:
@@ -103,14 +117,15 @@ class Slots:
 
     async def _turn(self, whole: bool) -> None:
         turns = self._turns
-        if self.free > 0 and not turns and not (whole and self._held):
+        if self.free > 0 and not turns and not (whole and self._holder is not None):
             return
         loop = asyncio.get_running_loop()
         box = [loop.create_future()]
         me = (box, whole)
         turns.append(me)
         try:
-            while not (turns[0] is me and self.free > 0 and not (whole and self._held)):
+            while not (turns[0] is me and self.free > 0
+                       and not (whole and self._holder is not None)):
                 if box[0].done():  # woken, but another took the slots first: wait again
                     box[0] = loop.create_future()
                 await box[0]
