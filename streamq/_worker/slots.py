@@ -57,10 +57,6 @@ class Slots:
         """Fetch loops waiting for their turn."""
         return len(self._turns)
 
-    def reset(self, free: int) -> None:
-        self.free = free
-        self._wake()
-
     def release(self, n: int) -> None:
         if n > 0:
             self.free += n
