@@ -15,7 +15,7 @@ from helpers import eventually, fast, finished, started
 
 from streamq import Job, Queue, Registry, Worker
 from streamq._core.keys import GROUP
-from streamq._core.scripts import SCRIPTS
+from streamq._core.scripts import SCRIPTS, Script
 from streamq._worker.handoff import inbox_row
 from streamq.admin import Admin
 
@@ -219,18 +219,21 @@ async def test_a_lost_finish_reply_runs_the_handed_job_once(
         runs.setdefault(job.id, []).append(job.attempt)
         return job.attempt
 
-    finish = SCRIPTS["finish"]
-    orig = finish.run_async
+    orig = Script.run_async
     lost = [0]
 
-    async def lossy(client: Any, keys: Any, args: Any, *a: Any, **kw: Any) -> Any:
-        reply: Any = await orig(client, keys, args, *a, **kw)
-        if not lost[0] and len(reply) > int(args[5]):  # (it handed a job over)
+    async def lossy(self: Script, client: Any, keys: Any, args: Any, *a: Any, **kw: Any
+                    ) -> Any:
+        reply: Any = await orig(self, client, keys, args, *a, **kw)
+        if (self is SCRIPTS["finish"] and not lost[0]
+                and len(reply) > int(args[5])):  # (it handed a job over)
             lost[0] += 1
             raise redis.ConnectionError("reply of finish.lua lost (test)")
         return reply
 
-    monkeypatch.setattr(finish, "run_async", lossy)
+    # on the class, as other tests do: undoing a patch of the instance would leave the
+    # original bound method on it, hiding later tests' patches of the class
+    monkeypatch.setattr(Script, "run_async", lossy)
     with Queue.from_url(url, qname) as q:
         q.enqueue("t", job_id="a")
         q.enqueue("t", job_id="b", depends_on=["a"], max_attempts=1)

@@ -34,6 +34,7 @@ from .._core.sends import xreadgroup
 from .._core.supervise import Outage, Supervised
 from .handoff import TICKET_SLACK_MS, HandOff, inbox_row
 from .lease import LeaseKeeper
+from .slots import Slots
 from .state import QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
@@ -54,7 +55,7 @@ class Fetching(HandOff):
         stats: WorkerStats
         _client: aredis.Redis | None
         _running: bool
-        _capacity: asyncio.Event
+        _slots: Slots
         _sup: dict[str, Supervised]
         _outage: Outage
         _leases: LeaseKeeper
@@ -62,7 +63,6 @@ class Fetching(HandOff):
         _next_token: int
         _no_handoff: bool
 
-        def _reserve(self, want: int) -> int: ...
         def _release(self, n: int) -> None: ...
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
                     data: bytes, times: tuple[int, int, int], deps: Any = None
@@ -156,21 +156,43 @@ class Fetching(HandOff):
         async def step() -> float:
             client = self._client
             assert client is not None
+            slots = self._slots
             if qs.paused:
+                slots.rest(qs.keys.tag)
                 return 0.2
             if loop.time() < qs.limited_until:  # the rate limit allows no start yet
+                slots.rest(qs.keys.tag)
                 return qs.limited_until - loop.time()
             if loop.time() >= qs.levels_due:
                 await self._refresh_levels(qs)
                 qs.levels_due = loop.time() + _LEVELS_EVERY_S
-            await self._capacity.wait()
             # at most three quarters of the slots per fetch: one batch starts while another
             # settles (half made a third more script calls per job for the same overlap:
             # docs/performance.md, issue 15's sixth round)
-            n = self._reserve(min(self.config.fetch_batch,
-                                  max(1, self.config.concurrency * 3 // 4)))
-            if n == 0:
-                return 0.0
+            want = min(self.config.fetch_batch, max(1, self.config.concurrency * 3 // 4))
+            if qs.idle and qs.own_cursor is None and loop.time() < qs.next_reclaim:
+                # a blocking read: a share of the free slots, the turn passed on at once
+                n = await slots.take_share(want, qs.keys.tag)
+            elif qs.failing:  # its last round failed (its node away?): a probe of one slot,
+                # no held turn, so that a node that does not answer holds no other shard up
+                n = await slots.take_share(1, qs.keys.tag)
+            else:  # a claim (or a read of own or lapsed entries): every free slot, the turn
+                # held until its reply (one claim in flight per worker, as unsharded)
+                n = await slots.take_all(want, qs.keys.tag)
+            try:
+                pause = await fetch(n)
+            except Exception:
+                qs.failing = True
+                raise
+            finally:
+                slots.pass_turn(qs.keys.tag)
+            qs.failing = False
+            return pause
+
+        async def fetch(n: int) -> float:
+            """The round itself, with n slots reserved."""
+            client = self._client
+            assert client is not None
             mode = "new"
             got: list[tuple[QState, list[Any]]] = []
             launched = 0

@@ -22,6 +22,7 @@ from .._core.keys import DEFAULT_PRIORITY, GROUP
 from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .lease import LeaseKeeper
+from .slots import Slots
 from .state import QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
@@ -82,9 +83,8 @@ class HandOff:
         stats: WorkerStats
         _leases: LeaseKeeper
         _client: aredis.Redis | None
-        _capacity: asyncio.Event
+        _slots: Slots
         _token_prefix: str
-        _free: int
         _no_handoff: bool
         _running: bool
 
@@ -207,14 +207,11 @@ class HandOff:
         checks, as a ticket's would). The slots offered are reserved until the call is
         answered (_finish_handed gives back what it did not use), so concurrency holds."""
         cfg = self.queue_config
-        if (not self._running or not cfg.handoff or self._no_handoff or self._free < 1
+        if (not self._running or not cfg.handoff or self._no_handoff or self._slots.free < 1
                 or cfg.rate_limit is not None or qs.keys.level != DEFAULT_PRIORITY
                 or len(qs.order) > 1):
             return []
-        takes = min(self._free, _FINISH_TAKES)
-        self._free -= takes
-        if self._free <= 0:
-            self._capacity.clear()
+        takes = self._slots.grab(_FINISH_TAKES)
         return [self.consumer, qs.keys.job(""), self._token_prefix, takes]
 
     def _finish_handed(self, qs: QState, rows: list[Sequence[Any]], sent: float,
@@ -255,6 +252,4 @@ class HandOff:
         if used <= reserved:
             self._release(reserved - used)
         else:
-            self._free -= used - reserved
-            if self._free <= 0:
-                self._capacity.clear()
+            self._slots.overdraw(used - reserved)

@@ -45,6 +45,8 @@ class QState:
     """Which lane (index in order) the own pending read is at."""
     reclaim_lane: int = 0
     """Which lane (index in order) the reclaim sweep is at."""
+    failing: bool = False
+    """The fetch loop's last round failed: its next takes one slot and no held turn."""
     limited_until: float = 0.0
     """The queue's rate limit allows no start before this (loop time): fetching waits."""
     promoter: Promoter | None = None

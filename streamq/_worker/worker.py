@@ -47,6 +47,7 @@ from .progress import Progress
 from .promote import Promoter
 from .registry import Registry
 from .settle import Settler
+from .slots import Slots
 from .state import Finish, QState, WorkerStats
 from .watchdog import LoopWatchdog
 
@@ -86,12 +87,12 @@ class Worker(Fetching):
                                         self.queue_config.key_prefix)}
         self._fetchers = len(self._qs)
         """Fetch loops (one per shard of each queue); lanes of other levels join _qs later."""
+        self._slots = Slots(self.config.concurrency, self._fetchers)
+        """The free slots, and the fetch loops' turns at them (slots.py)."""
         self.stats = WorkerStats()
         self._attempts = Attempts(self.config, self.queue_config, registry, self.stats)
-        self._free = self.config.concurrency
         self._unsettled = 0
         """Outcomes handed to the flush loops and not settled yet, over all queues."""
-        self._capacity = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
         """Running handler tasks by (queue, entry), for stop() to cancel the leftovers."""
@@ -247,8 +248,7 @@ class Worker(Fetching):
         self._hurry.clear()
         self._jobs.clear()
         self._unsettled = sum(len(qs.buf) for qs in self._qs.values())
-        self._free = self.config.concurrency - self._owed()
-        self._capacity.set()
+        self._slots = Slots(self.config.concurrency - self._owed(), self._fetchers)
         self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s,
                                    self._outage)
         self._leases.start()
@@ -450,18 +450,8 @@ class Worker(Fetching):
             self._flushers.append(asyncio.create_task(
                 self._settler.flush_loop(lane, lambda: self._settling)))
 
-    def _reserve(self, want: int) -> int:
-        share = max(1, self._free // max(1, self._fetchers))
-        n = max(0, min(want, share, self._free))  # (a hand-off may have taken more)
-        self._free -= n
-        if self._free <= 0:
-            self._capacity.clear()
-        return n
-
     def _release(self, n: int) -> None:
-        if n > 0:
-            self._free += n
-            self._capacity.set()
+        self._slots.release(n)
 
     def _owed(self) -> int:
         """Slots kept by finished handlers whose outcomes wait to be settled: none while at
@@ -474,9 +464,8 @@ class Worker(Fetching):
         unless too many outcomes already wait (Redis slow or away); then it is freed when
         the backlog is settled."""
         self._unsettled += 1
-        if self._unsettled <= self.config.concurrency:  # nothing owed (_owed), inline:
-            self._free += 1  # once per job
-            self._capacity.set()
+        if self._unsettled <= self.config.concurrency:  # nothing owed (_owed)
+            self._slots.release(1)
 
     def _settled_n(self, n: int) -> None:
         before = self._owed()

@@ -2,7 +2,8 @@
 
 Usage: ``python worker_proc.py URL QUEUE LEDGER CONSUMER CONFIG_JSON``
 
-CONFIG_JSON holds keyword arguments of :class:`streamq.WorkerConfig`. Every execution of a
+CONFIG_JSON holds keyword arguments of :class:`streamq.WorkerConfig` (and ``shards``, the
+queue's shard count, 1 when left out). Every execution of a
 handler is recorded in LEDGER, a file outside the Redis under test, one JSON line per event,
 written with a single ``write`` on an ``O_APPEND`` descriptor (so lines from several processes
 never interleave):
@@ -91,10 +92,12 @@ def main(argv: list[str]) -> int:
                         format=f"%(asctime)s {consumer} %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGUSR1, dump_state)
     ledger = Ledger(ledger_path)
-    config = WorkerConfig(**json.loads(config_json))
+    options = json.loads(config_json)
+    shards = int(options.pop("shards", 1))  # the queue's (QueueConfig), not the worker's
+    config = WorkerConfig(**options)
     # every lifecycle event is recorded: the fault tests check exactly-once through them too
     Worker(url, [queue], build_registry(ledger, consumer), config,
-           QueueConfig(event_kinds=ALL_EVENTS), consumer=consumer).run()
+           QueueConfig(event_kinds=ALL_EVENTS, shards=shards), consumer=consumer).run()
     return 0
 
 
