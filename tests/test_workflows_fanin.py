@@ -169,3 +169,46 @@ def test_link_many_answers_per_edge(q: Queue, qname: str) -> None:
     assert q.client.smembers(q.keys.deps("p")) == {b"f1 " + qname.encode() + b" a",
                                                    b"f0 " + qname.encode() + b" z"}
     assert state(q, "p") == "waiting"
+
+
+def test_messages_of_link_and_link_many_are_applied_by_either_relay(q: Queue, qname: str
+                                                                     ) -> None:
+    # rolling upgrade: an older producer's link.lua and a newer one's link_many.lua write the
+    # same outbox message, which an older relay (resolve.lua per message) and a newer one
+    # (resolve_many.lua per parent) both apply
+    from streamq._core.flow import relay
+    from streamq._core.keys import Keys
+
+    other = f"{qname}-o"
+    ok_ = Keys(other, q.keys.prefix)
+    deps = [JobRef(other, f"gone{i}", "continue") for i in range(4)]
+    q.enqueue("num", 0, job_id="held")  # (queued: the waiting job keeps waiting for it)
+    q.enqueue("collect", job_id="p", depends_on=[JobRef(qname, "held"), *deps])
+    pk = q.keys.job("p")
+    # the edges again, unapplied: two by link.lua, two by link_many.lua (each its message)
+    edges = [link_call(q.keys.prefix, {other: 1}, pk, "p", d, i + 1) for i, d in enumerate(deps)]
+    for c in edges[:2]:
+        (a,) = drive(q.client, _just([c]))
+        assert a[0] == b"ended" and a[2] == b"missing"
+    (many,) = drive(q.client, _just([Call("link_many", [ok_.outbox, *edges[2].keys[:2],
+                                                         *edges[3].keys[:2]],
+                                          [*edges[2].args, *edges[3].args])]))
+    assert [m[0] for m in many] == [b"ended", b"ended"]
+    q.client.hdel(q.keys.dep_results("p"), *(f"{i + 1} {other} gone{i}" for i in range(4)))
+    q.client.sadd(q.keys.deps("p"), *(f"c{i + 1} {other} gone{i}" for i in range(4)))
+    # an older relay: resolve.lua for each message of the outbox
+    entries = q.client.xrange(ok_.outbox)
+    assert len(entries) == 4
+    old = [e for e in entries if e[1][b"m"].endswith((b"gone0", b"gone2"))]
+    for _eid, f in old:
+        assert drive(q.client, _just([Call("resolve", [f[b"p"].decode()],
+                                           [f[b"i"].decode(), f[b"m"].decode(),
+                                            f[b"v"].decode()])]))[0] == 1
+        q.client.xdel(ok_.outbox, _eid)
+    # a newer relay (resolve_many.lua) for the rest: gone1 and gone3 recorded, the repeats of
+    # gone0 and gone2 no-ops
+    drive(q.client, relay(ok_))
+    assert q.client.xlen(ok_.outbox) == 0
+    assert q.client.smembers(q.keys.deps("p")) == {f"f0 {qname} held".encode()}
+    assert q.client.hlen(q.keys.dep_results("p")) == 4
+    assert state(q, "p") == "waiting"
