@@ -197,7 +197,7 @@ def test_messages_of_link_and_link_many_are_applied_by_either_relay(q: Queue, qn
     q.client.hdel(q.keys.dep_results("p"), *(f"{i + 1} {other} gone{i}" for i in range(4)))
     q.client.sadd(q.keys.deps("p"), *(f"c{i + 1} {other} gone{i}" for i in range(4)))
     # an older relay: resolve.lua for each message of the outbox
-    entries = q.client.xrange(ok_.outbox)
+    entries: Any = q.client.xrange(ok_.outbox)
     assert len(entries) == 4
     old = [e for e in entries if e[1][b"m"].endswith((b"gone0", b"gone2"))]
     for _eid, f in old:
