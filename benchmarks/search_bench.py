@@ -4,6 +4,7 @@
     python -m benchmarks.search_bench [--jobs 200000] [--dead 20000] [--reps 40] [--url ...]
     python -m benchmarks.search_bench --jobs 1000000 --dead 100000   # the issue's scale
     python -m benchmarks.search_bench --smoke                        # tiny, seconds
+    ... --out benchmarks/results/search_1m.json                        # the rows as JSON
 
 Cost: ``jobs`` jobs are enqueued with ``enqueue_many`` (calls of 1,000), then ``jobs / 20``
 one call each (``single_*``), into a queue without
@@ -12,7 +13,10 @@ types (one rare: 1 in 1,000), a group on 1 job in 10 (1,000 groups), customer id
 10,000. Per job: Redis server CPU (INFO cpu) and memory (``used_memory`` after minus before,
 so it includes the job record; the difference of the two queues is the index). Then ``dead``
 more jobs of the search queue fail once and are dead-lettered by a real worker, and
-``jobs / 1000`` scheduled ones (delayed an hour) join it.
+``jobs / 1000`` scheduled ones (delayed an hour) join it. The dead letters' error texts are
+four common ones (1 in 4 each) and a rare one (1 in 1,000); the error-word index
+(docs/search.md#error-text) is then rebuilt from scratch to measure its Redis CPU and memory
+per dead letter.
 
 Latency: each kind of search runs ``reps`` times (``Admin.find(limit=50)``, varied values)
 over every queue (the registry), p50 and p95 in ms, with the candidates it checked. Without
@@ -86,7 +90,8 @@ async def dead_letters(url: str, name: str, n: int) -> float:
 
     @reg.handler("charge")
     async def charge(job: Job) -> None:
-        raise Fail(errors[job.payload["n"] % 4])
+        n = job.payload["n"]
+        raise Fail("card reported stolen" if n % 1000 == 7 else errors[n % 4])
 
     with Queue.from_url(url, name, config=SEARCH) as q:
         for at in range(0, n, 1000):
@@ -105,6 +110,30 @@ async def dead_letters(url: str, name: str, n: int) -> float:
     return time.perf_counter() - t0
 
 
+def error_index(client: redis.Redis, name: str) -> dict[str, Any]:
+    """Rebuild the error-word index of queue ``name`` from its dead-letter stream (ixdead.lua,
+    1,000 a call, as a worker does): Redis CPU and memory per dead letter indexed."""
+    from streamq._core.keys import Keys
+    from streamq._core.scripts import SCRIPTS
+    from streamq._ops.search_words import sync_call
+
+    k = Keys(name)
+    client.delete(k.ix_ew, k.ix_ewl)
+    m0, c0, t0 = _mem(client), _cpu(client), time.perf_counter()
+    call, n, calls = sync_call(k), 0, 0
+    while True:
+        rep: Any = SCRIPTS[call.script](client, call.keys, call.args)
+        n, calls = n + int(rep[0]), calls + 1
+        if not int(rep[3]):
+            break
+    cpu, wall, mem = _cpu(client) - c0, time.perf_counter() - t0, _mem(client) - m0
+    words = int(client.zcard(k.ix_ew))
+    return {"dead_letters_indexed": n, "calls": calls, "index_entries": words,
+            "redis_cpu_us_per_dead_letter": round(cpu / max(1, n) * 1e6, 1),
+            "ms_per_call": round(wall / calls * 1000, 1),
+            "bytes_per_dead_letter": round(mem / max(1, n), 1)}
+
+
 def latency(admin: Admin, reps: int, ids: list[str], since: int) -> list[dict[str, Any]]:
     rnd = random.Random(11)
     kinds: dict[str, Callable[[int], dict[str, Any]]] = {
@@ -117,9 +146,15 @@ def latency(admin: Admin, reps: int, ids: list[str], since: int) -> list[dict[st
         "time range (the newest 1%)": lambda i: {"since_ms": since},
         "state=failed (dead stream)": lambda i: {"state": "failed"},
         "error text": lambda i: {"error": "timed out"},
-        "error text, rare (bound)": lambda i: {"error": "no such text anywhere"},
+        "error text, rare (1 in 1000)": lambda i: {"error": "reported stolen"},
+        "error text, a word's start": lambda i: {"error": "declin"},
+        "error text, absent": lambda i: {"error": "no such text anywhere"},
+        "error type": lambda i: {"error_type": "Fail"},
+        "error text + type": lambda i: {"error": "stolen", "error_type": "Fail"},
+        "state=queued": lambda i: {"state": "queued"},
         "state=scheduled (the delayed set)": lambda i: {"state": "scheduled"},
         "type + state (post-filter)": lambda i: {"type": TYPES[i % 18], "state": "queued"},
+        "type + state=failed (post-filter)": lambda i: {"type": "charge", "state": "failed"},
     }
     rows = []
     for label, make in kinds.items():
@@ -133,7 +168,8 @@ def latency(admin: Admin, reps: int, ids: list[str], since: int) -> list[dict[st
         times.sort()
         row = {"search": label, "p50_ms": round(statistics.median(times), 2),
                "p95_ms": round(times[min(len(times) - 1, int(len(times) * 0.95))], 2),
-               "checked_median": int(statistics.median(scanned)), "bound_hit": f"{bound}/{reps}"}
+               "checked_median": int(statistics.median(scanned)), "bound_hit": f"{bound}/{reps}",
+               "source": page.source}
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -147,6 +183,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--url", default=None)
     p.add_argument("--smoke", action="store_true", help="2,000 jobs, 200 dead, 3 reps")
+    p.add_argument("--out", default=None, help="write every figure to this JSON file")
     args = p.parse_args()
     logging.getLogger("streamq").setLevel(logging.CRITICAL)  # (the dead letters' warnings)
     if args.smoke:
@@ -169,6 +206,8 @@ def main() -> None:
         print(json.dumps(cost), flush=True)
         took = asyncio.run(dead_letters(url, "bench-pay", dead))
         print(json.dumps({"dead_letters": dead, "seconds": round(took, 1)}), flush=True)
+        ew = error_index(client, "bench-pay")
+        print(json.dumps({"error_index": ew}), flush=True)
         with Queue.from_url(url, "bench-search", config=SEARCH) as q:  # 1 in 1,000 scheduled
             for at in range(0, args.jobs // 1000, 1000):
                 q.enqueue_many([{"type": "order.later", "delay": 3600 + i}
@@ -177,8 +216,15 @@ def main() -> None:
         ids = [h.job_id for h in admin.find(queue="bench-search", limit=200).items]
         newest = admin.find(queue="bench-search", limit=1000, max_scan=args.jobs)
         since = newest.items[min(len(newest.items), max(1, args.jobs // 100)) - 1].at_ms
-        latency(admin, args.reps, ids, since)
+        rows = latency(admin, args.reps, ids, since)
         admin.close()
+        if args.out:
+            with open("/proc/loadavg") as la:
+                loadavg = la.read().split()[:3]
+            with open(args.out, "w") as f:
+                json.dump({"args": vars(args), "cost": cost, "dead_letters_s": round(took, 1),
+                           "error_index": ew, "latency": rows, "loadavg_end": loadavg}, f,
+                          indent=1)
     finally:
         client.close()
         if server is not None:

@@ -6,6 +6,7 @@ queues (the session's server is shared)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,6 +126,9 @@ async def test_error_filters_find_dead_letters(url: str, prefix: str, admin: Adm
     assert admin.find(error="declined", type="other").items == []
     # text only in the record's error (the dead letter says "attempts exhausted")
     assert [h.job_id for h in admin.find(error="GATEWAY timed").items] == [slow]
+    # one text across the parts: '<error type> <reason> <message>'
+    assert [h.job_id for h in admin.find(error="exhausted gateway").items] == [slow]
+    assert [h.job_id for h in admin.find(error="timeouterror attempts").items] == [slow]
     assert [h.job_id for h in admin.find(error="gateway", error_type="TimeoutError").items
             ] == [slow]
     assert admin.find(error="gateway", error_type="Fail").items == []
@@ -154,12 +158,13 @@ def test_bound_is_reported_and_the_cursor_continues(url: str, prefix: str, admin
     q.enqueue_many([{"type": "common", "delay": 3600} for _ in range(300)])
     rare = q.enqueue("common", {}).job_id  # the newest queued one; then 300 older scheduled
     q.enqueue_many([{"type": "common", "delay": 3600} for _ in range(300)])
-    page = admin.find(state="queued", max_scan=100, limit=10)
+    page = admin.find(type="common", state="queued", max_scan=100, limit=10)
     assert page.items == [] and page.bound_hit and page.scanned == 100
-    assert page.source == "time"
+    assert page.source == "type"
     found, cursor, scanned = [], page.cursor, page.scanned
     while cursor is not None:
-        page = admin.find(state="queued", max_scan=100, limit=10, cursor=cursor)
+        page = admin.find(type="common", state="queued", max_scan=100, limit=10,
+                          cursor=cursor)
         found += [h.job_id for h in page.items]
         scanned += page.scanned
         cursor = page.cursor
@@ -414,3 +419,188 @@ def test_entries_past_the_retention_are_trimmed(url: str, prefix: str, r: redis.
     for key in (k.ix_all, k.ix_ids, k.ix_type("t")):
         assert r.zscore(key, old) is None, key  # trimmed
         assert r.zscore(key, new) is not None, key
+
+
+# Error text (docs/search.md#error-text): the error-word index and the stream scan answer by
+# one rule, the query occurring where a word starts.
+
+async def _bury(url: str, prefix: str, admin: Admin, name: str, msgs: list[str],
+                search: SearchConfig | None) -> list[str]:
+    r = redis.Redis.from_url(url)
+    """Dead-letter one job per message (a handler's Fail), oldest first; their ids."""
+    reg = Registry()
+
+    @reg.handler("charge")
+    async def charge(job: Job) -> None:
+        raise Fail(job.payload["m"])
+
+    q = queue(url, name, prefix, search=search)
+    before = int(r.xlen(Keys(name, prefix).dead))
+    ids = [r.job_id for r in q.enqueue_many(
+        [{"type": "charge", "payload": {"m": m}, "max_attempts": 1} for m in msgs])]
+    async with Worker(url, [name], reg, fast(concurrency=64), QueueConfig(key_prefix=prefix)):
+        await eventually(lambda: r.xlen(Keys(name, prefix).dead) >= before + len(msgs), 60,
+                         f"{len(msgs)} dead letters in {name}")
+    q.close()
+    r.close()
+    return ids
+
+
+MSGS = ["card declined by issuer", "scorecard declined", "Gateway timed-out: retry later Éclair",
+        "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+        " fifteen sixteen seventeen"]
+
+
+async def test_error_text_is_found_where_a_word_starts_by_index_and_scan_alike(
+        url: str, prefix: str, admin: Admin) -> None:
+    idx = await _bury(url, prefix, admin, "ix", MSGS, SearchConfig())
+    scan = await _bury(url, prefix, admin, "scan", MSGS, None)
+    for q, ids, source in (("ix", idx, "words"), ("scan", scan, "dead")):
+        def found(text: str, q: str = q, ids: list[str] = ids, source: str = source
+                  ) -> list[int]:
+            page = admin.find(q, error=text)
+            assert page.source == (source if any(c.isalnum() for c in text) else "dead")
+            return sorted(ids.index(h.job_id) for h in page.items)
+
+        assert found("declin") == [0, 1]          # a word's start
+        assert found("eclined") == []             # not inside a word
+        assert found("card") == [0]               # 'scorecard' does not start with it
+        assert found("CARD DECLINED BY") == [0]
+        assert found("timed-out: r") == [2]       # any text, its first word at a start
+        assert found("timed out") == []           # the text as it is: '-' is not ' '
+        assert found("fail gateway") == [2]       # the error type leads the text
+        assert found("LATER Éclair") == [2]       # a non-ASCII letter as it is
+        assert found(": retry") == [2]            # starts with no letter: anywhere
+        assert found("ÉCLAIR") == [2] and found("éclair") == []  # (lower case: ASCII only)
+        assert found("fifteen") == [3]            # 'fail' is the first of 16 distinct words
+        assert found("sixteen") == []             # the 17th: not searchable
+        assert found(":") == [2]                  # no word at all: the stream answers
+        assert [h.job_id for h in admin.find(q, error_type="Fail").items] == ids[::-1]
+
+
+async def test_a_rare_error_among_many_is_found_without_the_bound(
+        url: str, prefix: str, admin: Admin, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamq._ops import search_words
+
+    monkeypatch.setattr(search_words, "SYNC_MAX", 1000)  # (the search indexes all 600 first)
+    msgs = ["insufficient funds"] * 600
+    msgs[3] = "address not verified"
+    ids = await _bury(url, prefix, admin, "many", msgs, SearchConfig())
+    page = admin.find(error="address not", max_scan=100)
+    assert [h.job_id for h in page.items] == [ids[3]] and not page.bound_hit
+    assert page.source == "words" and page.scanned == 1 and page.cursor is None
+    # the stream alone (no index) reads 100 dead letters and stops there
+    r.delete(Keys("many", prefix).ix_ew, Keys("many", prefix).ix_ewl)
+    r.delete(Keys("many", prefix).ix_all)
+    page = admin.find(error="address not", max_scan=100)
+    assert page.items == [] and page.bound_hit and page.source == "dead"
+
+
+async def test_paging_over_the_index_and_the_dead_letters_it_has_not_reached(
+        url: str, prefix: str, admin: Admin, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamq._ops import search_words
+
+    monkeypatch.setattr(search_words, "SYNC_MAX", 7)  # a search indexes 7 more each time
+    ids = await _bury(url, prefix, admin, "pg", [f"gateway error {i}" for i in range(40)],
+                      SearchConfig())
+    raw: Any = r.xrevrange(Keys("pg", prefix).dead)
+    dead = [f[b"job"].decode() for _e, f in raw]
+    got = [h[1] for h in all_pages(admin, 6, error="gateway err")]
+    assert got == dead  # newest first, each once, across the mark
+    assert [h.job_id for h in admin.find(error="error 17").items] == [ids[17]]
+
+
+async def test_redriven_and_purged_dead_letters_are_no_longer_found(
+        url: str, prefix: str, admin: Admin, r: redis.Redis) -> None:
+    ids = await _bury(url, prefix, admin, "rd", ["card declined"] * 3 + ["other"],
+                      SearchConfig())
+    k = Keys("rd", prefix)
+    assert len(admin.find(error="card declined").items) == 3  # (indexed now)
+    entries = [e for e in admin.dead("rd").items if e.job_id == ids[0]]
+    admin.redrive("rd", entries)
+    page = admin.find(error="card declined")
+    assert {h.job_id for h in page.items} == {ids[1], ids[2]} and page.source == "words"
+    # the re-driven one's entries left the index when the search met them
+    assert r.zcard(k.ix_ewl) == 3
+    assert admin.purge("rd", "failed") >= 3
+    assert admin.find(error="card declined").items == []
+    admin.find(error="other")  # the next search (or a worker) drops what the stream lost
+    assert r.zcard(k.ix_ew) == 0 and r.zcard(k.ix_ewl) == 0
+
+
+async def test_dead_letters_from_before_the_index_are_found(
+        url: str, prefix: str, admin: Admin) -> None:
+    """Dead letters written while the queue had no search are found by the stream scan,
+    and, once search is on, indexed from the stream's start."""
+    old = await _bury(url, prefix, admin, "late", ["old gateway failure"], None)
+    page = admin.find(error="gateway")
+    assert [h.job_id for h in page.items] == old and page.source == "dead"
+    new = await _bury(url, prefix, admin, "late", ["new gateway failure"], SearchConfig())
+    page = admin.find(error="gateway")
+    assert [h.job_id for h in page.items] == new + old and page.source == "words"
+
+
+async def test_a_worker_keeps_the_error_index_up_to_date(
+        url: str, prefix: str, admin: Admin, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from streamq._ops import search_words
+
+    monkeypatch.setattr(search_words, "ERROR_INDEX_EVERY_S", 0.05)
+    monkeypatch.setattr(search_words, "SYNC_MAX", 4)  # (a worker's call: more at once again)
+    reg = Registry()
+
+    @reg.handler("charge")
+    async def charge(job: Job) -> None:
+        raise Fail(f"quota exceeded {job.payload['i']}")
+
+    q = queue(url, "hk", prefix, search=SearchConfig())
+    ids = {x.job_id for x in q.enqueue_many(
+        [{"type": "charge", "payload": {"i": i}, "max_attempts": 1} for i in range(10)])}
+    k = Keys("hk", prefix)
+    async with Worker(url, ["hk"], reg, fast(), QueueConfig(key_prefix=prefix)):
+        # the worker indexes them as they come: no search runs meanwhile
+        await eventually(lambda: r.zcard(k.ix_ewl) == 10, 30, "10 dead letters indexed")
+    assert r.exists(k.ix_ew)
+    assert {h.job_id for h in admin.find(error="quota").items} == ids
+    q.close()
+
+
+async def test_queued_jobs_are_read_from_the_ready_streams(url: str, prefix: str,
+                                                          admin: Admin) -> None:
+    """state="queued" alone reads each shard's ready streams (every priority level), newest
+    entry first: a few queued jobs among many scheduled, active and finished ones are found
+    without the bound; delivered entries (active jobs) are checked out on their records."""
+    q = queue(url, "rq", prefix, shards=2, search=SearchConfig())
+    reg = Registry()
+    started: list[str] = []
+
+    @reg.handler("hold")
+    async def hold(job: Job) -> None:
+        started.append(job.id)
+        await asyncio.sleep(3600)
+
+    q.enqueue_many([{"type": "later", "delay": 3600} for _ in range(300)])
+    held = [q.enqueue("hold", {}).job_id for _ in range(4)]
+    async with Worker(url, ["rq"], reg, fast(concurrency=4),
+                      QueueConfig(key_prefix=prefix, shards=2)):
+        await eventually(lambda: len(started) == 4, 20, "4 active jobs")
+        queued = [q.enqueue("t", {}, priority=p).job_id for p in (0, 2, 4, 2)]
+        q.enqueue_many([{"type": "later", "delay": 3600} for _ in range(300)])
+        page = admin.find(state="queued", max_scan=50)
+        assert page.source == "stream" and not page.bound_hit
+        assert {h.job_id for h in page.items} == set(queued)
+        assert all(h.state == "queued" for h in page.items) and not set(held) & {
+            h.job_id for h in page.items}
+        assert {h[1] for h in all_pages(admin, 1, state="queued")} == set(queued)
+    # grouped jobs beyond their group's first slot wait in no stream: listed with the rest
+    grouped = [q.enqueue("t", {}, group="g").job_id for _ in range(3)]
+    r = redis.Redis.from_url(url)
+    assert sum(r.zcard(Keys("rq", prefix, sh).group_wait) for sh in (0, 1)) >= 1
+    r.close()
+    page = admin.find(state="queued", max_scan=50)
+    assert page.source == "stream" and not page.bound_hit
+    # (the held ones too: the worker's stop handed them back, queued again)
+    assert {h.job_id for h in page.items} == set(queued) | set(grouped) | set(held)
+    q.close()

@@ -209,6 +209,47 @@ def test_an_acl_tenant_runs_its_queue_with_the_documented_rule(acl: AclServer) -
     assert admin.sismember("streamq:queues", "tenant-a")  # write-only registration worked
 
 
+def test_an_acl_tenant_searches_its_queue_with_the_documented_rule(acl: AclServer) -> None:
+    """A queue with search on (docs/search.md): the enqueue's index writes, the worker's
+    error-word index loop and every kind of search of its queue run as tenant-b: nothing is
+    denied. (A search over every queue reads the shared queue registry, which the rule
+    lets a tenant write, not read: a tenant names its queue.)"""
+    from streamq import QueueConfig, SearchConfig
+
+    url = tenant_url(acl, "tenant-b")
+    admin = acl.admin()
+    admin.acl_log_reset()
+    cfg = QueueConfig(search=SearchConfig(fields={"echo": ["k"]}))
+    q = Queue.from_url(url, "tenant-b", config=cfg)
+    q.enqueue("echo", {"k": "v"}, job_id="srch-ok", group="g1")
+    q.enqueue("nosuch", {}, job_id="srch-dead")  # an unknown type: dead-lettered
+    q.enqueue("echo", {"k": "v"}, job_id="srch-later", delay=3600)
+
+    async def work() -> None:
+        async with Worker(url, ["tenant-b"], registry(), fast()):
+            await eventually(lambda: state_of(q, "srch-dead") == "failed"
+                             and state_of(q, "srch-ok") == "completed", timeout_s=20,
+                             what="tenant-b's jobs")
+
+    asyncio.run(work())
+    ops = Admin.from_url(url)
+    assert [h.job_id for h in ops.find("tenant-b", error="nosuch").items] == ["srch-dead"]
+    assert ops.find("tenant-b", error="nosuch").source == "words"
+    assert [h.job_id for h in ops.find("tenant-b", error="nos", max_scan=50).items] == [
+        "srch-dead"]
+    assert ops.find("tenant-b", state="failed").items[0].job_id == "srch-dead"
+    assert {h.job_id for h in ops.find("tenant-b", id_prefix="srch-").items} >= {
+        "srch-ok", "srch-dead", "srch-later"}
+    assert [h.job_id for h in ops.find("tenant-b", state="scheduled").items] == ["srch-later"]
+    assert {h.job_id for h in ops.find("tenant-b", fields={"k": "v"}).items} == {
+        "srch-ok", "srch-later"}
+    assert [h.job_id for h in ops.find("tenant-b", group="g1").items] == ["srch-ok"]
+    assert ops.find("tenant-b", id="srch-ok").items[0].state == "completed"
+    ops.close()
+    q.close()
+    assert acl_denials(admin, "tenant-b") == []
+
+
 def test_a_tenant_cannot_touch_another_tenants_keys(acl: AclServer) -> None:
     admin = acl.admin()
     b = Queue.from_url(tenant_url(acl, "tenant-b"), "tenant-b")

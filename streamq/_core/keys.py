@@ -386,6 +386,20 @@ class Keys:
         return f"{self.base}:ix:f:{job_type}:{field}={value}"
 
     @property
+    def ix_ew(self) -> str:
+        """ZSET, all scores 0: the error-word index of the dead letters (docs/search.md#error-
+        text): members '<word>\\0<inverted entry ms, 13 digits><inverted seq, 8 digits>', so
+        ZRANGEBYLEX over a word gives its dead letters newest first. Written by ixdead.lua."""
+        return f"{self.base}:ix:ew"
+
+    @property
+    def ix_ewl(self) -> str:
+        """ZSET: the dead letters ``ix_ew`` holds -> their dead-letter ms; members '<ms>-<seq,
+        8 digits> <word> <word> ...' (the words to remove with it; the newest is how far
+        ixdead.lua has read the dead stream)."""
+        return f"{self.base}:ix:ewl"
+
+    @property
     def ix_decl(self) -> str:
         """HASH on shard 0: 'fields' = the declared fields (JSON), 'since' = when a producer
         with a SearchConfig first wrote to the queue (ms; entries start there)."""

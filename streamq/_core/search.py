@@ -8,6 +8,7 @@ Only a queue whose ``QueueConfig.search`` is set writes any of it; the read side
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -107,3 +108,69 @@ def declare(keys: Keys, cfg: QueueConfig) -> Op[None]:
                      Cmd.of("HSETNX", k0.ix_decl, DECL_SINCE, now)]
     for r in replies:
         ok(r)
+
+
+# Error text (docs/search.md#error-text): the one rule of an ``error=`` filter, the same as
+# _lib.lua's err_text and err_match (the error-word index, ixdead.lua, and search.lua's checks).
+EW_MAX = 16
+"""Distinct words of an error text that are searchable (and indexed)."""
+EW_WORD_MAX = 32
+"""Bytes of a word the index keeps (a longer word is found by its first 32 bytes)."""
+_WORD = re.compile(rb"[0-9a-z]+")
+
+
+def error_text(etype: str, reason: str, err: bytes | str | None) -> bytes:
+    """The searchable text of an error: '<error type> <reason> <message>' (``etype``, else
+    the error's 'type'; the message of the record's error, a JSON object), lower case (ASCII
+    letters only), cut just before its 17th distinct word (a word: a run of a-z 0-9)."""
+    msg = ""
+    if err:
+        try:
+            e = json.loads(err)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            e = None
+        if isinstance(e, dict):
+            if isinstance(e.get("message"), str):
+                msg = e["message"]
+            if not etype and isinstance(e.get("type"), str):
+                etype = e["type"]
+    text = f"{etype} {reason} {msg}".encode(errors="surrogateescape").lower()
+    seen: set[bytes] = set()
+    for m in _WORD.finditer(text):
+        w = m.group()
+        if w not in seen:
+            if len(seen) == EW_MAX:
+                return text[:m.start()]
+            seen.add(w)
+    return text
+
+
+def error_match(text: bytes, query: str) -> bool:
+    """Whether ``query`` (any case) occurs in ``text`` (``error_text``) where a word starts:
+    a query that starts with a letter or digit must not follow one there (``declin`` finds
+    'card declined', ``eclined`` does not)."""
+    q = query.encode(errors="surrogateescape").lower()
+    wb = bool(_WORD.match(q))
+    at = text.find(q)
+    while at >= 0:
+        if not wb or at == 0 or not _WORD.match(text, at - 1, at):
+            return True
+        at = text.find(q, at + 1)
+    return False
+
+
+def word_spec(query: str) -> str | None:
+    """The error-word index lookup for a query (search.lua's ARGV[12]): 'x<word>' for its
+    longest whole word (every word but the last, and the last when the query ends with
+    another character), else 'p<prefix>' (its only word, a prefix of the text's word); None
+    when the query has no word (only a scan answers it)."""
+    q = query.encode(errors="surrogateescape").lower()
+    toks = [m.group() for m in _WORD.finditer(q)]
+    if not toks:
+        return None
+    whole = toks if not _WORD.match(q, len(q) - 1) else toks[:-1]
+    if whole:
+        w = max(whole, key=len)[:EW_WORD_MAX]
+        return "x" + w.decode()
+    t = toks[-1]
+    return ("x" if len(t) >= EW_WORD_MAX else "p") + t[:EW_WORD_MAX].decode()

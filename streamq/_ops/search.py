@@ -14,7 +14,6 @@ the cursor is the last one returned, so the next page starts right after it.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,11 +22,16 @@ import attrs
 
 from .._core.driver import Call, Cmd, Op, Step, _s, ok
 from .._core.errors import InvalidSearch, SerializationError
-from .._core.keys import Keys, check_job_id, queues_key, shard_of
-from .._core.model import STATE_NAMES, STATES, _entry_ms, record_state
+from .._core.keys import Keys, levels_in_use, queues_key, shard_of
+from .._core.model import STATE_NAMES, _entry_ms, record_state
 from .._core.scripts import Arg
-from .._core.search import DECL_FIELDS, DECL_SINCE, field_value
+from .._core.search import DECL_FIELDS, DECL_SINCE, error_match, error_text, field_value, word_spec
 from .._core.serde import JsonSerde, Serde
+from . import search_words as _words
+from .search_model import Hit, SearchPage, SearchQuery, check_query, decode_cursor, encode_cursor
+
+__all__ = ["Hit", "SearchPage", "SearchQuery", "check_query", "decode_cursor", "encode_cursor",
+           "find"]
 
 PAGE_MAX = 1000
 SCAN_DEFAULT = 10_000
@@ -49,101 +53,11 @@ _REFUSED: list[Any] = []
 _LETTER = {v: k.decode() for k, v in STATE_NAMES.items()}
 
 
-@attrs.frozen
-class SearchQuery:
-    """Filters of ``Admin.find`` (all optional; all given must match)."""
-
-    queue: str | None = None
-    """One queue, or None: every queue of the registry (``Admin.queues``)."""
-    id: str | None = None
-    id_prefix: str | None = None
-    type: str | None = None
-    state: str | None = None
-    group: str | None = None
-    error: str | None = None
-    """Text in the error (case-insensitive): the dead letter's reason and error type, the
-    record's last error."""
-    error_type: str | None = None
-    since_ms: int | None = None
-    """Enqueued at or after (epoch ms; dead letters: dead-lettered at)."""
-    until_ms: int | None = None
-    fields: Mapping[str, str] = attrs.field(factory=dict)
-    """Declared payload fields (``SearchConfig.fields``) -> value as text."""
-
-
-@attrs.frozen
-class Hit:
-    queue: str
-    job_id: str
-    type: str
-    state: str
-    at_ms: int
-    """Enqueued at (from the index) or dead-lettered at (from the dead stream)."""
-    group: str = ""
-    error: str = ""
-    shard: int = 0
-
-
-@attrs.frozen
-class SearchPage:
-    items: list[Hit]
-    cursor: str | None
-    """Pass it back for the next page; None: nothing more matches."""
-    scanned: int
-    """Candidates checked (index entries and records read)."""
-    bound_hit: bool
-    """Reading stopped at ``max_scan`` (or an id prefix matched more than ``PREFIX_MAX`` ids in
-    a shard) before the page was full: there may be more; ``cursor`` continues."""
-    source: str
-    """What answered: id, prefix, dead, state, field, group, type or time."""
-    index_since_ms: dict[str, int | None]
-    """Per queue searched: when its index starts (ms), None when it has none (a queue
-    without ``QueueConfig.search``: only an exact id finds its jobs)."""
-
-
-def check_query(q: SearchQuery) -> SearchQuery:
-    if q.state is not None and q.state not in STATES:
-        raise InvalidSearch(f"unknown state {q.state!r}: one of {', '.join(STATES)}")
-    if q.id is not None:
-        try:
-            check_job_id(q.id)
-        except Exception as exc:
-            raise InvalidSearch(str(exc)) from exc
-    if q.id_prefix is not None and (not q.id_prefix or any(
-            c in q.id_prefix for c in "[]()\x00\xff ")):
-        raise InvalidSearch(f"invalid id prefix {q.id_prefix!r}")
-    for name in ("since_ms", "until_ms"):
-        v = getattr(q, name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise InvalidSearch(f"{name} must be epoch milliseconds (an int), got {v!r}")
-    if (q.since_ms is not None and q.until_ms is not None and q.since_ms > q.until_ms):
-        raise InvalidSearch(f"since ({q.since_ms}) is after until ({q.until_ms})")
-    for name, v in q.fields.items():
-        if not isinstance(name, str) or not isinstance(v, str) or not v:
-            raise InvalidSearch(f"a field filter is a name and a non-empty text value, got"
-                                f" {name!r}={v!r}")
-    return q
-
-
-def encode_cursor(key: tuple[int, str, str]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[int, str, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        s, label, member = json.loads(raw)
-        if isinstance(s, int) and isinstance(label, str) and isinstance(member, str):
-            return s, label, member
-    except (ValueError, TypeError):
-        pass
-    raise InvalidSearch(f"invalid search cursor {cursor!r}")
-
-
 @attrs.define
 class _Src:
-    """One candidate source: a sorted set by rank ('z'), a dead stream ('d') or a fixed
-    list ('l'), of one queue shard."""
+    """One candidate source: a sorted set by rank ('z'), a dead stream ('d'), the dead
+    letters of a word of the error-word index ('e') or a fixed list ('l'), of one queue
+    shard."""
 
     kind: str
     queue: str
@@ -159,6 +73,9 @@ class _Src:
     codes: dict[str, int] = attrs.field(factory=dict)  # member -> search.lua's code
     rec: str = ""  # the shard's job record key prefix
     seen: set[str] = attrs.field(factory=set)  # 'd': job ids met in this call
+    lo: str = ""  # 'd', 'e': the oldest entry to read ('' = since_ms's)
+    aux: list[str] = attrs.field(factory=list)  # 'e': the dead stream, Keys.ix_ewl
+    mark: tuple[int, int] | None = None  # 'e': the newest dead letter indexed
 
 
 def _gkey(c: tuple[int, str, str, str]) -> tuple[int, str, str]:
@@ -228,6 +145,13 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
             if q.state in _STATE_SET and source != "dead":
                 srcs, used = yield from _state_init(q, srcs, prefix)
                 source = "state" if used else source
+            if q.state == "queued" and source == "time":
+                srcs, used = yield from _queued_init(srcs, prefix)
+                source = "stream" if used else source
+            spec = _spec(q) if source == "dead" else None
+            if spec is not None:
+                srcs, used = yield from _words_init(q, srcs, prefix, since)
+                source = "words" if used else source
             yield from _init(q, srcs, after)
     by_label = {s.label: s for s in srcs}
     items: list[Hit] = []
@@ -300,6 +224,80 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
                       bound_hit, source, {n: since[n] for n in queues})
 
 
+def _spec(q: SearchQuery) -> str | None:
+    """The error-word index lookup of an error filter (None: the stream answers)."""
+    if q.error is not None:
+        return word_spec(q.error)
+    if q.error_type is not None:
+        return word_spec(q.error_type + " ")  # (the text starts with the error type)
+    return None
+
+
+def _words_init(q: SearchQuery, srcs: list[_Src], prefix: str,
+                since: dict[str, int | None]) -> Op[tuple[list[_Src], bool]]:
+    """Per dead-stream source of a queue with search on: the error-word index up to its mark
+    (an 'e' source), and the stream only after the mark (dead letters not indexed yet)."""
+    on = [s for s in srcs if since[s.queue] is not None]
+    marks = yield from _words.sync([Keys(s.queue, prefix, s.shard) for s in on])
+    out = list(srcs)
+    used = False
+    for s, (mark, _more) in zip(on, marks, strict=True):
+        if not mark:
+            continue
+        used = True
+        k = Keys(s.queue, prefix, s.shard)
+        m = _words.mark_ms(mark)
+        # the same label and shared bookkeeping: a dead letter sorts (and pages) the same
+        # whichever of the two reads it, also when the mark moved on between pages
+        e = _Src("e", s.queue, s.shard, s.label, k.ix_ew, extra=s.extra, codes=s.codes,
+                 rec=s.rec, seen=s.seen, aux=[k.dead, k.ix_ewl], mark=m)
+        out.append(e)
+        s.lo = (f"{q.since_ms}-0" if q.since_ms is not None and q.since_ms > m[0]
+                else f"({mark}")
+    return out, used
+
+
+def _queued_init(srcs: list[_Src], prefix: str) -> Op[tuple[list[_Src], bool]]:
+    """``state="queued"`` alone (no index filter): per shard, its ready streams (one per
+    priority level in use), newest entry first, in place of the time index; an entry's job is
+    checked on its record (the stream also holds delivered entries, of active jobs). Grouped
+    jobs waiting for their group's slot are queued in no stream: their ids (at most
+    ``STATE_LIST_MAX`` per shard, with their enqueue times from the time index) join as a
+    fixed list; a shard with more keeps the time index."""
+    step: Step = []
+    for s in srcs:
+        k = Keys(s.queue, prefix, s.shard)
+        step += [Cmd.of("SMEMBERS", k.levels), Cmd.of("ZCARD", k.group_wait)]
+    replies = yield step
+    out: list[_Src] = []
+    lists: list[tuple[_Src, Keys]] = []
+    used = False
+    for i, s in enumerate(srcs):
+        waiting = replies[2 * i + 1]
+        if isinstance(waiting, Exception) or int(waiting or 0) > STATE_LIST_MAX:
+            out.append(s)
+            continue
+        used = True
+        k = Keys(s.queue, prefix, s.shard)
+        out.extend(_Src("d", s.queue, s.shard, _label(s.queue, s.shard, f"p{lv}"),
+                        k.stream_level(lv), rec=s.rec) for lv in levels_in_use(replies[2 * i]))
+        if int(waiting or 0):
+            lists.append((_Src("l", s.queue, s.shard, _label(s.queue, s.shard, "gw"),
+                               k.group_wait, rec=s.rec, done=True), k))
+    if lists:
+        got = yield [Cmd.of("ZRANGE", k.group_wait, 0, -1) for _, k in lists]
+        ids = [[_s(m).rpartition(" ")[2][17:] for m in ok(r) or []] for r in got]
+        scores = yield [Cmd.of("ZMSCORE", k.ix_all, *js) if js else Cmd.of("ECHO", "")
+                        for (_, k), js in zip(lists, ids, strict=True)]
+        for (lst, _), js, sc in zip(lists, ids, scores, strict=True):
+            vals = (ok(sc) or []) if js else []
+            lst.buf = sorted(((int(float(v)), lst.label, j, j)
+                              for j, v in zip(js, vals, strict=True) if v is not None),
+                             reverse=True)
+            out.append(lst)
+    return out, used
+
+
 def _source_kind(q: SearchQuery) -> str:
     if q.id is not None:
         return "id"
@@ -363,7 +361,7 @@ def _init(q: SearchQuery, srcs: Sequence[_Src], after: tuple[int, str, str] | No
     for s in srcs:
         if s.kind == "l":
             continue
-        if s.kind == "d":
+        if s.kind in "de":
             end = (q.until_ms, _SEQ_MAX) if q.until_ms is not None else (2**63, 0)
             if after is not None:
                 sc, lab, mem = after
@@ -375,7 +373,7 @@ def _init(q: SearchQuery, srcs: Sequence[_Src], after: tuple[int, str, str] | No
                     seq = int(mem.split("|", 1)[0])
                     e2 = (sc, seq - 1) if seq > 0 else (sc - 1, _SEQ_MAX)
                 end = min(end, e2)
-            s.end = end
+            s.end = min(end, s.mark) if s.mark is not None else end
             continue
         step.append(Cmd.of("ZCOUNT", s.key, f"({q.until_ms}", "+inf") if q.until_ms is not None
                     else Cmd.of("ECHO", "0"))
@@ -394,7 +392,7 @@ def _init(q: SearchQuery, srcs: Sequence[_Src], after: tuple[int, str, str] | No
     replies = yield step
     i = 0
     for s in srcs:
-        if s.kind in "dl":
+        if s.kind in "del":
             continue
         r_until, r1, r2 = replies[i:i + 3]
         i += 3
@@ -474,12 +472,17 @@ def _fetch(q: SearchQuery, srcs: Sequence[_Src], n: int,
            last: tuple[int, str, str] | None) -> Op[None]:
     """The next ``n`` entries of each source, checked on their records by search.lua."""
     flt: list[Arg] = [_LETTER.get(q.state or "", ""), q.state or "", q.group or "",
-                      q.type or "", (q.error or "").lower(), q.error_type or ""]
+                      q.type or "", _ascii_lower(q.error or ""), q.error_type or ""]
     lo = f"{q.since_ms}-0" if q.since_ms is not None else "-"
+    spec = _spec(q) or ""
     replies = yield [Call("search", [s.key], ["z", s.rec, s.rank, "", n, *flt]) if s.kind == "z"
-                     else Call("search", [s.key], ["d", s.rec, f"{s.end[0]}-{s.end[1]}", lo, n,
-                                                   *flt]) for s in srcs]
+                     else Call("search", [s.key, *s.aux], [
+                         s.kind, s.rec, f"{s.end[0]}-{s.end[1]}", s.lo or lo, n, *flt, spec])
+                     for s in srcs]
     for s, rep in zip(srcs, replies, strict=True):
+        if s.kind == "e" and _words.is_broad(rep):  # a prefix of too many words:
+            s.kind, s.key, s.aux = "d", s.aux[0], []  # read the stream up to the mark
+            continue
         if isinstance(rep, Exception):  # a key of another type (overwritten by hand)
             s.done = True
             continue
@@ -553,11 +556,9 @@ def _match(q: SearchQuery, src: _Src, c: tuple[int, str, str, str], rec: Any,
     if q.error_type is not None and etype != q.error_type and (
             f'"type": "{q.error_type}"' not in err_text):
         return None
-    if q.error is not None:
-        hay = " ".join((dead_reason, dead_etype, err_text,
-                        (reason or b"").decode(errors="replace"))).lower()
-        if q.error.lower() not in hay:
-            return None
+    if q.error is not None and not error_match(error_text(
+            dead_etype, dead_reason or (reason or b"").decode(errors="replace"), err), q.error):
+        return None
     if q.fields:
         if not body:
             return None
@@ -576,3 +577,9 @@ def _ms(v: Any) -> int:
         return int(v) if v else 0
     except (TypeError, ValueError):
         return 0
+
+
+def _ascii_lower(text: str) -> str:
+    """Lower case as search.lua's string.lower does it: ASCII letters only (the error-text
+    rule; ``str.lower`` would also change other letters, which the text keeps as they are)."""
+    return text.encode(errors="surrogateescape").lower().decode(errors="surrogateescape")

@@ -20,6 +20,7 @@ from .._core.scripts import SCRIPTS
 from .._core.supervise import Outage, Supervised
 from .._core.timeseries import SeriesRecorder
 from .._ops import metrics as _metrics
+from .._ops import search_words as _words
 from .state import QState
 
 log = logging.getLogger("streamq.worker")
@@ -61,6 +62,10 @@ class Housekeeper:
                      if qs.groups is not None)
         if self.config.promote:  # the workflow relay and repair sweep (docs/workflows.md)
             steps.extend((f"workflows on {qs.keys.tag}", self._flow_step(qs))
+                         for qs in self.queues)
+            # the error-word index of search (docs/search.md#error-text); a queue without
+            # search costs one short call per interval
+            steps.extend((f"error index on {qs.keys.tag}", self._words_step(qs))
                          for qs in self.queues)
         out = []
         for name, step in steps:
@@ -169,6 +174,18 @@ class Housekeeper:
         async def step() -> float:
             _moved, more = await promoter.run_once(self.client)
             return 0.0 if more else promoter.sleep_s(every)
+
+        return step
+
+    def _words_step(self, qs: QState) -> Callable[[], Any]:
+        """Index this shard's new dead letters by the words of their errors (ixdead.lua: the
+        next 200 each call, at once again while more wait)."""
+        call = _words.sync_call(qs.keys)
+        script = SCRIPTS[call.script]
+
+        async def step() -> float:
+            rep: Any = await script.run_async(self.client, call.keys, call.args)
+            return 0.0 if int(rep[3]) else _words.ERROR_INDEX_EVERY_S
 
         return step
 

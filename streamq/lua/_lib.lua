@@ -564,6 +564,81 @@ local function ix_write(IX, now, n, id_of)
   end
 end
 
+-- The error text of a dead letter (docs/search.md#error-text): one rule for the error-word
+-- index (ixdead.lua) and for every check of an error filter (search.lua), so the index and a
+-- scan answer alike. The text is '<error type> <reason> <message>' (etype: the dead letter's,
+-- else the record's error's 'type'; message: the record's error's 'message', a JSON object's;
+-- '' when absent), lower case (ASCII), cut just before its 17th distinct word (a word: a run
+-- of a-z 0-9). Returns the text and its distinct words, in order.
+local EW_MAX = 16
+local function err_text(etype, reason, err)
+  local msg = ''
+  if err and err ~= '' then
+    local okd, e = pcall(cjson.decode, err)
+    if okd and type(e) == 'table' then
+      if type(e.message) == 'string' then msg = e.message end
+      if (not etype or etype == '') and type(e.type) == 'string' then etype = e.type end
+    end
+  end
+  local text = string.lower((etype or '') .. ' ' .. (reason or '') .. ' ' .. msg)
+  local seen, words, n = {}, {}, 0
+  for p, w in string.gmatch(text, '()([0-9a-z]+)') do
+    if not seen[w] then
+      if n == EW_MAX then return ssub(text, 1, p - 1), words end
+      seen[w] = true
+      n = n + 1
+      words[n] = w
+    end
+  end
+  return text, words
+end
+
+-- Whether query q (lower case) occurs in text where a word starts: q that starts with a
+-- letter or digit must not follow one ('declin' finds 'card declined', 'eclined' does not).
+local function err_match(text, q)
+  local wb = sfind(q, '^[0-9a-z]') ~= nil
+  local init = 1
+  while true do
+    local p = sfind(text, q, init, true)
+    if not p then return false end
+    if not wb or p == 1 or not sfind(ssub(text, p - 1, p - 1), '^[0-9a-z]') then
+      return true
+    end
+    init = p + 1
+  end
+end
+
+-- A dead-letter entry id '<ms>-<seq>' as its error-word index position: inverted and fixed
+-- width (13 + 8 digits), so that a word's entries sort newest first. Clamped: a bound past
+-- the newest possible id is the first position.
+local function ew_pos(eid)
+  local ms, seq = string.match(eid, '^(%d+)%-(%d+)$')
+  ms, seq = tonumber(ms) or 0, tonumber(seq) or 0
+  if ms > 9999999999999 then ms, seq = 9999999999999, 99999999 end
+  if seq > 99999999 then seq = 99999999 end
+  return string.format('%013.0f%08.0f', 9999999999999 - ms, 99999999 - seq)
+end
+
+-- The entry id of an index position (ew_pos's inverse), and the ix:ewl member's head.
+local function ew_eid(pos)
+  local ms = 9999999999999 - tonumber(ssub(pos, 1, 13))
+  local seq = 99999999 - tonumber(ssub(pos, 14, 21))
+  return string.format('%.0f-%.0f', ms, seq), ms, string.format('%.0f-%08.0f', ms, seq)
+end
+
+-- Drop one dead letter's entries from the error-word index (ew) and its list (ewl), given
+-- its ewl member ('<ms>-<seq, 8 digits> <word> ...').
+local function ew_drop(ew, ewl, member)
+  local sp = sfind(member, ' ', 1, true)
+  local pos = ew_pos(sp and ssub(member, 1, sp - 1) or member)
+  local z = {}
+  if sp then
+    for w in string.gmatch(ssub(member, sp + 1), '%S+') do z[#z + 1] = w .. '\0' .. pos end
+  end
+  if z[1] then rcall('ZREM', ew, unpack(z)) end
+  rcall('ZREM', ewl, member)
+end
+
 -- G, g: the group context (gctx) and the job's group (nil or '' = none; G then non-nil): a
 -- ready grouped job is admitted or waits (g_enter); the record keeps the group as 'g'.
 -- dk (nil = none): the record's dedup field 'dk' (enqueue.lua's dedup section), written with
