@@ -1,11 +1,12 @@
 """Workflows (docs/workflows.md): jobs that wait for others, as sans-IO operations.
 
 One primitive: a job in state ``waiting`` keeps its pending dependencies as a SET (wait.lua);
-each edge is registered in the dependency's own slot (link.lua); the dependency's terminal
-transition resolves it (inline in one slot, through an outbox in another: _flow.lua); a relay
-applies outbox messages (resolve.lua) and a capped repair sweep re-links what a lost message or
-a producer that died half-way left behind. The sugar (``JobSpec``, ``chain``, ``group``,
-``chord``) compiles to that primitive (streamq/_producer/flows.py).
+each edge is registered in the dependency's own slot (link_many.lua, a few hundred per call);
+the dependency's terminal transition resolves it (inline in one slot, through an outbox in
+another: _flow.lua); a relay applies outbox messages (resolve_many.lua) and a capped repair
+sweep re-links what a lost message or a producer that died half-way left behind. The sugar
+(``JobSpec``, ``chain``, ``group``, ``chord``) compiles to that primitive
+(streamq/_producer/flows.py).
 """
 
 from __future__ import annotations
