@@ -113,24 +113,29 @@ async def test_a_large_chord_whose_children_end_while_it_is_linked_runs_its_call
     assert not q.client.exists(*(q.keys.parents(f"big.{i}") for i in range(0, N, 97)))
 
 
-@pytest.mark.parametrize("cut", [0, 2])
+@pytest.mark.parametrize(("cut", "where"), [(0, "same slot"), (2, "same slot"),
+                                            (2, "other slot")])
 async def test_a_repeated_enqueue_flow_after_a_crash_half_way_converges(
-        url: str, q: Queue, qname: str, cut: int) -> None:
+        url: str, q: Queue, qname: str, cut: int, where: str) -> None:
     # the first producer dies after the waiting job and the children were written, before its
     # link step (cut 0) or after two of its link_many calls (cut 2); the children run and end
     # meanwhile; the same flow_id again writes no job twice and links what is missing
+    other = f"{qname}-cb" if where == "other slot" else None
+    cbq = Queue.from_url(url, other) if other else q
     calls: list[str] = []
     seen: list[list[str]] = []
-    op = enqueue_flow(q.keys, q.config, _flow(None), "rep")
-    _steps(q.client, op, lambda s: seen.append(_scripts(s)), upto=2, cut=cut)
-    assert seen == [["wait"], ["enqueue", "enqueue"]]
-    async with streamq.Worker(url, [qname], _reg(calls), fast(concurrency=50)):
+    op = enqueue_flow(q.keys, q.config, _flow(other), "rep")
+    # (another queue: its shard count is read first, a step of its own)
+    _steps(q.client, op, lambda s: seen.append(_scripts(s)), upto=3 if other else 2, cut=cut)
+    assert [s for s in seen if s] == [["wait"], ["enqueue", "enqueue"]]
+    queues = [qname] + ([other] if other else [])
+    async with streamq.Worker(url, queues, _reg(calls), fast(concurrency=50)):
         await eventually(lambda: state(q, f"rep.{N - 1}") == "completed", 120)
-        assert state(q, f"rep.{N}") == "waiting"
-        again = q.enqueue_flow(_flow(None), flow_id="rep")
+        assert state(cbq, f"rep.{N}") == "waiting"
+        again = q.enqueue_flow(_flow(other), flow_id="rep")
         assert again.job_ids == [f"rep.{i}" for i in range(N + 1)]
-        await eventually(lambda: state(q, f"rep.{N}") == "completed", 120)
-        _every_result(q, f"rep.{N}")
+        await eventually(lambda: state(cbq, f"rep.{N}") == "completed", 120)
+        _every_result(cbq, f"rep.{N}")
     assert calls == [f"rep.{N}"]
 
 
