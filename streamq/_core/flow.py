@@ -231,6 +231,13 @@ def link(calls: Sequence[Call]) -> Op[list[str]]:
     edge's dependency state."""
     if not calls:
         return []
+    states, _ = yield from _link_many(calls, tolerant=False)
+    return states
+
+
+def _link_many(calls: Sequence[Call], tolerant: bool) -> Op[tuple[list[str], int]]:
+    """link()'s work; returns each edge's dependency state ('' for one whose call failed,
+    ``tolerant``: else the call's error is raised) and how many resolves changed a job."""
     by_box: dict[str, list[int]] = {}
     for i, c in enumerate(calls):
         by_box.setdefault(c.keys[2], []).append(i)
@@ -241,7 +248,10 @@ def link(calls: Sequence[Call]) -> Op[list[str]]:
                for box, idx in groups]
     states = [""] * len(calls)
     msgs: list[Message] = []
+    changed = 0
     for (box, idx), v in zip(groups, r, strict=True):
+        if tolerant and isinstance(v, Exception):
+            continue
         for i, a in zip(idx, ok(v), strict=True):
             kind = _s(a[0])
             if kind == "ended":
@@ -252,9 +262,12 @@ def link(calls: Sequence[Call]) -> Op[list[str]]:
                              raw if isinstance(raw, bytes) else str(raw).encode()))
             else:
                 states[i] = _s(a[1])
+                if kind == "resolved" and int(a[2]) > 0:
+                    changed += 1
     if msgs:
-        yield from apply(msgs)
-    return states
+        codes = yield from apply(msgs)
+        changed += sum(1 for c in codes if c > 0)
+    return states, changed
 
 
 def _msg_of(c: Call) -> tuple[str, str, str, bytes]:
@@ -348,19 +361,9 @@ def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, i
         sh = yield from shard_counts(keys.prefix, (e[1].queue for e in edges),
                                      {**({} if shards is None else {keys.queue: shards}),
                                       **(known or {})})
-        calls: list[Cmd | Call] = [link_call(keys.prefix, sh, keys.job(pid), pid, ref, idx)
-                                   for pid, ref, idx in edges]
-        r2 = yield calls
-        msgs: list[Message] = []
-        for c, v in zip(calls, r2, strict=True):
-            if isinstance(c, Call) and not isinstance(v, Exception) and _s(v[0]) == "ended":
-                msgs.append((c.keys[2], _s(v[1]), *_msg_of(c)))
-        if msgs:
-            got = yield [Cmd.of("XRANGE", m[0], m[1], m[1]) for m in msgs]
-            full = [e for m, v in zip(msgs, got, strict=True)
-                    for e in _entries(m[0], ok(v))]
-            codes = yield from apply(full)
-            changed += sum(1 for c in codes if c > 0)
+        _, n = yield from _link_many([link_call(keys.prefix, sh, keys.job(pid), pid, ref, idx)
+                                      for pid, ref, idx in edges], tolerant=True)
+        changed += n
     if changed:
         yield [Cmd.of("HINCRBY", keys.stats, "flow_repairs", changed)]
     return len(edges), changed
