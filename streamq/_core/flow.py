@@ -308,7 +308,7 @@ def relay(keys: Keys, batch: int = RELAY_BATCH) -> Op[tuple[int, bool, str]]:
 def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, int],
            known: Mapping[str, int] | None = None) -> Op[tuple[int, int]]:
     """One repair step over a shard's waiting jobs older than ``min_age_ms``: each pending
-    dependency is linked again (link.lua: a no-op for a live one; one that ended or is missing
+    dependency is linked again (link_many.lua: a no-op for a live one; one that ended or is missing
     is resolved now), a job with nothing pending is released, and an index entry whose job is
     no longer waiting is dropped. Returns (dependencies checked, resolves that changed a job).
     ``cursors``: SSCAN cursors per job id, kept by the caller between steps."""
