@@ -119,6 +119,18 @@ bench-peers: $(STAMP)
 bench-peers-smoke: $(STAMP)
 	$(PY) -m benchmarks.peers --smoke
 
+# Issue 29's workflows side by side: a 10,000 -> 1 fan-in and a 1,000-step chain with streamq,
+# BullMQ Flows and a celery chord / chain, each against its own plain drain (median of 3,
+# interleaved; ~10 min); benchmarks/results/peers_flows.{json,md}, docs/workflows.md.
+# FLOWS_ARGS="--reps 1 --fan 2000".
+FLOWS_ARGS ?=
+.PHONY: bench-peers-flows bench-peers-flows-smoke
+bench-peers-flows: $(STAMP)
+	$(PY) -m benchmarks.peers --flows $(FLOWS_ARGS)
+
+bench-peers-flows-smoke: $(STAMP)
+	$(PY) -m benchmarks.peers --flows --smoke
+
 # Issue 30's runtime figures: CPU-bound (~5 ms) and no-op drains of streamq (threads,
 # --processes 1/2, --pool process 1/2) against celery prefork, dramatiq --processes and rq, in
 # one run through the peers harness (~5 min); benchmarks/results/runtime_peers.{json,md},

@@ -196,6 +196,38 @@ class Peer:
         None. Reported next to the error."""
         return None
 
+    # the flow workload (flowload.py, ``python -m benchmarks.peers --flows``)
+    def flow_fan(self, n: int) -> None:
+        """N no-op children ('fnoop', counted) and one callback waiting for all of them that
+        reads their results and calls ``flowload.flow_end(len(results))``."""
+        raise NotImplementedError
+
+    def flow_fan_deps(self, n: int) -> None:
+        """The same fan-in through the peer's lower-level dependency API (streamq's
+        ``depends_on``), where it has one besides its flow sugar."""
+        raise NotImplementedError
+
+    def flow_chain(self, n: int) -> None:
+        """A chain of N steps, each getting the previous one's result r and returning r + 1
+        (the first: 1), all counted; the last calls ``flowload.flow_end(its value)``."""
+        raise NotImplementedError
+
+    def flow_enqueue(self, what: str, n: int) -> tuple[float, float]:
+        """The flow workload's producer: (wall-clock time of the first enqueue call, seconds
+        the enqueue took). 'plain' is :meth:`enqueue_jobs`."""
+        t0, p0 = time.time(), time.perf_counter()
+        if what == "plain":
+            self.enqueue_jobs(n)
+        elif what == "fan":
+            self.flow_fan(n)
+        elif what == "fandeps":
+            self.flow_fan_deps(n)
+        elif what == "chain":
+            self.flow_chain(n)
+        else:
+            raise ValueError(what)
+        return t0, time.perf_counter() - p0
+
     def enqueue_jobs(self, n: int) -> None:
         try:
             self.enqueue_bulk(n)
@@ -446,7 +478,9 @@ def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | 
          ) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("workload", choices=("drain", "enqueue", "latency", "io", "recovery",
-                                        "cpu"))
+                                        "cpu", "flow"))
+    p.add_argument("--what", default="plain", help="flow: plain, fan, fandeps or chain")
+    p.add_argument("--prefill", action="store_true", help="flow: enqueue, then the worker")
     p.add_argument("--url", required=True)
     p.add_argument("--n", type=int, default=20_000)
     p.add_argument("--bulk-n", type=int, default=None)
@@ -469,6 +503,11 @@ def main(make: Callable[[str, argparse.Namespace], Peer], argv: Sequence[str] | 
             out = run_drain(peer, r, args.n, 1, args.concurrency, 10, args.timeout)
         elif args.workload == "cpu":
             out = run_cpu(peer, r, args.n, args.workers, args.mode, args.loop, args.timeout)
+        elif args.workload == "flow":
+            import flowload
+
+            out = flowload.run_flow(peer, r, args.what, args.n, args.concurrency, args.timeout,
+                                    args.prefill)
         elif args.workload == "enqueue":
             out = run_enqueue(peer, r, args.n, args.bulk_n or args.n)
         elif args.workload == "latency":

@@ -95,6 +95,11 @@ LOGDIR = Path(tempfile.mkdtemp(prefix="streamq-peers-"))
 
 
 def main(argv: list[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if "--flows" in raw:  # workflows side by side: flows.py
+        from .flows import main as flows_main
+
+        return flows_main([x for x in raw if x != "--flows"])
     ap = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__)
     ap.add_argument("--smoke", action="store_true", help="streamq + huey, tiny N, one rep")
     ap.add_argument("--peers", default=None, help="comma-separated subset")
@@ -106,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap", type=float, default=120.0, help="recovery wait cap (s)")
     ap.add_argument("--skip", default="", help="workloads to skip (drain2,io,recovery,...)")
     ap.add_argument("--out", type=Path, default=None)
-    a = ap.parse_args(argv)
+    ap.add_argument("--flows", action="store_true",
+                    help="the workflows comparison instead (python -m benchmarks.peers --flows"
+                         " --help)")
+    a = ap.parse_args(raw)
     if a.smoke:
         a.peers = a.peers or "streamq,huey"
         a.reps, a.n, a.single, a.latency_n, a.io_n, a.cap = 1, 300, 50, 20, 300, 20

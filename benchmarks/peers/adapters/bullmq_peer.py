@@ -6,6 +6,11 @@ otherwise: lockDuration 30 s, stalledInterval 30 s, maxStalledCount 1; ``--vt 5`
 to 5,000 ms), the producer ``node bullmq/producer.mjs`` (``Queue.add``, ``Queue.addBulk``
 1,000 per call, round trip ``Job.waitUntilFinished(QueueEvents)``). Completed jobs are kept
 (removeOnComplete unset: BullMQ's default keeps them all).
+
+flow workload (``python -m benchmarks.peers --flows``): ``node bullmq/flows.mjs`` (a
+``FlowProducer.add`` of a parent with N children; a chain as an N-deep tree, each step the
+one child of the next), timed from just before its first add (its own clock); the same worker.
+
 """
 import json
 import os
@@ -35,6 +40,14 @@ class BullmqPeer(common.Peer):
 
     def worker_cmd(self, concurrency, vt):
         return ["node", os.path.join(DIR, "worker.mjs")]
+
+    def flow_enqueue(self, what, n):
+        p = subprocess.run(["node", os.path.join(DIR, "flows.mjs"), self.url, what, str(n)],
+                           capture_output=True, text=True, timeout=600, cwd=DIR)
+        if p.returncode != 0:
+            raise RuntimeError(f"flows.mjs {what} {n}: {p.stderr[-800:]}")
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+        return float(out["t0"]), float(out["enqueue_s"])
 
 
 def run_node_workload(argv):

@@ -9,6 +9,11 @@ prefork would add child processes); I/O, latency and recovery: ``--pool threads 
 used); 'stamp' keeps it (round trip: ``AsyncResult.get()``, pub/sub on the Redis backend).
 No bulk enqueue API.
 
+flow workload (``python -m benchmarks.peers --flows``): ``chord(group(fnoop.s() x N),
+fsink.s()).apply_async()`` and ``chain(cstep.s() x N).apply_async()`` on the same worker as the
+drain (``--pool solo``); the Redis result backend's native chord join (a counter and a list of
+the header's results, no chord_unlock polling task).
+
 cpu workload: mode 'prefork' (``--pool prefork -c K``: K forked children, celery's default
 pool) or 'solo' (K worker processes of ``--pool solo``, no pool).
 
@@ -30,7 +35,8 @@ import time
 
 import _pre  # noqa: F401
 import common
-from celery import Celery
+import flowload
+from celery import Celery, chain, chord, group
 
 _url = os.environ.get("BENCH_URL") or (sys.argv[sys.argv.index("--url") + 1]
                                        if "--url" in sys.argv else "redis://127.0.0.1:1")
@@ -53,6 +59,31 @@ def job(n=0):
     common.tally_done()
 
 
+# the flow workload (flowload.py): results kept (celery's default; a chord's header needs
+# them, the Redis backend's chord counter and result list)
+@app.task
+def fnoop():
+    common.tally_start()
+    common.tally_done()
+    return 1
+
+
+@app.task
+def fsink(results):
+    flowload.flow_end(len(results))
+    return len(results)
+
+
+@app.task
+def cstep(prev=None, last=False):
+    common.tally_start()
+    v = (prev or 0) + 1
+    if last:
+        flowload.flow_end(v)
+    common.tally_done()
+    return v
+
+
 @app.task
 def stamp():
     return time.time()
@@ -64,6 +95,12 @@ class CeleryPeer(common.Peer):
     def enqueue_one(self, i):
         job.delay(i)
 
+    def flow_fan(self, n):
+        chord(group(fnoop.s() for _ in range(n)), fsink.s()).apply_async()
+
+    def flow_chain(self, n):
+        chain(*(cstep.s(last=i == n - 1) for i in range(n))).apply_async()
+
     def roundtrip(self):
         return stamp.delay().get(timeout=30)
 
@@ -71,7 +108,7 @@ class CeleryPeer(common.Peer):
         cmd = [os.path.join(os.path.dirname(sys.executable), "celery"), "-A", "celery_peer",
                "worker", "--loglevel", "WARNING", "-Q", "bench", "--without-gossip",
                "--without-mingle", "--without-heartbeat"]
-        if self.kind == "drain":
+        if self.kind in ("drain", "flow"):
             return [*cmd, "--pool", "solo"]
         return [*cmd, "--pool", "threads", "-c", str(concurrency)]
 

@@ -7,6 +7,11 @@ otherwise (visibility timeout 30 s; ``--vt`` sets ``visibility_timeout_s``). Pro
 ``Queue.enqueue`` / ``Queue.enqueue_many``; round trip: ``Queue.enqueue_and_wait`` (pub/sub
 notification on completion).
 
+flow workload (``python -m benchmarks.peers --flows``): ``chord(group([JobSpec("fnoop")] * N),
+JobSpec("fsink"))`` and ``chain(JobSpec("cstep") * N)`` through ``Queue.enqueue_flow`` (one
+queue: every edge resolves inline in the child's terminal script), the same worker process;
+'fandeps': the fan-in as ``enqueue_many`` + ``enqueue(..., depends_on=[...])``.
+
 cpu workload (``python -m benchmarks.peers.runtime``): a sync handler ('cpujob') run by the
 CLI, ``streamq worker streamq_peer:registry --concurrency 4`` with, by mode: 'thread' (one
 process, the handler in threads), 'processes' (``--processes K``: a supervisor and K worker
@@ -25,9 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirna
     os.path.abspath(__file__))))))
 
 import common
+import flowload
 from common import sleep_s, tally_done, tally_start
 
-from streamq import Job, Queue, Registry, Worker, WorkerConfig
+from streamq import Job, JobSpec, Queue, Registry, Worker, WorkerConfig, chain, chord, group
 
 registry = Registry()
 
@@ -45,6 +51,32 @@ async def job(j: Job) -> None:
 def cpujob(j: Job) -> None:
     tally_start()  # (runs the cpu workload's burn())
     tally_done()
+
+
+# the flow workload (flowload.py): a chord's members and callback, a chain's steps. The
+# worker reads a waiting job's dependency results (page by page) before its handler starts.
+@registry.handler("fnoop")
+async def fnoop(j: Job) -> int:
+    tally_start()
+    tally_done()
+    return 1
+
+
+@registry.handler("fsink")
+async def fsink(j: Job) -> int:
+    seen = len(j.dependency_results())
+    flowload.flow_end(seen)
+    return seen
+
+
+@registry.handler("cstep")
+async def cstep(j: Job) -> int:
+    tally_start()
+    v = (j.previous_result() or 0) + 1
+    if j.payload.get("last"):
+        flowload.flow_end(v)
+    tally_done()
+    return v
 
 
 @registry.handler("stamp")
@@ -69,6 +101,20 @@ class StreamqPeer(common.Peer):
         kind = "cpujob" if self.kind == "cpu" else "job"
         res = self.q.enqueue_many([{"type": kind, "payload": {"n": i}} for i in range(n)])
         assert all(r.status == "queued" for r in res)
+
+    def flow_fan(self, n: int) -> None:
+        flow = chord(group([JobSpec("fnoop") for _ in range(n)]), JobSpec("fsink"))
+        self.q.enqueue_flow(flow, flow_id="fan")
+
+    def flow_fan_deps(self, n: int) -> None:
+        """The same fan-in as one ``enqueue_many`` of the children and one ``enqueue`` of the
+        callback with ``depends_on`` (docs/workflows.md: the primitive under the sugar)."""
+        self.q.enqueue_many([{"type": "fnoop", "job_id": f"f{i}"} for i in range(n)])
+        self.q.enqueue("fsink", job_id="sink", depends_on=[f"f{i}" for i in range(n)])
+
+    def flow_chain(self, n: int) -> None:
+        flow = chain(*(JobSpec("cstep", {"last": i == n - 1}) for i in range(n)))
+        self.q.enqueue_flow(flow, flow_id="chain")
 
     def roundtrip(self) -> float:
         return float(self.q.enqueue_and_wait("stamp", timeout=30))

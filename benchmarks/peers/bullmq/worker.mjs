@@ -31,14 +31,39 @@ if (process.env.BENCH_BULL_REMOVE) {
   opts.removeOnComplete = { count: 1000 };
   opts.removeOnFail = { count: 5000 };
 }
+// the flow workload (flows.mjs, benchmarks/peers/flowload.py): a parent reads its children's
+// results (Job.getChildrenValues); the fan-in's parent and the chain's last step note the
+// time and what they saw (bench:flow_end, bench:flow_n)
+const flowEnd = (seen) => r.multi().set("bench:flow_end", String(Date.now() / 1000))
+  .set("bench:flow_n", seen).exec();
+async function flowJob(job) {
+  if (job.name === "fsink") {
+    const seen = Object.keys(await job.getChildrenValues()).length;
+    await flowEnd(seen);
+    return { skip: true, value: seen };
+  }
+  if (job.name === "cstep") {
+    const prev = Object.values(await job.getChildrenValues());
+    const v = (prev.length ? Number(prev[0]) : 0) + 1;
+    if (job.data.last) await flowEnd(v);
+    return { skip: false, value: v };
+  }
+  return { skip: false, value: 1 }; // fnoop
+}
 const worker = new Worker("bench", async (job) => {
   if (job.name === "stamp") return Date.now() / 1000;
+  let ret = null;
+  if (job.name !== "job") {
+    const f = await flowJob(job);
+    if (f.skip) return f.value;
+    ret = f.value;
+  }
   if (first === null) first = Date.now();
   if (countStart) await r.incr("bench:started");
   if (sleepMs) await new Promise((res) => setTimeout(res, sleepMs));
   count += 1;
   last = Date.now();
-  return null;
+  return ret;
 }, opts);
 worker.on("error", (e) => console.error(e));
 for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, async () => { await worker.close(); process.exit(0); });
