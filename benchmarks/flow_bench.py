@@ -24,6 +24,13 @@ start). Prints p50/p95/max per kind, and how many steps the worker was handed st
 step's start (each script's first call there: when it was sent, its round trip, and from its
 reply to the next start).
 
+``--live-pairs K`` runs only a plain drain and a ``fan`` -> 1 chord
+(``chord(group(fan no-ops), sink)``) with the worker already running, each timed from the
+producer's first enqueue call to the last job's end (issue #29), K interleaved pairs: each
+pair's ratio, the ``enqueue_flow`` call's own time and the median. ``--profile`` instead
+profiles one chord's ``enqueue_flow`` (cProfile, top functions) with and without a live worker,
+and prints the server's INFO commandstats for each.
+
 ``--batch-pairs K`` runs only the plain drain and the batch, K interleaved pairs, and prints
 each pair's ratio and the median (on a busy machine one pair says little).
 
@@ -237,6 +244,92 @@ def _handoff(steps: int, cross: int, breakdown: bool = False) -> int:
     return 0
 
 
+async def _live(url: str, name: str, start: Any, last: str, took: list[float]) -> float:
+    """``start(q)`` with the worker already idle in its blocking read; the time from the call
+    to ``last``'s end (``took`` gets the call's own time)."""
+    cfg = attrs.evolve(WorkerConfig(), concurrency=100, promote_interval_s=0.05)
+    with Queue.from_url(url, name) as q:
+        async with Worker(url, [name], _registry(), cfg):
+            await asyncio.sleep(0.3)
+            t0 = time.perf_counter()
+            await asyncio.to_thread(start, q)
+            took.append(time.perf_counter() - t0)
+            await _until(q, last, 600)
+            return time.perf_counter() - t0
+
+
+def _chord_of(n: int) -> Any:
+    from streamq import chord, group
+    return chord(group(JobSpec("noop") for _ in range(n)), JobSpec("sink"))
+
+
+def _live_pairs(n: int, pairs: int) -> int:
+    jobs = [{"type": "noop", "job_id": f"j{i}"} for i in range(n)]
+    flow = _chord_of(n)
+    ratios: list[float] = []
+    print(f"# A {n:,} -> 1 chord with a live worker vs a plain drain, from the first enqueue,"
+          f" {pairs} interleaved pairs\n")
+    with open("/proc/loadavg") as f:
+        print(f"load average before: {f.read().split()[0]}\n")
+    with RedisServer() as srv:
+        for k in range(pairs):
+            took: list[float] = []
+            plain = asyncio.run(_live(srv.url, f"lp{k}", lambda q: q.enqueue_many(jobs),
+                                      f"j{n - 1}", took))
+            fan = asyncio.run(_live(srv.url, f"lc{k}",
+                                    lambda q: q.enqueue_flow(flow, flow_id="c"),
+                                    f"c.{n}", took))
+            ratios.append(plain / fan)
+            print(f"- pair {k + 1}: plain {n / plain:,.0f} jobs/s, chord {n / fan:,.0f} jobs/s"
+                  f" ({plain / fan:.0%}); enqueue_many {took[0]:.2f} s, enqueue_flow"
+                  f" {took[1]:.2f} s")
+    with open("/proc/loadavg") as f:
+        print(f"\nload average after: {f.read().split()[0]}")
+    ratios.sort()
+    print(f"\nmedian: the chord runs at {ratios[len(ratios) // 2]:.0%} of the plain rate")
+    return 0
+
+
+def _profile(n: int) -> int:
+    import cProfile
+    import io
+    import pstats
+
+    flow = _chord_of(n)
+    for live in (False, True):
+        with RedisServer() as srv:
+            prof = cProfile.Profile()
+            took: list[float] = []
+            stats: dict[str, Any] = {}
+
+            def start(q: Queue, prof: Any = prof, stats: dict[str, Any] = stats) -> None:
+                q.client.config_resetstat()
+                prof.enable()
+                try:
+                    q.enqueue_flow(flow, flow_id="c")
+                finally:
+                    prof.disable()
+                    stats.update(q.client.info("commandstats"))
+
+            if live:
+                asyncio.run(_live(srv.url, "pf", start, f"c.{n}", took))
+            else:
+                with Queue.from_url(srv.url, "pf") as q:
+                    t0 = time.perf_counter()
+                    start(q)
+                    took.append(time.perf_counter() - t0)
+            print(f"## enqueue_flow of a {n:,} -> 1 chord, {'live' if live else 'no'} worker:"
+                  f" {took[0]:.2f} s\n")
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+            print("```\n" + out.getvalue().strip() + "\n```\n")
+            print("commandstats during the call (calls, usec):\n")
+            for cmd, v in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:10]:
+                print(f"- {cmd}: {v['calls']:,} calls, {v['usec'] / 1e6:.3f} s")
+            print()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fan", type=int, default=10_000)
@@ -246,8 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--handoff-cross", type=int, default=30)
     ap.add_argument("--breakdown", action="store_true",
                     help="with --handoff: time the worker's script calls in between")
+    ap.add_argument("--live-pairs", type=int, default=0)
+    ap.add_argument("--profile", action="store_true")
     a = ap.parse_args(argv)
     n = a.fan
+    if a.live_pairs:
+        return _live_pairs(n, a.live_pairs)
+    if a.profile:
+        return _profile(n)
     if a.handoff:
         return _handoff(a.handoff, a.handoff_cross, a.breakdown)
     if a.batch_pairs:

@@ -1,15 +1,17 @@
 """Workflows (docs/workflows.md): jobs that wait for others, as sans-IO operations.
 
 One primitive: a job in state ``waiting`` keeps its pending dependencies as a SET (wait.lua);
-each edge is registered in the dependency's own slot (link.lua); the dependency's terminal
-transition resolves it (inline in one slot, through an outbox in another: _flow.lua); a relay
-applies outbox messages (resolve.lua) and a capped repair sweep re-links what a lost message or
-a producer that died half-way left behind. The sugar (``JobSpec``, ``chain``, ``group``,
-``chord``) compiles to that primitive (streamq/_producer/flows.py).
+each edge is registered in the dependency's own slot (link_many.lua, a few hundred per call);
+the dependency's terminal transition resolves it (inline in one slot, through an outbox in
+another: _flow.lua); a relay applies outbox messages (resolve_many.lua) and a capped repair
+sweep re-links what a lost message or a producer that died half-way left behind. The sugar
+(``JobSpec``, ``chain``, ``group``, ``chord``) compiles to that primitive
+(streamq/_producer/flows.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -165,9 +167,16 @@ def member(ref: JobRef, index: int) -> str:
     return f"{POLICIES[ref.policy]}{index} {ref.queue} {ref.job_id}"
 
 
+@functools.lru_cache(maxsize=256)
+def _queue_keys(queue: str, prefix: str) -> Keys:
+    """A queue's shard-0 keys (Keys is immutable: one per queue serves every edge of a large
+    fan-in, instead of one made and checked per edge)."""
+    return Keys(queue, prefix)
+
+
 def link_call(prefix: str, shards: Mapping[str, int], parent_key: str, parent_id: str,
               ref: JobRef, index: int) -> Call:
-    ck = Keys(ref.queue, prefix).for_job(ref.job_id, shards[ref.queue])
+    ck = _queue_keys(ref.queue, prefix).for_job(ref.job_id, shards[ref.queue])
     pk = f"{ck.parents(ref.job_id)} {ck.outbox} {ref.queue}"
     m = f"{POLICIES[ref.policy]}{index} {parent_key} {parent_id}"
     return Call("link", [ck.job(ref.job_id), ck.parents(ref.job_id), ck.outbox],
@@ -178,20 +187,34 @@ Message = tuple[str, str, str, str, str, bytes]
 """An outbox message: (outbox key, entry id, parent record key, parent id, deps member, value)."""
 
 
+LINK_BATCH = 500
+"""Edges one link_many.lua call links (children of one slot), and ended dependencies one
+resolve_many.lua call applies (one waiting job): a call stays short."""
+
+
 def apply(messages: Sequence[Message]) -> Op[list[int]]:
-    """Resolve each message in its parent's slot (resolve.lua), then delete the applied ones
-    from their outboxes. A message whose resolve failed stays (the relay tries it again)."""
+    """Resolve each message in its parent's slot (resolve_many.lua: the messages of one
+    parent, up to LINK_BATCH per call), then delete the applied ones from their outboxes. A
+    message whose resolve failed stays (the relay tries it again)."""
     if not messages:
         return []
-    r = yield [Call("resolve", [m[2]], [m[3], m[4], m[5]]) for m in messages]
-    by: dict[str, list[str]] = {}
-    codes: list[int] = []
-    for m, v in zip(messages, r, strict=True):
+    by_parent: dict[tuple[str, str], list[int]] = {}
+    for i, m in enumerate(messages):
+        by_parent.setdefault((m[2], m[3]), []).append(i)
+    groups = [(prec, pid, idx[k:k + LINK_BATCH]) for (prec, pid), idx in by_parent.items()
+              for k in range(0, len(idx), LINK_BATCH)]
+    r = yield [Call("resolve_many", [prec],
+                    [pid, *(a for i in idx for a in (messages[i][4], messages[i][5]))])
+               for prec, pid, idx in groups]
+    codes = [-1] * len(messages)
+    for (_p, _i, idx), v in zip(groups, r, strict=True):
         if isinstance(v, Exception):
-            codes.append(-1)
             continue
-        codes.append(int(v))
-        if m[0]:
+        for i, c in zip(idx, v, strict=True):
+            codes[i] = int(c)
+    by: dict[str, list[str]] = {}
+    for m, c in zip(messages, codes, strict=True):
+        if c >= 0 and m[0]:
             by.setdefault(m[0], []).append(m[1])
     if by:
         d = yield [Cmd.of("XDEL", box, *ids) for box, ids in by.items()]
@@ -201,39 +224,56 @@ def apply(messages: Sequence[Message]) -> Op[list[int]]:
 
 
 def link(calls: Sequence[Call]) -> Op[list[str]]:
-    """Run link.lua calls; an edge to a dependency that had already ended is resolved now
-    (its outbox message applied). Returns each edge's dependency state."""
+    """Link edges (link.lua calls, as link_call makes them), those of one slot up to
+    LINK_BATCH per link_many.lua call; an edge to a dependency that had already ended is
+    resolved now: in link_many.lua itself when its parent is in that slot, else its outbox
+    message (its value in the answer) is applied at once (resolve_many.lua). Returns each
+    edge's dependency state."""
     if not calls:
         return []
-    r = yield list(calls)
-    states: list[str] = []
-    msgs: list[Message] = []
-    for c, v in zip(calls, r, strict=True):
-        v = ok(v)
-        if _s(v[0]) == "ended":
-            states.append(_s(v[2]))
-            msgs.append((c.keys[2], _s(v[1]), *_msg_of(c)))
-        else:
-            states.append(_s(v[1]))
-    if msgs:
-        yield from _reread(msgs)
+    states, _ = yield from _link_many(calls, tolerant=False)
     return states
+
+
+def _link_many(calls: Sequence[Call], tolerant: bool) -> Op[tuple[list[str], int]]:
+    """link()'s work; returns each edge's dependency state ('' for one whose call failed,
+    ``tolerant``: else the call's error is raised) and how many resolves changed a job."""
+    by_box: dict[str, list[int]] = {}
+    for i, c in enumerate(calls):
+        by_box.setdefault(c.keys[2], []).append(i)
+    groups = [(box, idx[k:k + LINK_BATCH]) for box, idx in by_box.items()
+              for k in range(0, len(idx), LINK_BATCH)]
+    r = yield [Call("link_many", [box, *(k for i in idx for k in calls[i].keys[:2])],
+                    [a for i in idx for a in calls[i].args])
+               for box, idx in groups]
+    states = [""] * len(calls)
+    msgs: list[Message] = []
+    changed = 0
+    for (box, idx), v in zip(groups, r, strict=True):
+        if tolerant and isinstance(v, Exception):
+            continue
+        for i, a in zip(idx, ok(v), strict=True):
+            kind = _s(a[0])
+            if kind == "ended":
+                states[i] = _s(a[2])
+                prec, pid, dmember, _ = _msg_of(calls[i])
+                raw = a[3]
+                msgs.append((box, _s(a[1]), prec, pid, dmember,
+                             raw if isinstance(raw, bytes) else str(raw).encode()))
+            else:
+                states[i] = _s(a[1])
+                if kind == "resolved" and int(a[2]) > 0:
+                    changed += 1
+    if msgs:
+        codes = yield from apply(msgs)
+        changed += sum(1 for c in codes if c > 0)
+    return states, changed
 
 
 def _msg_of(c: Call) -> tuple[str, str, str, bytes]:
     pi, prec, pid = _s(c.args[2]).split(" ")
     cq = _s(c.args[1]).rsplit(" ", 1)[1]
     return prec, pid, f"{pi} {cq} {_s(c.args[0])}", b""
-
-
-def _reread(msgs: list[Message]) -> Op[None]:
-    """Apply messages link.lua wrote: their values are read back from the outbox."""
-    r = yield [Cmd.of("XRANGE", m[0], m[1], m[1]) for m in msgs]
-    full: list[Message] = []
-    for m, v in zip(msgs, r, strict=True):
-        parsed = _entries(m[0], ok(v))
-        full.extend(parsed)
-    yield from apply(full)
 
 
 def _entries(box: str, reply: Any) -> list[Message]:
@@ -268,7 +308,7 @@ def relay(keys: Keys, batch: int = RELAY_BATCH) -> Op[tuple[int, bool, str]]:
 def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, int],
            known: Mapping[str, int] | None = None) -> Op[tuple[int, int]]:
     """One repair step over a shard's waiting jobs older than ``min_age_ms``: each pending
-    dependency is linked again (link.lua: a no-op for a live one; one that ended or is missing
+    dependency is linked again (link_many.lua: a no-op for a live one; one that ended or is missing
     is resolved now), a job with nothing pending is released, and an index entry whose job is
     no longer waiting is dropped. Returns (dependencies checked, resolves that changed a job).
     ``cursors``: SSCAN cursors per job id, kept by the caller between steps."""
@@ -321,19 +361,9 @@ def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, i
         sh = yield from shard_counts(keys.prefix, (e[1].queue for e in edges),
                                      {**({} if shards is None else {keys.queue: shards}),
                                       **(known or {})})
-        calls: list[Cmd | Call] = [link_call(keys.prefix, sh, keys.job(pid), pid, ref, idx)
-                                   for pid, ref, idx in edges]
-        r2 = yield calls
-        msgs: list[Message] = []
-        for c, v in zip(calls, r2, strict=True):
-            if isinstance(c, Call) and not isinstance(v, Exception) and _s(v[0]) == "ended":
-                msgs.append((c.keys[2], _s(v[1]), *_msg_of(c)))
-        if msgs:
-            got = yield [Cmd.of("XRANGE", m[0], m[1], m[1]) for m in msgs]
-            full = [e for m, v in zip(msgs, got, strict=True)
-                    for e in _entries(m[0], ok(v))]
-            codes = yield from apply(full)
-            changed += sum(1 for c in codes if c > 0)
+        _, n = yield from _link_many([link_call(keys.prefix, sh, keys.job(pid), pid, ref, idx)
+                                      for pid, ref, idx in edges], tolerant=True)
+        changed += n
     if changed:
         yield [Cmd.of("HINCRBY", keys.stats, "flow_repairs", changed)]
     return len(edges), changed

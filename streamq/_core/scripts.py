@@ -29,8 +29,8 @@ Arg = str | bytes | int | float
 
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
           "prune", "fire", "requeue", "redrive", "purge", "progress", "claim", "unpark",
-          "reconcile", "group", "ticket", "wait", "link", "resolve", "adopt", "batch_open",
-          "batch_close", "search", "ixdead")
+          "reconcile", "group", "ticket", "wait", "link", "link_many", "resolve",
+          "resolve_many", "adopt", "batch_open", "batch_close", "search", "ixdead")
 
 
 _pack: Any

@@ -12,7 +12,7 @@ waiting jobs in its slot whose first dependency (index 0) is the batch itself:
 
 ``add`` puts each new job into each waiting callback's pending SET first (adopt.lua, refused
 once the batch's own edge left it: closed), then enqueues the jobs, then links every edge in the
-job's slot (link.lua). ``close`` ends the batch record (batch_close.lua), which resolves its
+job's slot (link_many.lua). ``close`` ends the batch record (batch_close.lua), which resolves its
 edge in every callback in the same script: no callback can be released before it.
 """
 

@@ -4,7 +4,7 @@ to it: ``JobSpec``, ``chain``, ``group``, ``chord``.
 
 Order of writes, so that a producer dying at any point leaves nothing stranded: every waiting
 job first (wait.lua: its record and pending set, in its own slot), then the jobs that have no
-dependencies (enqueue.lua), then every edge (link.lua, in the dependency's
+dependencies (enqueue.lua), then every edge (link_many.lua, in the dependency's
 slot; one already ended is resolved at once). A waiting job whose edges never got linked is
 found by the repair sweep; a repeat of the same flow with the same ``flow_id`` writes nothing
 new (deterministic ids) and links what is missing.
@@ -263,7 +263,7 @@ def add_children(keys: Keys, cfg: QueueConfig, parent_id: str, specs: Sequence[J
     """``Queue.add_children``: the running job ``parent_id`` takes ``specs`` as children
     (docs/workflows.md#dynamic-children). Its edges first (adopt.lua, in its slot), then the
     children (as ``enqueue_flow`` writes a group), then every edge in each child's slot
-    (link.lua; one already ended is resolved at once: recorded on the running job)."""
+    (link_many.lua; one already ended is resolved at once: recorded on the running job)."""
     specs = list(specs)
     if not specs or not all(isinstance(s, JobSpec) for s in specs):
         raise InvalidArgument("add_children takes a non-empty list of JobSpec")
