@@ -38,12 +38,12 @@ def _mem(client: redis.Redis) -> int:
     return int(info["used_memory"])
 
 
-def _round(client: redis.Redis, entries: int, hashed: bool) -> dict[str, float]:
+def _round(client: Any, entries: int, hashed: bool) -> dict[str, float]:
     client.execute_command("FLUSHALL", "SYNC")  # not lazily: used_memory must settle first
     client.config_resetstat()
     before = _mem(client)
     for start in range(0, entries, BATCH):
-        pipe = client.pipeline(transaction=False)
+        pipe: Any = client.pipeline(transaction=False)
         for i in range(start, min(entries, start + BATCH)):
             if hashed:
                 pipe.execute_command("HSETEX", "streamq:{q}:dd", "PX", TTL_MS, "FIELDS", 1,
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     with RedisServer(binary=args.server) as srv:
-        client = redis.Redis(port=srv.port, protocol=2)
+        client: Any = redis.Redis(port=srv.port, protocol=2)
         version = client.info("server")
         rows: dict[str, list[dict[str, float]]] = {"strings": [], "hash": []}
         for _ in range(args.rounds):
