@@ -175,7 +175,6 @@ def slot_stats_on(redis_cluster: ClusterServer) -> Iterator[bool]:
         try:
             for n in nodes:
                 n.config_set("cluster-slot-stats-enabled", "yes")
-                n.config_resetstat()
             enabled = True
         except redis.ResponseError:
             enabled = False
