@@ -27,6 +27,7 @@ from ._core.driver import Op, adrive, drive
 from ._core.errors import JobNotFound, ServerTooOld
 from ._core.keys import Keys, queues_key
 from ._core.model import CancelResult, JobInfo
+from ._core.serverinfo import ServerInfo, adetect, detect
 from ._core.timeseries import Point
 from ._ops import browse as _browse
 from ._ops import flows as _flows
@@ -46,13 +47,14 @@ from ._ops.operations import (
     QueueStats,
 )
 from ._ops.search import Hit, SearchPage, SearchQuery
+from ._ops.slots import ShardSlot, ashard_slots, shard_slots
 
 T = TypeVar("T")
 MIN_VERSION = (6, 2)
 
 __all__ = ["Admin", "AsyncAdmin", "ConsumerInfo", "CronInfo", "DeadEntry", "DeadFilter", "Event",
            "FlowEdge", "FlowView", "Hit", "JobRow", "Lease", "ListFilter", "Page", "PendingEntry",
-           "Point", "QueueStats", "SearchPage", "Timeline", "WorkerInfo"]
+           "Point", "QueueStats", "SearchPage", "ServerInfo", "ShardSlot", "Timeline", "WorkerInfo"]
 
 
 def _who() -> str:
@@ -221,6 +223,16 @@ class Admin:
     def consumers(self, queue: str, *, shard: int | None = None) -> list[ConsumerInfo]:
         """Each shard's consumers (a worker is one consumer in every shard)."""
         return drive(self.client, self.ops.concat(queue, shard, _ops.consumers))
+
+    def server(self) -> ServerInfo:
+        """The server's name and version and the newer paths it offers (asked once per
+        client; docs/scaling.md#server-versions)."""
+        return detect(self.client)
+
+    def shard_slots(self, queue: str) -> list[ShardSlot]:
+        """On a Redis Cluster, each shard's slot, its primary and its key count (and CPU µs
+        and network bytes where CLUSTER SLOT-STATS has them); ``[]`` on one server."""
+        return shard_slots(self.client, drive(self.client, self.ops.shard_keys(queue)))
 
     def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
         return drive(self.client, self.ops.concat(queue, None, lambda k: _ops.prune(
@@ -466,6 +478,15 @@ class AsyncAdmin:
 
     async def consumers(self, queue: str, *, shard: int | None = None) -> list[ConsumerInfo]:
         return await self._run(queue, self.ops.concat(queue, shard, _ops.consumers))
+
+    async def server(self) -> ServerInfo:
+        """As :meth:`Admin.server`."""
+        return await adetect(self.client)
+
+    async def shard_slots(self, queue: str) -> list[ShardSlot]:
+        """As :meth:`Admin.shard_slots`."""
+        client = await self.client_for(queue)
+        return await ashard_slots(client, await adrive(client, self.ops.shard_keys(queue)))
 
     async def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
         return await self._run(queue, self.ops.concat(queue, None, lambda k: _ops.prune(

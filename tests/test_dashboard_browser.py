@@ -365,3 +365,38 @@ async def test_flow_page_click_from_a_job_to_its_parent(browser: Any, dashboard:
     wait_text(d, "#job-state", "waiting")
     logs = [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
     assert not logs, logs
+
+
+@pytest.mark.cluster
+async def test_workers_tab_shows_the_shards_on_a_cluster(browser: Any, redis_cluster: Any
+                                                         ) -> None:
+    """A sharded queue on the cluster: the workers tab's shard table, one row per shard, from
+    CLUSTER SLOT-STATS or (Redis 7.0) CLUSTER COUNTKEYSINSLOT (docs/scaling.md#server-versions).
+    """
+    import uuid
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from streamq import Queue, QueueConfig
+
+    name, cfg = f"bs-{uuid.uuid4().hex[:8]}", QueueConfig(shards=3)
+    with Queue.from_url(redis_cluster.url, name, cfg) as q:
+        q.enqueue_many([{"type": "t", "job_id": f"j{i}"} for i in range(12)])
+    app = create_app(redis_cluster.url, config=DashboardConfig(queues=(name,), queue_config=cfg))
+    d = browser
+    d.get("about:blank")
+    d.get_log("browser")
+    with serve(app) as base:
+        try:
+            d.get(f"{base}/queue?q={name}&tab=workers")
+            WebDriverWait(d, WAIT_S, poll_frequency=0.1).until(
+                lambda b: len(b.find_elements(By.CSS_SELECTOR, "#shard-slots tbody tr")) == 3)
+            shards = [r.find_element(By.CSS_SELECTOR, "td").text
+                      for r in d.find_elements(By.CSS_SELECTOR, "#shard-slots tbody tr")]
+            assert shards == ["0", "1", "2"]
+            shot(d, "queue-shards-cluster")
+            logs = [e for e in d.get_log("browser") if e.get("level") == "SEVERE"]
+            assert not logs, logs
+        finally:
+            d.get("about:blank")

@@ -179,6 +179,12 @@ def exists(parts: Sequence[Keys]) -> Op[bool]:
     return False
 
 
+def _given(parts: list[Keys]) -> Op[list[Keys]]:
+    """The keys themselves, as an Op (no command: the guard before it is the point)."""
+    if not parts:
+        yield []
+    return parts
+
 
 class QueueOps:
     """The admin API's operations over whole (possibly sharded) queues, built once for the
@@ -207,6 +213,10 @@ class QueueOps:
     def by_id(self, queue: str, job_id: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
         check_job_id(job_id)
         return self.guard(queue, lambda k: make(k.for_job(job_id, self.config.shards)))
+
+    def shard_keys(self, queue: str) -> Op[list[Keys]]:
+        """Every shard's keys, after the stored shard count was checked."""
+        return self.parts(queue, None, _given)
 
     def stats(self, queue: str, shard: int | None) -> Op[QueueStats]:
         return self.parts(queue, shard, stats)

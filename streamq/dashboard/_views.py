@@ -152,6 +152,8 @@ async def queue_page(dash: Dashboard, request: Request) -> Response:
         show_dead = param(request, "dead") == "1"
         items = [w for w in everyone if show_dead or w.alive]
         extra.update(show_dead=show_dead, dead_count=sum(not w.alive for w in everyone))
+        extra["shard_slots"] = await a.shard_slots(q)  # [] on one server
+        extra["server"] = (await a.server()).describe() if extra["shard_slots"] else ""
     else:
         page = None
         items = list(await a.cron(q))
