@@ -65,6 +65,11 @@ def cpu_run(n: int) -> dict[str, float]:
             "worker_us": float(out["cpu_s"]) / n * 1e6, "used_memory_end": used}
 
 
+def _calls(client: redis.Redis) -> dict[str, int]:
+    stats: dict[str, Any] = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+
 def _ctl(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True)
 
@@ -114,9 +119,15 @@ def callgrind_run(n: int, binary: str, keep: Path | None = None) -> dict[str, An
             _ctl(proc.pid, "-i", "on")
             q.enqueue_many(_jobs(n))
             _ctl(proc.pid, "-d", "enqueue")
+        s0 = _calls(client)
         _drain(url, n)
         _ctl(proc.pid, "-d", "drain")
         _ctl(proc.pid, "-i", "off")
+        s1 = _calls(client)
+        # script calls per drained job vary with the batches the worker made (timing): read
+        # the drain's instructions per job together with them
+        res["drain_calls_per_job"] = {k: round((v - s0.get(k, 0)) / n, 4)
+                                      for k, v in s1.items() if v - s0.get(k, 0) >= n // 100}
         for phase in ("enqueue", "drain"):
             files = [p for p in tmp.glob("cg.*") if _dump_part(p) == phase]
             if len(files) != 1:
