@@ -394,7 +394,8 @@ def _compact(args: list[Arg], n: int) -> None:
     for b in range(4, 4 + 10 * n, 10):
         rows.append(args[b])
         rows.append(args[b + 2])
-    args[3] = f"={args[3]}"
+    head = args[3]  # N, 'N:D' or 'N:D:S' (an int or a str)
+    args[3] = "=" + (head.decode() if isinstance(head, bytes) else str(head))
     args[4:4 + 10 * n] = rows
 
 
