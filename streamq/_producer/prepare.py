@@ -374,7 +374,29 @@ def enqueue_call(
         _dedup_section(keys, batch, k, args)
     if cfg.search is not None and batch:  # the search section, after that (docs/search.md)
         _search.section(keys, cfg, batch, k, args)
+    _compact(args, len(batch))
     return k, args
+
+
+def _compact(args: list[Arg], n: int) -> None:
+    """enqueue.lua's compact form, in place, for a batch whose jobs differ only in id and
+    body (an ``enqueue_many`` of one kind of job): ARGV[4] gets a leading '=', the 8 values
+    the jobs share come once, then id and body per job, 2 arguments instead of 10 (each
+    argument costs redis-server its parsing, an object and a Lua string: about 1,200
+    instructions; docs/performance.md#floor-per-job-on-one-server-issue-32)."""
+    if n < 2:
+        return
+    shared = args[5:6] + args[7:14]
+    for b in range(14, 4 + 10 * n, 10):
+        if args[b + 1] != shared[0] or args[b + 3:b + 10] != shared[1:]:
+            return
+    rows: list[Arg] = [*shared]
+    for b in range(4, 4 + 10 * n, 10):
+        rows.append(args[b])
+        rows.append(args[b + 2])
+    head = args[3]  # N, 'N:D' or 'N:D:S' (an int or a str)
+    args[3] = "=" + (head.decode() if isinstance(head, bytes) else str(head))
+    args[4:4 + 10 * n] = rows
 
 
 def _dedup_section(keys: Keys, batch: Sequence[Prepared], k: list[str], args: list[Arg]

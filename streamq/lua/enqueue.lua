@@ -86,6 +86,28 @@
 --           an earlier task attempt; without: it carries this very body and options, a
 --           retried call) else 0; 3 for a job folded by its dedup key: 'deduplicated', the
 --           id of the job it was folded into, that job's state ('' when its record is gone).
+-- ARGV[4] may start with '=' (the compact form, prepare.py's _compact: a batch whose jobs
+--           differ only in id and body): then ARGV[5 .. 12] are the 8 values the jobs share
+--           (options, max_attempts, result_ttl_s, deadline_ms, delay_ms, run_at_ms, notify,
+--           writer tag), ARGV[13 + 2*(i-1)], ARGV[14 + 2*(i-1)] job i's id and body, and the
+--           rest follows as above; the call reads them as if each job had its 10 (A below).
+--           Each argument costs the server its parsing, an object and a Lua string.
+local ARGV = ARGV
+if sbyte(ARGV[4], 1) == 61 then  -- '='
+  local src = ARGV
+  local A = {src[1], src[2], src[3], ssub(src[4], 2)}
+  local o, ma, ttl, dl, dy, ra, nt, tg = src[5], src[6], src[7], src[8], src[9], src[10],
+    src[11], src[12]
+  local n0 = tonumber(string.match(A[4], '^%d+'))
+  local j, s = 5, 13
+  for _ = 1, n0 do
+    A[j] = src[s]; A[j + 1] = o; A[j + 2] = src[s + 1]; A[j + 3] = ma; A[j + 4] = ttl
+    A[j + 5] = dl; A[j + 6] = dy; A[j + 7] = ra; A[j + 8] = nt; A[j + 9] = tg
+    j, s = j + 10, s + 2
+  end
+  for x = s, #src do A[j] = src[x]; j = j + 1 end
+  ARGV = A
+end
 local stream, delayed, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local events_maxlen = ARGV[1]
 local max_depth = tonumber(ARGV[2])
