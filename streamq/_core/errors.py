@@ -99,6 +99,30 @@ class ShardCountMismatch(StreamqError):
         self.stored = stored
 
 
+class ReshardInProgress(StreamqError):
+    """A reshard of the queue to another count has begun and is not finished: finish it
+    first (repeat ``streamq reshard`` with that count), then change the count again."""
+
+    def __init__(self, queue: str, asked: int, begun: int) -> None:
+        super().__init__(f"queue {queue!r} is being resharded to {begun} shards; asked for"
+                         f" {asked}: repeat the reshard to {begun} first")
+        self.queue = queue
+        self.asked = asked
+        self.begun = begun
+
+
+class LayoutChanged(StreamqError):
+    """A shard of the queue refused a write routed by an old shard count (the queue was
+    resharded meanwhile) and wrote nothing. The producer paths re-read the layout and resend
+    on their own; this reaches a caller only from a path that cannot (it names the count)."""
+
+    def __init__(self, queue: str, shards: int) -> None:
+        super().__init__(f"queue {queue!r} now has {shards} shards (resharded): nothing was"
+                         " written; resend with the new layout")
+        self.queue = queue
+        self.shards = shards
+
+
 class ReplicationTimeout(StreamqError):
     """With ``QueueConfig.min_replicas``: fewer replicas than asked confirmed an enqueue in
     time. The jobs ARE written on the primary (``results`` says how each was answered); they
