@@ -1,0 +1,289 @@
+"""Producers during a live reshard (docs/scaling.md#producers-during-a-reshard), on one server
+and on the session's cluster: a producer opened before ``reshard.begin`` keeps enqueuing (one,
+many, auto-batched from threads, asyncio) and its jobs land in their homes under the new
+count; an id enqueued before the reshard answers 'duplicate' after it (3 -> 6 and 6 -> 3) and
+no second record is written; a call refused by a frozen shard writes nothing while the other
+calls of an enqueue_many keep their outcomes; a producer finishes a reshard whose driver died
+after storing ``next``; a script-level enqueue routed by the old count gets LayoutChanged; a
+process configured with the old count follows the stored layout."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from streamq import (
+    AsyncQueue,
+    EnqueueResult,
+    Keys,
+    LayoutChanged,
+    Queue,
+    QueueConfig,
+    ReshardInProgress,
+)
+from streamq._core import reshard
+from streamq._core import shards as _shards
+from streamq._core.cluster_server import ClusterServer
+from streamq._core.conn import sync_client
+from streamq._core.driver import drive
+from streamq._core.keys import shard_keys, shard_of
+from streamq._core.retry import layout_changed, transient
+from streamq._core.scripts import SCRIPTS
+from streamq._producer import prepare as prod
+
+W = 3600
+"""The reshard's retention window (s)."""
+
+
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
+def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
+    """(url, cluster or None): one server, or the session's Redis Cluster."""
+    if request.param == "standalone":
+        yield request.getfixturevalue("url"), None
+    else:
+        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
+        yield cluster.url, cluster
+
+
+def fresh(cluster: ClusterServer | None, shards: int = 6) -> str:
+    """A new queue name; on the cluster, one whose shards sit on every primary."""
+    while True:
+        name = f"rp-{uuid.uuid4().hex[:10]}"
+        if cluster is None or len({cluster.owner(k.stream)
+                                   for k in shard_keys(name, shards)}) == 3:
+            return name
+
+
+def moved(old: int, new: int, n: int, tag: str) -> list[str]:
+    """``n`` ids whose home differs between ``old`` and ``new`` shards."""
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        jid = f"{tag}{i}"
+        i += 1
+        if shard_of(jid, old) != shard_of(jid, new):
+            out.append(jid)
+    return out
+
+
+def begin(client: Any, name: str, n: int) -> _shards.Layout:
+    return drive(client, reshard.begin(Keys(name), n, W))
+
+
+def at(client: Any, name: str, jid: str, shards: int) -> bool:
+    """Whether job ``jid``'s record is in its home under ``shards``."""
+    return bool(client.exists(Keys(name).for_job(jid, shards).job(jid)))
+
+
+def test_producer_opened_before_a_reshard_follows_it(where: tuple[str, Any]) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        assert q.enqueue("t", job_id="warm").status == "queued"
+        assert begin(admin, name, 6).shards == 6
+        one = moved(3, 6, 4, "one-")
+        for jid in one:  # lone enqueues: refused by the frozen shard, resent to the new home
+            assert q.enqueue("t", {"i": jid}, job_id=jid).status == "queued"
+        many = moved(3, 6, 20, "many-")
+        got = q.enqueue_many([{"type": "t", "job_id": j} for j in many])
+        assert [r.job_id for r in got] == many
+        assert {r.status for r in got} == {"queued"}
+        drawn = q.enqueue("t")  # a drawn id
+        assert q.config.shards == 6 and q.layout.shards == 6 and q.layout.prev == (3,)
+        for jid in [*one, *many, drawn.job_id]:
+            assert at(admin, name, jid, 6), jid
+        for jid in [*one, *many]:
+            assert not at(admin, name, jid, 3), jid
+        assert at(admin, name, "warm", 3)  # written before: stays where it was written
+    admin.close()
+
+
+def test_auto_batched_threads_follow_a_reshard(where: tuple[str, Any]) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    ids = moved(3, 6, 40, "th-")
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        begin(admin, name, 6)
+        out: dict[str, EnqueueResult] = {}
+
+        def run(part: list[str]) -> None:
+            for jid in part:
+                out[jid] = q.enqueue("t", job_id=jid)
+
+        threads = [threading.Thread(target=run, args=(ids[i::4],)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert {out[j].status for j in ids} == {"queued"}
+        assert all(at(admin, name, j, 6) for j in ids)
+    admin.close()
+
+
+def test_async_producer_follows_a_reshard(where: tuple[str, Any]) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    ids = moved(3, 6, 12, "as-")
+
+    async def main() -> list[EnqueueResult]:
+        async with AsyncQueue.from_url(url, name, QueueConfig(shards=3)) as aq:
+            await aq.enqueue("t", job_id="warm")
+            begin(admin, name, 6)
+            lone = await asyncio.gather(*(aq.enqueue("t", job_id=j) for j in ids[:6]))
+            many = await aq.enqueue_many([{"type": "t", "job_id": j} for j in ids[6:]])
+            assert aq.config.shards == 6
+            return [*lone, *many]
+
+    got = asyncio.run(main())
+    assert [r.job_id for r in got] == ids
+    assert {r.status for r in got} == {"queued"}
+    assert all(at(admin, name, j, 6) for j in ids)
+    admin.close()
+
+
+@pytest.mark.parametrize(("old", "new"), [(3, 6), (6, 3)])
+def test_an_id_enqueued_before_a_reshard_is_a_duplicate_after_it(
+        where: tuple[str, Any], old: int, new: int) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    ids = moved(old, new, 12, "d-")
+    with Queue.from_url(url, name, QueueConfig(shards=old)) as before:
+        assert {r.status for r in before.enqueue_many(
+            [{"type": "t", "job_id": j, "payload": 1} for j in ids])} == {"queued"}
+        begin(admin, name, new)
+        # the producer opened before, and one opened after (configured with either count)
+        with Queue.from_url(url, name, QueueConfig(shards=new)) as after:
+            for q in (before, after):
+                for jid in ids[:3]:
+                    r = q.enqueue("t", 2, job_id=jid)
+                    assert (r.status, r.state) == ("duplicate", "queued")
+                got = q.enqueue_many([{"type": "t", "job_id": j, "payload": 2}
+                                      for j in [*ids[3:], "new-one"]])
+                assert [r.status for r in got[:-1]] == ["duplicate"] * (len(ids) - 3)
+                assert got[-1].status in ("queued", "duplicate")
+        for jid in ids:  # no second record in the new home
+            assert at(admin, name, jid, old) and not at(admin, name, jid, new)
+    admin.close()
+
+
+def test_a_refused_call_writes_nothing_and_the_others_keep_their_outcomes(
+        url: str, r: redis.Redis) -> None:
+    """A reshard whose driver died after storing ``next`` and freezing one shard: a stale
+    producer's calls to the other shards are written where they were routed, the frozen
+    shard's call is refused (nothing written), the producer finishes the reshard and resends
+    only the refused jobs to their new homes."""
+    name = fresh(None)
+    ids = [f"p-{i}" for i in range(30)]
+    frozen = 1
+    assert {shard_of(j, 3) for j in ids} == {0, 1, 2}
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        keys = Keys(name)
+        op = reshard.begin(keys, 6, W)  # drive the driver's steps by hand, then let it die
+        step = next(op)  # HMGET the layout
+        while True:
+            replies = drive(r, _one(step))
+            step = op.send(replies)
+            if step and step[0].args[:1] == ("HSET",):  # the freeze: it dies before
+                break
+        op.close()
+        assert r.hget(keys.of_shard(0).meta, "next") == b"6"
+        r.hset(keys.of_shard(frozen).stats, "lay", 6)  # (the one shard it froze)
+        stream_len = r.xlen(keys.of_shard(frozen).stream)
+        got = q.enqueue_many([{"type": "t", "job_id": j} for j in ids])
+        assert [g.job_id for g in got] == ids
+        assert {g.status for g in got} == {"queued"}
+        for jid in ids:
+            if shard_of(jid, 3) == frozen:  # refused under 3: written in its home under 6
+                assert at(r, name, jid, 6)
+                assert shard_of(jid, 6) == frozen or not at(r, name, jid, 3)
+            else:  # accepted where it was routed, before the freeze
+                assert at(r, name, jid, 3)
+        lay = drive(r, _shards.read(keys))
+        assert lay is not None and (lay.shards, lay.next, lay.epoch) == (6, None, 1)
+        assert r.xlen(keys.of_shard(frozen).stream) == stream_len + sum(
+            1 for j in ids if shard_of(j, 3) == frozen and shard_of(j, 6) == frozen)
+
+
+def _one(step: list[Any]) -> Any:
+    replies = yield step
+    return replies
+
+
+def test_a_lone_enqueue_finishes_a_reshard_whose_driver_died(url: str, r: redis.Redis) -> None:
+    name = fresh(None)
+    keys = Keys(name)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        op = reshard.begin(keys, 6, W)
+        step = next(op)
+        step = op.send(drive(r, _one(step)))  # HSETNX next
+        op.send(drive(r, _one(step)))
+        op.close()  # died after storing next, before freezing anything
+        assert r.hget(keys.of_shard(0).meta, "next") == b"6"
+        jid = moved(3, 6, 1, "lone-")[0]
+        # routed by 3 into an unfrozen shard: accepted there (the reshard has not frozen it)
+        assert q.enqueue("t", job_id=jid).status == "queued"
+        assert at(r, name, jid, 3)
+        with pytest.raises(ReshardInProgress):
+            drive(r, reshard.begin(keys, 9, W))
+    # a producer whose first call meets a frozen shard finishes it
+    r.hset(keys.of_shard(shard_of("x-1", 3)).stats, "lay", 6)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q2:
+        assert q2.enqueue("t", job_id="x-1").status == "queued"
+        assert q2.layout.shards == 6 and q2.layout.next is None
+        assert at(r, name, "x-1", 6)
+        assert q2.enqueue("t", job_id=jid).status == "duplicate"  # found in its old home
+
+
+def test_a_script_level_enqueue_routed_by_the_old_count_gets_layout_changed(
+        where: tuple[str, Any]) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    client = sync_client(url)
+    keys = Keys(name)
+    cfg = QueueConfig(shards=3)
+    with Queue.from_url(url, name, cfg) as q:
+        q.enqueue("t", job_id="warm")
+    begin(client, name, 6)
+    jid = moved(3, 6, 1, "s-")[0]
+    p = prod.prepare(keys, cfg, "t", None, job_id=jid)
+    k, a = prod.enqueue_call(keys, cfg, [p])
+    with pytest.raises(Exception) as caught:
+        SCRIPTS["enqueue"](client, k, a)
+    lc = layout_changed(caught.value, name)
+    assert isinstance(lc, LayoutChanged) and (lc.queue, lc.shards) == (name, 6)
+    assert not transient(caught.value)
+    assert not at(client, name, jid, 3) and not at(client, name, jid, 6)
+    # routed by the new count, the same call is accepted
+    cfg6 = QueueConfig(shards=6)
+    p6 = prod.prepare(keys, cfg6, "t", None, job_id=jid)
+    assert SCRIPTS["enqueue"](client, *prod.enqueue_call(keys, cfg6, [p6])) == [b"queued"]
+    client.close()
+
+
+def test_a_process_configured_with_the_old_count_follows_the_stored_layout(
+        where: tuple[str, Any]) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+    begin(admin, name, 6)
+    ids = moved(3, 6, 6, "f-")
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        assert {q.enqueue("t", job_id=j).status for j in ids} == {"queued"}
+        assert q.config.shards == 6
+    assert all(at(admin, name, j, 6) for j in ids)
+    admin.close()
