@@ -34,9 +34,7 @@ docs/scaling.md#producers-during-a-reshard.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any, TypeVar, cast
-
-import attrs
+from typing import Any, NamedTuple, TypeVar, cast
 
 from .._core import reshard as _reshard
 from .._core import shards as _shards
@@ -137,8 +135,7 @@ def _record(r: Any) -> dict[bytes, bytes]:
     return {_b(k): _b(v) for k, v in zip(it, it, strict=True)}
 
 
-@attrs.frozen
-class Send:
+class Send(NamedTuple):
     """Send ``batches`` (each one enqueue.lua call, jobs of one shard): the answer is each
     call's outcome, ``prepare.Part`` (results, replicas) or its error."""
 
@@ -149,21 +146,61 @@ class Send:
 Need = Send | list[Any]
 """A request of :func:`enqueue`: a Send, or a driver step (list of Cmd/Call)."""
 Outcome = prod.Part | Exception
-Gen = Generator[Need, Any, tuple[list[prod.Prepared], list[Outcome], _shards.Layout]]
-"""What :func:`enqueue` is."""
+Sent = tuple[list[prod.Prepared], list[Sequence[prod.Prepared]], list[Outcome], _shards.Layout]
+"""What :func:`enqueue` returns."""
+Gen = Generator[Need, Any, Sent]
 
 
 def enqueue(keys: Keys, cfg: QueueConfig, layout: _shards.Layout,
             prepared: Sequence[prod.Prepared]) -> Gen:
     """Send ``prepared`` by ``layout``, following a reshard (the module docstring). Returns the
-    jobs as last routed (in the caller's order), each one's outcome (a one-job Part with its
-    call's replicas, or the error of its call: LayoutChanged after ``ATTEMPTS`` rounds), and
-    the layout it ended with."""
+    jobs as last routed (in the caller's order), the calls that answered them and each call's
+    outcome (``prepare.in_order`` puts their results in the caller's order; a call's error,
+    LayoutChanged after ``ATTEMPTS`` rounds) and the layout it ended with.
+
+    The common case (no earlier count to look in, every job routed by the current one, no
+    refusal) is one Send and its answer as it came."""
+    n = layout.shards
     jobs = list(prepared)
-    outs: list[Outcome | None] = [None] * len(jobs)
-    todo = list(range(len(jobs)))
-    retried = False
-    for rnd in range(ATTEMPTS + 1):
+    if not layout.prev and all(p.routed == n for p in jobs):
+        batches = prod.chunks(jobs)
+        got: list[Outcome] = yield Send(batches, False)
+        if not any(isinstance(o, Exception) and layout_changed(o, keys.queue) for o in got):
+            return jobs, batches, got, layout
+        outs, todo = _each(keys, jobs, batches, got)
+        return (yield from _again(keys, cfg, (yield from follow(keys, cfg)), jobs, outs, todo,
+                                  True))
+    return (yield from _again(keys, cfg, layout, jobs, [None] * len(jobs),
+                              list(range(len(jobs))), False))
+
+
+def _each(keys: Keys, jobs: list[prod.Prepared], batches: Sequence[Sequence[prod.Prepared]],
+          got: Sequence[Outcome], outs: list[Outcome | None] | None = None,
+          ) -> tuple[list[Outcome | None], list[int]]:
+    """Each job's outcome from its call's (``outs``, filled in) and the refused jobs."""
+    outs = outs if outs is not None else [None] * len(jobs)
+    idx = {id(p): i for i, p in enumerate(jobs)}
+    refused: list[int] = []
+    for b, o in zip(batches, got, strict=True):
+        lc = layout_changed(o, keys.queue) if isinstance(o, Exception) else None
+        for k, p in enumerate(b):
+            i = idx[id(p)]
+            if lc is not None:
+                refused.append(i)
+                outs[i] = lc
+            elif isinstance(o, Exception):
+                outs[i] = o
+            else:
+                outs[i] = ([o[0][k]], o[1])
+    return outs, sorted(refused)
+
+
+def _again(keys: Keys, cfg: QueueConfig, layout: _shards.Layout, jobs: list[prod.Prepared],
+           outs: list[Outcome | None], todo: list[int], retried: bool) -> Gen:
+    """Route the jobs ``todo`` by ``layout``, look in their old homes, send the rest; again
+    for the refused ones (``retried``: a refused call wrote nothing, an earlier try of it may
+    have)."""
+    for rnd in range(ATTEMPTS):
         n = layout.shards
         for i in todo:
             jobs[i] = route(keys, jobs[i], n)
@@ -174,31 +211,19 @@ def enqueue(keys: Keys, cfg: QueueConfig, layout: _shards.Layout,
             todo = [i for j, i in enumerate(todo) if j not in found]
         if not todo:
             break
-        idx = {id(jobs[i]): i for i in todo}
-        batches = prod.chunks([jobs[i] for i in todo])
+        part = [jobs[i] for i in todo]
+        batches = prod.chunks(part)
         got: list[Outcome] = yield Send(batches, retried)
-        refused: list[int] = []
-        for b, o in zip(batches, got, strict=True):
-            lc = layout_changed(o, keys.queue) if isinstance(o, Exception) else None
-            for k, p in enumerate(b):
-                i = idx[id(p)]
-                if lc is not None:
-                    refused.append(i)
-                    outs[i] = lc
-                elif isinstance(o, Exception):
-                    outs[i] = o
-                else:
-                    outs[i] = ([o[0][k]], o[1])
-        todo = sorted(refused)
-        if not todo or rnd == ATTEMPTS:
+        outs, todo = _each(keys, jobs, batches, got, outs)
+        if not todo or rnd == ATTEMPTS - 1:
             break
-        retried = True  # (a refused call wrote nothing; an earlier try of it may have)
+        retried = True
         layout = yield from follow(keys, cfg)
     final: list[Outcome] = []
     for x in outs:
         assert x is not None
         final.append(x)
-    return jobs, final, layout
+    return jobs, [[p] for p in jobs], final, layout
 
 
 def one(step: list[Any]) -> Op[list[Any]]:
@@ -229,9 +254,13 @@ async def arun(gen: Generator[Need, Any, T], step: Callable[[list[Any]], Awaitab
         return cast(T, stop.value)
 
 
-def first_error(outcomes: Sequence[Outcome]) -> Exception | None:
-    """The first error among ``outcomes`` (a lone enqueue raises it)."""
-    for o in outcomes:
+def results(sent: Sent) -> list[EnqueueResult]:
+    """A lone (auto-batched) enqueue's results in the caller's order; the first error among
+    the calls' outcomes raised."""
+    jobs, batches, outs, _ = sent
+    flat: list[EnqueueResult] = []
+    for o in outs:
         if isinstance(o, Exception):
-            return o
-    return None
+            raise o
+        flat.extend(o[0])
+    return prod.in_order(jobs, batches, flat)
