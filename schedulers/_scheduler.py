@@ -280,9 +280,22 @@ class Scheduler:
         """Fire (or, mode 'skip', only mark) one tick; return when to look at the entry again:
         the next tick, or this one again soon when the server says it is still to come (this
         host's clock runs ahead of the server's)."""
+        from streamq._core.driver import adrive
+        from streamq._producer import relayout
+
         assert self._client is not None
+        client = self._client
         home = self.queues[entry.queue]
-        p = entry.prepare(home, self.queue_config, tick)
+        # routed by the stored layout, read for each tick (a reshard's frozen shard refuses
+        # another count: STREAMQ_LAYOUT, this round fails and the next reads it again)
+        lay = await acall(lambda _r: adrive(client, relayout.follow(home, self.queue_config)))
+        cfg = self.queue_config if lay.shards == self.queue_config.shards else attrs.evolve(
+            self.queue_config, shards=lay.shards)
+        p = entry.prepare(home, cfg, tick)
+        if mode == "fire" and lay.prev:  # fired before the reshard, into its old home?
+            found = await acall(lambda _r: adrive(client, relayout.look(home, cfg, lay, [p],
+                                                                        False)))
+            mode = "skip" if found else mode
         keys = home.of_shard(p.shard)  # the tick's job id decides its shard (and cron hash)
         info = json.dumps({**entry.describe(), "last_tick_ms": tick, "last_job": p.job_id,
                            "next_tick_ms": entry.next_after(tick)})
@@ -290,7 +303,7 @@ class Scheduler:
             self._client,
             [keys.stream, keys.delayed, keys.stats, keys.events, p.key, keys.cron],
             [self.queue_config.events_arg, keys.wake_channel, entry.name, tick, info,
-             *p.args, mode])
+             *p.args, mode, lay.shards])
         status = reply[0].decode()
         if p.shard != 0 and status != "future":
             await self._mirror_cron(home, entry.name, tick, info if status in (

@@ -17,10 +17,13 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import eventually
 
 from streamq import (
     AsyncQueue,
+    Dedup,
     EnqueueResult,
+    JobSpec,
     Keys,
     LayoutChanged,
     Queue,
@@ -287,3 +290,97 @@ def test_a_process_configured_with_the_old_count_follows_the_stored_layout(
         assert q.config.shards == 6
     assert all(at(admin, name, j, 6) for j in ids)
     admin.close()
+
+
+def test_a_batch_opened_before_a_reshard_keeps_working(where: tuple[str, Any]) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    bid = moved(3, 6, 1, "batch-")[0]
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        b = q.batch(on_complete=JobSpec("done"), batch_id=bid)
+        assert {r.status for r in b.add([JobSpec("t"), JobSpec("t")]).results} == {"queued"}
+        begin(admin, name, 6)
+        with Queue.from_url(url, name, QueueConfig(shards=6)) as q6:
+            for qq in (q6, q):  # one opened after (by the new count), the one opened before
+                ref = qq.batch_ref(bid)
+                try:
+                    added = ref.add([JobSpec("t", job_id=f"{qq.config.shards}-{bid}")])
+                except LayoutChanged:  # (the stale one: its first call re-read the layout)
+                    added = ref.add([JobSpec("t", job_id=f"{qq.config.shards}-{bid}")])
+                assert [r.status for r in added.results] == ["queued"]
+                # opened again with the same id: nothing new, the same callbacks
+                again = qq.batch(on_complete=JobSpec("done"), batch_id=bid)
+                assert again.callbacks == b.callbacks
+            assert q6.batch_ref(bid).close() is True
+            assert q.batch_ref(bid).close() is False
+        for cid in b.callbacks.values():  # the callback stays in the batch's shard
+            assert at(admin, name, cid, 3)
+            assert shard_of(cid, 6) == shard_of(cid, 3) or not at(admin, name, cid, 6)
+    admin.close()
+
+
+def test_a_workflow_call_refused_by_a_frozen_shard_raises_layout_changed(
+        where: tuple[str, Any]) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    dep = next(j for j in (f"dep-{i}" for i in range(100)) if shard_of(j, 3) == shard_of(j, 6))
+    jid = moved(3, 6, 1, "child-")[0]
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id=dep)
+        begin(admin, name, 6)
+        with pytest.raises(LayoutChanged) as caught:
+            q.enqueue("t", job_id=jid, depends_on=[dep])
+        assert caught.value.shards == 6 and q.config.shards == 6
+        assert not at(admin, name, jid, 3) and not at(admin, name, jid, 6)
+        r = q.enqueue("t", job_id=jid, depends_on=[dep])  # a repeat routes by the new count
+        assert r.status == "waiting" and at(admin, name, jid, 6)
+    admin.close()
+
+
+async def test_a_cron_tick_follows_the_layout_and_is_not_fired_twice(url: str,
+                                                                     r: redis.Redis) -> None:
+    from schedulers import Cron, Scheduler, SchedulerConfig
+
+    name = fresh(None)
+    keys = Keys(name)
+    now = int(r.time()[0]) * 1000
+    long_ago = now - 10 * 365 * 86400_000
+
+    def entry(tag: str) -> Cron:  # a yearly entry whose latest tick's job id moves 3 -> 6
+        for i in range(1000):
+            e = Cron(f"{tag}{i}", "0 0 1 1 *", job_type="report", queue=name)
+            tick = e.latest_at_or_before(now)
+            assert tick is not None
+            if shard_of(e.job_id(tick), 3) != shard_of(e.job_id(tick), 6):
+                return e
+        raise AssertionError("no entry")
+
+    fired, new = entry("before"), entry("after")
+    tick = fired.latest_at_or_before(now)
+    assert tick is not None
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        # the tick fired under 3 shards (its job in its old home), the marker not mirrored yet
+        q.enqueue("report", job_id=fired.job_id(tick))
+    r.hset(keys.cron, mapping={f"{fired.name}:last": long_ago, f"{new.name}:last": long_ago})
+    begin(r, name, 6)
+    cfg = SchedulerConfig(poll_interval_s=30.0, sweep_interval_s=0.1)
+    async with Scheduler(url, [name], [fired, new], cfg, queue_config=QueueConfig(shards=3)):
+        await eventually(lambda: r.hget(keys.cron, f"{fired.name}:last") == str(tick).encode()
+                         and at(r, name, new.job_id(tick), 6), what="both ticks handled")
+    assert not at(r, name, fired.job_id(tick), 6)  # found in its old home: not fired again
+    assert not at(r, name, new.job_id(tick), 3)
+
+
+def test_a_dedup_job_is_kept_in_its_keys_shard_across_a_reshard(url: str, r: redis.Redis
+                                                                 ) -> None:
+    name = fresh(None)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        begin(r, name, 6)
+        got = q.enqueue("t", dedup=Dedup(key="k-1", mode="throttle", ttl_s=60))
+        assert got.status == "queued"
+        assert shard_of(got.job_id, 6) == shard_of("k-1", 6) and at(r, name, got.job_id, 6)
+        again = q.enqueue("t", dedup=Dedup(key="k-1", mode="throttle", ttl_s=60))
+        assert (again.status, again.job_id) == ("deduplicated", got.job_id)

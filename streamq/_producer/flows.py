@@ -182,7 +182,8 @@ def wait_call(keys: Keys, cfg: QueueConfig, p: prod.Prepared, deps: Sequence[Job
                  "" if p.level == DEFAULT_PRIORITY else p.level,
                  wk_of(jk, jid, p.level, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
                        cfg.handoff),
-                 cfg.events_arg, *(member(d, i) for i, d in enumerate(deps)), *ix_args])
+                 cfg.events_arg, p.routed, *(member(d, i) for i, d in enumerate(deps)),
+                 *ix_args])
 
 
 def _waited(cfg: QueueConfig, jid: str, reply: Any) -> tuple[EnqueueResult, bool]:

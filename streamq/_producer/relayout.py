@@ -33,6 +33,7 @@ docs/scaling.md#producers-during-a-reshard.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -94,10 +95,11 @@ def route(keys: Keys, p: prod.Prepared, n: int) -> prod.Prepared:
 
 
 def look(keys: Keys, cfg: QueueConfig, layout: _shards.Layout, jobs: Sequence[prod.Prepared],
-         retried: bool) -> Op[dict[int, EnqueueResult]]:
+         retried: bool, tags: Sequence[str] | None = None) -> Op[dict[int, EnqueueResult]]:
     """The jobs (by index) whose id has a record in one of its old homes, answered as
     enqueue.lua answers a duplicate (``mine``: the record carries this very body and options,
-    a retried call). One step for all of them; none when no id moved."""
+    a retried call; with ``tags``, one writer tag per job: by :func:`writer_mine`). One step
+    for all of them; none when no id moved."""
     if not layout.prev:
         return {}
     at: list[int] = []
@@ -116,12 +118,33 @@ def look(keys: Keys, cfg: QueueConfig, layout: _shards.Layout, jobs: Sequence[pr
             continue
         p = jobs[i]
         n = normalize_record(h)
-        mine = int(b"s" in h and n.get(b"b") == _b(p.args[2]) and
-                   n.get(b"op", b"") == _b(p.args[1]))
+        if tags is not None:
+            mine = writer_mine(h.get(b"w"), tags[i])
+        else:
+            mine = int(b"s" in h and n.get(b"b") == _b(p.args[2]) and
+                       n.get(b"op", b"") == _b(p.args[1]))
         reply = [b"duplicate", n.get(b"s", b""), n.get(b"r", b"") if n.get(b"s") ==
                  b"completed" else b"", n.get(b"error", b""), mine]
         out[i] = prod.parse_enqueue(cfg, [p], reply, retried=retried)[0]
     return out
+
+
+_TAG = re.compile(r"^(.*):(\d+):(\d+)$")
+
+
+def writer_mine(stored: bytes | None, tag: str) -> int:
+    """_lib.lua's writer_mine, read-only: 1 when the record's writer tag ``stored`` says the
+    row tagged ``tag`` (or an earlier attempt of its task) wrote it. (The script also moves
+    the record's tag to the later attempt; a record in a frozen old home is left as it is,
+    so a second row of the same id in that attempt counts as written too.)"""
+    if not stored:
+        return 0
+    a, b = _TAG.match(stored.decode(errors="replace")), _TAG.match(tag)
+    if a is None or b is None or a[1] != b[1]:
+        return 0
+    if int(a[2]) < int(b[2]):
+        return 1
+    return int(a[3] == b[3])
 
 
 def _b(v: Any) -> bytes:
