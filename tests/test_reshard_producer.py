@@ -29,6 +29,8 @@ from streamq import (
     Queue,
     QueueConfig,
     ReshardInProgress,
+    chain,
+    group,
 )
 from streamq._core import reshard
 from streamq._core import shards as _shards
@@ -384,3 +386,31 @@ def test_a_dedup_job_is_kept_in_its_keys_shard_across_a_reshard(url: str, r: red
         assert shard_of(got.job_id, 6) == shard_of("k-1", 6) and at(r, name, got.job_id, 6)
         again = q.enqueue("t", dedup=Dedup(key="k-1", mode="throttle", ttl_s=60))
         assert (again.status, again.job_id) == ("deduplicated", got.job_id)
+
+
+def test_a_flow_repeated_after_a_reshard_writes_no_node_twice(where: tuple[str, Any]) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    flow = chain(JobSpec("a"), group([JobSpec("b"), JobSpec("c"), JobSpec("d")]), JobSpec("e"))
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        first = q.enqueue_flow(flow, flow_id="f-1")
+        wid = moved(3, 6, 1, "w-")[0]
+        assert q.enqueue("t", job_id=wid, depends_on=[first.job_ids[0]]).status == "waiting"
+        ids = [ref.job_id for ref in first.refs]
+        assert any(shard_of(j, 3) != shard_of(j, 6) for j in ids)
+        begin(admin, name, 6)
+        with Queue.from_url(url, name, QueueConfig(shards=6)) as q6:
+            for qq in (q6, q):
+                try:
+                    again = qq.enqueue_flow(flow, flow_id="f-1")
+                except LayoutChanged:  # (the stale one's first call)
+                    again = qq.enqueue_flow(flow, flow_id="f-1")
+                assert [ref.job_id for ref in again.refs] == ids
+                assert {r.status for r in again.results} <= {"duplicate", "queued"}
+                r = qq.enqueue("t", job_id=wid, depends_on=[first.job_ids[0]])
+                assert (r.status, r.state) == ("duplicate", "waiting")
+        for jid in [*ids, wid]:  # every node once, where it was written
+            assert at(admin, name, jid, 3)
+            assert shard_of(jid, 6) == shard_of(jid, 3) or not at(admin, name, jid, 6), jid
+    admin.close()

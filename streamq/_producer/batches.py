@@ -159,7 +159,7 @@ def open_batch(keys: Keys, cfg: QueueConfig, batch_id: str,
         if spec is None:
             continue
         spec = _with_header(spec, batch_id)
-        yield from enqueue_waiting(keys, cfg, spec.type, spec.payload, {
+        yield from enqueue_waiting(keys, cfg, spec.type, spec.payload, {  # (in its home)
             **spec.options, "job_id": cid,
             "depends_on": [JobRef(keys.queue, batch_id, KINDS[kind])]})  # type: ignore[arg-type]
     return ids
@@ -214,7 +214,7 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     if not bases:  # (every callback has fired or ended: the batch is over)
         raise BatchClosed(f"batch {batch_id!r} is {_s(st) if st else 'gone'}: nothing was"
                           " added")
-    out = yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id)
+    out = yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id, prev)
     sh = yield from shard_counts(keys.prefix, (n.ref.queue for n in nodes),
                                  {keys.queue: cfg.shards})
     yield from link([link_call(keys.prefix, sh, bk.job(cbs[kind]), cbs[kind],
