@@ -288,7 +288,7 @@ class Scheduler:
         home = self.queues[entry.queue]
         # routed by the stored layout, read for each tick (a reshard's frozen shard refuses
         # another count: STREAMQ_LAYOUT, this round fails and the next reads it again)
-        lay = await acall(lambda _r: adrive(client, relayout.follow(home, self.queue_config)))
+        lay = await acall(lambda _r: adrive(client, relayout.opened(home, self.queue_config)))
         cfg = self.queue_config if lay.shards == self.queue_config.shards else attrs.evolve(
             self.queue_config, shards=lay.shards)
         p = entry.prepare(home, cfg, tick)

@@ -62,7 +62,7 @@ def follow(keys: Keys, cfg: QueueConfig) -> Op[_shards.Layout]:
     (its driver may have died after storing ``next``)."""
     for _ in range(ATTEMPTS):
         got = yield from _shards.read(keys)
-        lay = got or _shards.Layout(1)
+        lay = got or _shards.Layout(cfg.shards)  # (no count stored: as configured)
         if lay.next is None:
             return lay
         try:
@@ -70,7 +70,17 @@ def follow(keys: Keys, cfg: QueueConfig) -> Op[_shards.Layout]:
         except ReshardInProgress:
             continue  # another count began meanwhile: read again
     got = yield from _shards.read(keys)
-    return got or _shards.Layout(1)
+    return got or _shards.Layout(cfg.shards)
+
+
+def opened(keys: Keys, cfg: QueueConfig) -> Op[_shards.Layout]:
+    """``shards.check_layout`` (ShardCountMismatch; a new queue's count stored), then a
+    reshard that has begun finished (:func:`follow`): the layout a writer that has no
+    earlier one routes by (a Spark partition, a cron tick)."""
+    lay = yield from _shards.check_layout(keys, cfg.shards)
+    if lay.next is not None:
+        lay = yield from follow(keys, cfg)
+    return lay
 
 
 def route(keys: Keys, p: prod.Prepared, n: int) -> prod.Prepared:

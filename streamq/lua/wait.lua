@@ -48,6 +48,7 @@ end
 if ARGV[13] ~= '' then
   local lay = rpcall('HGET', stats, 'lay')
   if type(lay) == 'string' and lay ~= ARGV[13] then
+    v1_restore()  -- (no record read on this path: nothing to write back)
     return redis.error_reply('STREAMQ_LAYOUT ' .. lay)
   end
 end

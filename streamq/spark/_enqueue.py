@@ -85,7 +85,7 @@ class EnqueueTask:
         counts: dict[str, int] = {}
         client = client_for(self.url, self.cluster)
         try:  # the partition routes by the layout stored now (docs/scaling.md#resharding)
-            lay = call(lambda _r: drive(client, relayout.follow(keys, self.cfg)))
+            lay = call(lambda _r: drive(client, relayout.opened(keys, self.cfg)))
         except BaseException:
             client.close()
             raise
