@@ -447,3 +447,20 @@ def test_a_spark_partition_routes_by_the_layout_and_counts_stay_exact(
         assert at(admin, name, jid, 3) and not at(admin, name, jid, 6)
     assert all(at(admin, name, jid, 6) for jid in new)
     admin.close()
+
+
+def test_a_stale_producer_opens_a_new_batch_in_its_home_under_the_new_count(
+        url: str, r: redis.Redis) -> None:
+    name = fresh(None)
+    bid = moved(3, 6, 1, "nb-")[0]
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        begin(r, name, 6)
+        with pytest.raises(LayoutChanged):  # refused before anything is written
+            q.batch(on_complete=JobSpec("done"), batch_id=bid)
+        assert not at(r, name, bid, 3)
+        b = q.batch(on_complete=JobSpec("done"), batch_id=bid)  # the repeat follows
+        assert at(r, name, bid, 6)
+        assert all(shard_of(c, 6) == shard_of(bid, 6) for c in b.callbacks.values())
+        assert [x.status for x in b.add([JobSpec("t")]).results] == ["queued"]
+        assert b.close() is True

@@ -147,8 +147,8 @@ def open_batch(keys: Keys, cfg: QueueConfig, batch_id: str,
     bk = keys.for_job(batch_id, cfg.shards)
     body = f"{BATCH_TYPE} ".encode() + cfg.serde.dumps({"batch": batch_id, "callbacks": ids})
     bc = " ".join(f"{k}={v}" for k, v in ids.items())
-    (r,) = yield [Call("batch_open", [bk.job(batch_id), bk.events],
-                       [batch_id, body, bc, cfg.events_arg])]
+    (r,) = yield [Call("batch_open", [bk.job(batch_id), bk.events, bk.stats],
+                       [batch_id, body, bc, cfg.events_arg, cfg.shards])]
     if _s(ok(r)[0]) == "exists":
         (got,) = yield [Cmd.of("HGET", bk.job(batch_id), "bc")]
         if ok(got) is None:
