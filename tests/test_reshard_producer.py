@@ -464,3 +464,19 @@ def test_a_stale_producer_opens_a_new_batch_in_its_home_under_the_new_count(
         assert all(shard_of(c, 6) == shard_of(bid, 6) for c in b.callbacks.values())
         assert [x.status for x in b.add([JobSpec("t")]).results] == ["queued"]
         assert b.close() is True
+
+
+def test_a_producer_drops_the_old_homes_once_the_layout_forgot_them(
+        url: str, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamq._producer import relayout
+
+    name = fresh(None)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        begin(r, name, 6)
+        q.enqueue("t")
+        assert q.layout.prev == (3,)
+        monkeypatch.setattr(relayout, "REREAD_S", 0.0)
+        r.hdel(Keys(name).of_shard(0).meta, "prev")  # (what happens once prev_until passed)
+        q.enqueue("t")
+        assert q.layout.prev == () and q.layout.shards == 6

@@ -97,15 +97,18 @@ class _Base:
         """The stored shard count was compared with config.shards (once per object)."""
         self.layout = _shards.Layout(self.config.shards)
         """The queue's stored layout (shards.check_layout); jobs are routed by its count."""
+        self._layout_at = 0.0
 
     def _adopt(self, layout: _shards.Layout) -> None:
         """Route by ``layout`` from now on: every routing path reads ``config.shards``."""
         self.layout = layout
+        self._layout_at = time.monotonic()
         if layout.shards != self.config.shards:
             self.config = attrs.evolve(self.config, shards=layout.shards)
 
     def _following(self, prepared: Sequence[prod.Prepared]) -> relayout.Gen:
-        return relayout.enqueue(self.keys, self.config, self.layout, prepared)
+        return relayout.enqueue(self.keys, self.config, self.layout, prepared, bool(
+            self.layout.prev) and time.monotonic() - self._layout_at > relayout.REREAD_S)
 
     def _sent(self, sent: relayout.Sent) -> list[EnqueueResult]:
         """A lone (auto-batched) enqueue's answer: the first error raised, else the results

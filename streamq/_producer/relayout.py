@@ -50,6 +50,9 @@ from . import prepare as prod
 T = TypeVar("T")
 ATTEMPTS = 4
 """Rounds of re-reading the layout and resending refused jobs before LayoutChanged."""
+REREAD_S = 60.0
+"""How often a producer whose layout keeps earlier counts reads it again (monotonic clock):
+they are dropped once every record written under them expired (``prev_until``)."""
 
 
 def window_s(cfg: QueueConfig) -> int:
@@ -185,14 +188,18 @@ Gen = Generator[Need, Any, Sent]
 
 
 def enqueue(keys: Keys, cfg: QueueConfig, layout: _shards.Layout,
-            prepared: Sequence[prod.Prepared]) -> Gen:
+            prepared: Sequence[prod.Prepared], reread: bool = False) -> Gen:
     """Send ``prepared`` by ``layout``, following a reshard (the module docstring). Returns the
     jobs as last routed (in the caller's order), the calls that answered them and each call's
     outcome (``prepare.in_order`` puts their results in the caller's order; a call's error,
     LayoutChanged after ``ATTEMPTS`` rounds) and the layout it ended with.
 
     The common case (no earlier count to look in, every job routed by the current one, no
-    refusal) is one Send and its answer as it came."""
+    refusal) is one Send and its answer as it came. ``reread``: read the layout first (a
+    producer's layout with earlier counts is read again now and then: they are dropped once
+    their records expired, and the looks with them)."""
+    if reread:
+        layout = yield from follow(keys, cfg)
     n = layout.shards
     jobs = list(prepared)
     if not layout.prev and all(p.routed == n for p in jobs):
