@@ -235,7 +235,7 @@ class Queue(_Base):
         if "depends_on" in options:
             self._check()
             res: EnqueueResult = call(lambda _r: self._drive_flow(_flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options), self.layout.prev)))
+                self.keys, self.config, job_type, payload, dict(options), self.layout)))
             self._note()
             return res
         if not tel.tracing():  # (no span: no context manager either)
@@ -255,7 +255,7 @@ class Queue(_Base):
         self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
         out: _flows.FlowResult = call(lambda _r: self._drive_flow(_flows.enqueue_flow(
-            self.keys, self.config, flow, fid, self.layout.prev)))
+            self.keys, self.config, flow, fid, self.layout)))
         self._note()
         return out
 
@@ -506,7 +506,7 @@ class AsyncQueue(_Base):
         if "depends_on" in options:
             await self._check()
             r: EnqueueResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options), self.layout.prev)))
+                self.keys, self.config, job_type, payload, dict(options), self.layout)))
             await self._note()
             return r
         if not tel.tracing():  # (no span: no context manager either)
@@ -525,7 +525,7 @@ class AsyncQueue(_Base):
         await self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
         r: _flows.FlowResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_flow(
-            self.keys, self.config, flow, fid, self.layout.prev)))
+            self.keys, self.config, flow, fid, self.layout)))
         await self._note()
         return r
 
