@@ -15,8 +15,10 @@ refuses a call routed by another count with ``STREAMQ_LAYOUT <n>`` and writes no
    grouped by shard by the driver) and answers a job found there as enqueue.lua answers a
    duplicate; the old homes were frozen before the layout was published, so no record can
    appear there after the look;
-4. sends the rest again; at most ``ATTEMPTS`` rounds, then the jobs still refused get
-   LayoutChanged.
+4. sends the rest again, as a retried call (a refused call wrote nothing, but an earlier
+   try of it, whose reply was lost, may have: a job found with this very body and options
+   answers 'queued', as a retry's does); at most ``ATTEMPTS`` rounds, then the jobs still
+   refused get LayoutChanged.
 
 The same look runs before the first send of any job whose id moved home while ``Layout.prev``
 is not empty (the reshard's retention window), refused or not.
