@@ -479,7 +479,7 @@ def test_a_producer_drops_the_old_homes_once_the_layout_forgot_them(
         monkeypatch.setattr(relayout, "REREAD_S", 0.0)
         r.hdel(Keys(name).of_shard(0).meta, "prev")  # (what happens once prev_until passed)
         q.enqueue("t")
-        assert q.layout.prev == () and q.layout.shards == 6
+        assert not q.layout.prev and q.layout.shards == 6
 
 
 def test_refusals_are_bounded_then_layout_changed_names_only_the_refused_jobs(
