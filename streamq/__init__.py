@@ -37,6 +37,7 @@ from ._core.errors import (
     RateLimited,
     RegistryError,
     ReplicationTimeout,
+    ReshardInProgress,
     ResultNotReady,
     Retry,
     ScriptError,
@@ -53,6 +54,7 @@ from ._core.errors import (
 from ._core.flow import BatchSummary, DependencyResult, JobRef
 from ._core.keys import Keys
 from ._core.model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
+from ._core.reshard import ReshardStatus
 from ._core.serde import JsonSerde, MsgpackSerde, Serde
 from ._core.telemetry import JobContextFilter, JsonFormatter
 from ._producer.batches import AsyncBatch, Batch
@@ -128,6 +130,8 @@ __all__ = [
     "RetryPolicy",
     "ScriptError",
     "ShardCountMismatch",
+    "ReshardInProgress",
+    "ReshardStatus",
     "StartupFailed",
     "Serde",
     "SerializationError",

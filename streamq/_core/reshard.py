@@ -194,3 +194,67 @@ def finish(keys: Keys) -> Op[Layout]:
     after = yield from read(keys)
     assert after is not None
     return after
+
+
+@attrs.frozen
+class OldShard:
+    """Live work left on one old-only shard of a reshard down (it is deleted when all of it
+    is gone: dead letters must be re-driven or purged first)."""
+
+    shard: int
+    ready: int
+    in_flight: int
+    delayed: int
+    waiting: int
+    """Workflow jobs waiting for their dependencies, and grouped jobs waiting for a slot."""
+    dead: int
+
+    @property
+    def total(self) -> int:
+        return self.ready + self.in_flight + self.delayed + self.waiting + self.dead
+
+
+@attrs.frozen
+class ReshardStatus:
+    """Where a queue's reshard stands (``Admin.reshard_status``)."""
+
+    queue: str
+    shards: int
+    """The count new jobs are routed by."""
+    live: int
+    """Shards 0 .. live-1 may hold live work (old shards of a reshard down until deleted)."""
+    next: int | None
+    """A reshard to this count has begun and is not published yet."""
+    prev: tuple[int, ...]
+    """Earlier counts whose homes may still hold records (calls by id look there)."""
+    prev_until_ms: int
+    """Server time (ms) when ``prev`` is forgotten (0: none kept)."""
+    epoch: int
+    """How many reshards the queue has had."""
+    old: tuple[OldShard, ...] = ()
+    """The old-only shards (``shards`` .. ``live``-1) and what each still holds."""
+
+    @property
+    def done(self) -> bool:
+        """The reshard is published and its old shards are drained and deleted."""
+        return self.next is None and self.live == self.shards
+
+    def lines(self) -> list[str]:
+        """The status as text (the CLI prints it)."""
+        out = [f"queue {self.queue}: {self.shards} shards (epoch {self.epoch})"]
+        if self.next is not None:
+            out.append(f"  reshard to {self.next} begun, not published yet")
+        if self.live > self.shards:
+            out.append(f"  old shards {self.shards}..{self.live - 1} draining:")
+            for o in self.old:
+                out.append(f"    shard {o.shard}: ready {o.ready}, in flight {o.in_flight},"
+                           f" delayed {o.delayed}, waiting {o.waiting}, dead {o.dead}"
+                           + ("  (deleted at the next finish)" if not o.total else ""))
+            if any(o.dead for o in self.old):
+                out.append("    dead letters keep an old shard: re-drive or purge them")
+        elif self.next is None:
+            out.append("  no old shards left")
+        if self.prev:
+            out.append(f"  earlier counts {','.join(map(str, self.prev))} kept for calls by"
+                       f" id until server time {self.prev_until_ms} ms")
+        return out
