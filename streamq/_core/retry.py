@@ -8,6 +8,9 @@ reshard; the call did not run), or redis-py's cluster client gave up following r
 (``TTL exhausted``: a slot mid-migration). The same call may succeed later, so
 callers retry it (idempotent calls) or keep what they hold and try again (background loops).
 Every other error is permanent for that call: a bug, a corrupted key, a refused permission.
+One of them is told apart here too (:func:`layout_changed`): ``STREAMQ_LAYOUT <n>``, a shard
+frozen by a reshard refusing a job routed by an old count (enqueue.lua; nothing was written):
+never retried as it is, the producer re-reads the layout and re-routes (docs/scaling.md).
 
 ``call``/``acall`` retry an idempotent call across transient errors with tenacity. The first try
 runs directly (no retry machinery on the hot path); only after a transient failure does tenacity
@@ -45,6 +48,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from .errors import LayoutChanged
+
 T = TypeVar("T")
 TRANSIENT = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError (LOADING) included
 """Errors that are transient by their type alone (connection level). Use :func:`transient`
@@ -59,6 +64,7 @@ _TRANSIENT_CODES = frozenset({"OOM", "READONLY", "BUSY", "LOADING", "MISCONF", "
                               "CLUSTERDOWN", "MASTERDOWN", "NOREPLICAS", "UNBLOCKED"})
 _CODE_RE = re.compile(r"(?:^|-|^user_script:\d+: |caused error: \(?'?)("
                       + "|".join(sorted(_TRANSIENT_CODES)) + r") ")
+_LAYOUT_RE = re.compile(r"(?:^|[\s:'(\"-])STREAMQ_LAYOUT (\d+)")
 RETRIES = 4
 """Further tries after a transient failure, with exponential backoff and jitter (≈ 3 s in all)."""
 
@@ -84,6 +90,23 @@ def transient(exc: BaseException) -> bool:
         cur = cur.__cause__
         seen += 1
     return False
+
+
+def layout_changed(exc: BaseException, queue: str) -> LayoutChanged | None:
+    """``exc`` (or the server error it wraps) as LayoutChanged when it is a shard's refusal of
+    a job routed by another shard count (``STREAMQ_LAYOUT <count>``: the call wrote nothing),
+    else None. Such an error is not transient: the same call would be refused again."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 4:
+        if isinstance(cur, LayoutChanged):
+            return cur
+        if isinstance(cur, ResponseError):
+            m = _LAYOUT_RE.search(str(cur))
+            return LayoutChanged(queue, int(m.group(1))) if m else None
+        cur = cur.__cause__
+        seen += 1
+    return None
 
 
 def _policy() -> dict[str, object]:

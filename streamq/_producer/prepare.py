@@ -99,6 +99,11 @@ class Prepared(NamedTuple):  # a plain tuple: one per job on the enqueue hot pat
     """The job's priority (its ready stream: Keys.stream_level)."""
     dedup: _dedup.Dedup | None = None
     """The job's dedup key and mode (docs/dedup.md); the job is in the key's shard."""
+    routed: int = 1
+    """The shard count ``shard`` was computed by (sent with the call: enqueue.lua refuses a
+    job routed by another count than its shard's frozen one; relayout.py re-routes it)."""
+    drawn: bool = False
+    """A dedup job whose id streamq drew (in its key's shard): re-routing may draw again."""
 
 
 def prepare(
@@ -184,7 +189,7 @@ def prepare(
     if priority is not None and check_priority(priority) != DEFAULT_PRIORITY:
         p = p._replace(level=priority)
     if dedup is not None:
-        p = p._replace(dedup=dedup)
+        p = p._replace(dedup=dedup, drawn=job_id is None)
     return p
 
 
@@ -246,7 +251,7 @@ def _sealed(keys: Keys, cfg: QueueConfig, jid: str, job_type: str, data: bytes, 
         )
     jk = keys.for_job(jid, cfg.shards)  # the job's shard (its id's CRC-32 modulo shards)
     return Prepared(jid, jk.job(jid), (jid, opts, job_type.encode() + b" " + data, *rest),
-                    jk.shard)
+                    jk.shard, routed=cfg.shards)
 
 
 def prepare_row(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any, job_id: str,
@@ -375,6 +380,10 @@ def enqueue_call(
     if cfg.search is not None and batch:  # the search section, after that (docs/search.md)
         _search.section(keys, cfg, batch, k, args)
     _compact(args, len(batch))
+    # the count the jobs were routed by (enqueue.lua's freeze check: its header)
+    head = args[3]
+    args[3] = (f"{head.decode() if isinstance(head, bytes) else head}"
+               f"/{batch[0].routed if batch else cfg.shards}")
     return k, args
 
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import redis
 import redis.asyncio as aredis
 
@@ -24,6 +25,7 @@ from .._core.conn import async_client, sync_client
 from .._core.driver import adrive, drive
 from .._core.errors import (
     JobNotFound,
+    LayoutChanged,
     ReplicationTimeout,
     ResultNotReady,
     UnknownJobType,
@@ -33,11 +35,12 @@ from .._core.flow import DependencyResult, JobRef, results_page
 from .._core.flow_cancel import cascade
 from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
-from .._core.retry import acall, aeach, call, each
+from .._core.retry import acall, aeach, call, each, layout_changed
 from .._core.scripts import SCRIPTS
 from . import batches as _batches
 from . import flows as _flows
 from . import prepare as prod
+from . import relayout
 from .autobatch import AsyncBatcher, ShardedAsync, ShardedSync, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake
 
@@ -92,6 +95,38 @@ class _Base:
         """With min_replicas: published before each WAIT (see durable.py)."""
         self._shards_checked = False
         """The stored shard count was compared with config.shards (once per object)."""
+        self.layout = _shards.Layout(self.config.shards)
+        """The queue's stored layout (shards.check_layout); jobs are routed by its count."""
+
+    def _adopt(self, layout: _shards.Layout) -> None:
+        """Route by ``layout`` from now on: every routing path reads ``config.shards``."""
+        self.layout = layout
+        if layout.shards != self.config.shards:
+            self.config = attrs.evolve(self.config, shards=layout.shards)
+
+    def _following(self, prepared: Sequence[prod.Prepared]) -> relayout.Gen:
+        return relayout.enqueue(self.keys, self.config, self.layout, prepared)
+
+    def _sent(self, jobs: list[prod.Prepared], outs: list[relayout.Outcome],
+              layout: _shards.Layout) -> list[EnqueueResult]:
+        """A lone (auto-batched) enqueue's answer: the first error raised, else the results
+        (ReplicationTimeout as ``durable.confirm`` says)."""
+        self._adopt(layout)
+        err = relayout.first_error(outs)
+        if err is not None:
+            raise err
+        parts = [o for o in outs if not isinstance(o, Exception)]
+        out = [r for rs, _ in parts for r in rs]
+        durable.confirm(self.config, out, parts)
+        return out
+
+    def _refused(self, exc: Exception) -> LayoutChanged:
+        """A flow or batch call refused by a frozen shard (it wrote nothing): LayoutChanged,
+        else ``exc`` raised. The caller re-reads the layout, so the next call follows it."""
+        lc = layout_changed(exc, self.name)
+        if lc is None:
+            raise exc
+        return lc
 
     def _job_key(self, job_id: str) -> str:
         return self.keys.for_job(job_id, self.config.shards).job(job_id)
@@ -128,7 +163,13 @@ class Queue(_Base):
     def _drive_flow(self, op: Any) -> Any:
         """A workflow operation; with min_replicas, a barrier and WAIT after its last step
         (ReplicationTimeout names the jobs it wrote when the replicas fell short)."""
-        out, acked = durable.drive_confirmed(self.client, op, self.config, self._barrier)
+        try:
+            out, acked = durable.drive_confirmed(self.client, op, self.config, self._barrier)
+        except Exception as exc:
+            lc = self._refused(exc)  # (a flow is not resent: some of its nodes may be written)
+            self._adopt(call(lambda _r: drive(self.client, relayout.follow(self.keys,
+                                                                           self.config))))
+            raise lc from exc
         durable.confirm_ids(self.config, acked, *_flows.written(out))
         return out
 
@@ -159,31 +200,40 @@ class Queue(_Base):
 
     def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         self._check()
-        out: list[EnqueueResult] = []
-        parts: list[tuple[list[EnqueueResult], int]] = []
-        batches = prod.chunks(prepared)
-        for batch in batches:
+        got = relayout.run(self._following(prepared), self._step, self._send)
+        self._note()
+        return self._sent(*got)
+
+    def _step(self, step: list[Any]) -> list[Any]:
+        return call(lambda _r: drive(self.client, relayout.one(step)))
+
+    def _send(self, need: relayout.Send) -> list[relayout.Outcome]:
+        """Each call of ``need`` in turn; an error other than a layout refusal is raised."""
+        outs: list[relayout.Outcome] = []
+        for batch in need.batches:
             keys, args = prod.enqueue_call(self.keys, self.config, batch,
                                            handoff=self.config.handoff)
 
             def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
                 (reply,), (n,) = durable.run(SCRIPTS["enqueue"], self.client, [(k, a)],
                                              self.config, self._barrier)  # min_replicas: WAIT
-                return prod.parse_enqueue(self.config, b, reply, retried=retried), n
+                return prod.parse_enqueue(self.config, b, reply,
+                                          retried=retried or need.retried), n
 
-            results, n = call(once)
-            out.extend(results)
-            parts.append((results, n))
-        self._note()
-        out = prod.in_order(prepared, batches, out)
-        durable.confirm(self.config, out, parts)
-        return out
+            try:
+                outs.append(call(once))
+            except Exception as exc:
+                if layout_changed(exc, self.name) is None:
+                    raise
+                outs.append(exc)
+        return outs
 
     def _check(self) -> None:
-        """Refuse (ShardCountMismatch) a queue stored with another shard count; once."""
+        """Refuse (ShardCountMismatch) a queue stored with another shard count, or follow
+        its stored layout (shards.check_layout); once."""
         if not self._shards_checked:
-            call(lambda _retried: drive(self.client, _shards.check(self.keys,
-                                                                   self.config.shards)))
+            self._adopt(call(lambda _retried: drive(self.client, _shards.check_layout(
+                self.keys, self.config.shards))))
             if self.config.search is not None:
                 call(lambda _retried: drive(self.client, _search.declare(self.keys,
                                                                          self.config)))
@@ -271,7 +321,16 @@ class Queue(_Base):
                 prod.prepare_many(self.keys, self.config, jobs, carrier)))
 
     def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
-        batches = prod.chunks(prepared)
+        self._check()
+        jobs, outcomes, layout = relayout.run(self._following(prepared), self._step,
+                                              self._send_each)
+        self._adopt(layout)
+        if any(not isinstance(o, Exception) for o in outcomes):
+            self._note()
+        return prod.answered_many(self.name, self.config, jobs, [[p] for p in jobs], outcomes)
+
+    def _send_each(self, need: relayout.Send) -> list[relayout.Outcome]:
+        batches = need.batches
         calls = [prod.enqueue_call(self.keys, self.config, b, handoff=self.config.handoff)
                  for b in batches]
 
@@ -282,13 +341,9 @@ class Queue(_Base):
                                              [calls[i] for i in todo], self.config,
                                              self._barrier)
             return prod.parsed_each(self.config, [batches[i] for i in todo], replies, acks,
-                                    retried)
+                                    retried or need.retried)
 
-        self._check()
-        outcomes = each(once, len(calls))
-        if any(not isinstance(o, Exception) for o in outcomes):
-            self._note()
-        return prod.answered_many(self.name, self.config, prepared, batches, outcomes)
+        return each(once, len(calls))
 
     def get(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (never enqueued, or expired)."""
@@ -418,7 +473,14 @@ class AsyncQueue(_Base):
 
     async def _drive_flow(self, op: Any) -> Any:
         """See ``Queue._drive_flow``."""
-        out, acked = await durable.adrive_confirmed(self.client, op, self.config, self._barrier)
+        try:
+            out, acked = await durable.adrive_confirmed(self.client, op, self.config,
+                                                        self._barrier)
+        except Exception as exc:
+            lc = self._refused(exc)  # (as Queue._drive_flow)
+            self._adopt(await acall(lambda _r: adrive(self.client, relayout.follow(
+                self.keys, self.config))))
+            raise lc from exc
         durable.confirm_ids(self.config, acked, *_flows.written(out))
         return out
 
@@ -447,30 +509,38 @@ class AsyncQueue(_Base):
 
     async def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         await self._check()
-        out: list[EnqueueResult] = []
-        parts: list[tuple[list[EnqueueResult], int]] = []
-        batches = prod.chunks(prepared)
-        for batch in batches:
+        got = await relayout.arun(self._following(prepared), self._step, self._send)
+        await self._note()
+        return self._sent(*got)
+
+    async def _step(self, step: list[Any]) -> list[Any]:
+        return await acall(lambda _r: adrive(self.client, relayout.one(step)))
+
+    async def _send(self, need: relayout.Send) -> list[relayout.Outcome]:
+        """See ``Queue._send``."""
+        outs: list[relayout.Outcome] = []
+        for batch in need.batches:
             keys, args = prod.enqueue_call(self.keys, self.config, batch,
                                            handoff=self.config.handoff)
 
             async def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
                 (reply,), (n,) = await durable.arun(SCRIPTS["enqueue"], self.client, [(k, a)],
                                                     self.config, self._barrier)  # + WAIT
-                return prod.parse_enqueue(self.config, b, reply, retried=retried), n
+                return prod.parse_enqueue(self.config, b, reply,
+                                          retried=retried or need.retried), n
 
-            results, n = await acall(once)
-            out.extend(results)
-            parts.append((results, n))
-        await self._note()
-        out = prod.in_order(prepared, batches, out)
-        durable.confirm(self.config, out, parts)
-        return out
+            try:
+                outs.append(await acall(once))
+            except Exception as exc:
+                if layout_changed(exc, self.name) is None:
+                    raise
+                outs.append(exc)
+        return outs
 
     async def _check(self) -> None:
         if not self._shards_checked:
-            await acall(lambda _retried: adrive(self.client, _shards.check(
-                self.keys, self.config.shards)))
+            self._adopt(await acall(lambda _retried: adrive(self.client, _shards.check_layout(
+                self.keys, self.config.shards))))
             if self.config.search is not None:
                 await acall(lambda _retried: adrive(self.client, _search.declare(
                     self.keys, self.config)))
@@ -547,7 +617,16 @@ class AsyncQueue(_Base):
                 prod.prepare_many(self.keys, self.config, jobs, carrier)))
 
     async def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
-        batches = prod.chunks(prepared)
+        await self._check()
+        jobs, outcomes, layout = await relayout.arun(self._following(prepared), self._step,
+                                                     self._send_each)
+        self._adopt(layout)
+        if any(not isinstance(o, Exception) for o in outcomes):
+            await self._note()
+        return prod.answered_many(self.name, self.config, jobs, [[p] for p in jobs], outcomes)
+
+    async def _send_each(self, need: relayout.Send) -> list[relayout.Outcome]:
+        batches = need.batches
         calls = [prod.enqueue_call(self.keys, self.config, b, handoff=self.config.handoff)
                  for b in batches]
 
@@ -556,13 +635,9 @@ class AsyncQueue(_Base):
                                                     [calls[i] for i in todo], self.config,
                                                     self._barrier)  # + WAIT per node
             return prod.parsed_each(self.config, [batches[i] for i in todo], replies, acks,
-                                    retried)
+                                    retried or need.retried)
 
-        await self._check()
-        outcomes = await aeach(once, len(calls))
-        if any(not isinstance(o, Exception) for o in outcomes):
-            await self._note()
-        return prod.answered_many(self.name, self.config, prepared, batches, outcomes)
+        return await aeach(once, len(calls))
 
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)

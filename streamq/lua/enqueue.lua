@@ -92,7 +92,25 @@
 --           writer tag), ARGV[13 + 2*(i-1)], ARGV[14 + 2*(i-1)] job i's id and body, and the
 --           rest follows as above; the call reads them as if each job had its 10 (A below).
 --           Each argument costs the server its parsing, an object and a Lua string.
+-- ARGV[4] may end with '/L' (after any of the forms above: '3/6', '=3:1/6'): L is the shard
+--           count the producer routed the call's jobs by (shards.Layout.shards). When KEYS[3]
+--           has 'lay' (the count this shard takes new jobs for: a reshard froze it,
+--           docs/scaling.md#resharding) and it differs from L, the call writes nothing and
+--           answers the error 'STREAMQ_LAYOUT <lay>' (the producer re-reads the layout and
+--           resends to the jobs' new homes). No 'lay' (a queue never resharded), or no '/L'
+--           (a caller that routes by no count), accepts. One HGET per call.
 local ARGV = ARGV
+do
+  local h = ARGV[4]
+  local sl = sfind(h, '/', 1, true)
+  if sl then
+    local lay = rpcall('HGET', KEYS[3], 'lay')
+    if type(lay) == 'string' and lay ~= ssub(h, sl + 1) then
+      return redis.error_reply('STREAMQ_LAYOUT ' .. lay)
+    end
+    ARGV[4] = ssub(h, 1, sl - 1)  -- (a stats key of another type: refused below, by expect)
+  end
+end
 if sbyte(ARGV[4], 1) == 61 then  -- '='
   local src = ARGV
   local A = {src[1], src[2], src[3], ssub(src[4], 2)}
