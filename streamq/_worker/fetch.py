@@ -221,7 +221,9 @@ class Fetching(HandOff):
                     got, launched = await self._wait_for_work(qs, n, loop.time())
             except BaseException as exc:
                 self._release(n)
-                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                if isinstance(exc, ResponseError) and ("NOGROUP" in str(exc)
+                                                       or "UNBLOCKED" in str(exc)):
+                    # (UNBLOCKED: the stream was deleted under a blocking read)
                     if await self._retired(qs):  # a reshard deleted it: never make it again
                         return 0.0
                     for lane in list(qs.lanes.values()):  # deleted under us: make them again

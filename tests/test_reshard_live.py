@@ -1,0 +1,187 @@
+"""Live resharding under load (issue 32, docs/scaling.md#resharding): a queue of 3 shards on
+the 3-primary cluster (and on one server) with producer threads enqueueing by explicit ids
+(some ids sent twice on purpose, before and after each change) while 2 workers run; the
+queue is resharded 3 -> 6 mid-stream (first by a driver abandoned half-way, then by
+``Admin.reshard`` again, which completes it) and then 6 -> 3. Every accepted job runs once
+(a ledger written by the handler), none is lost, each repeated id is answered duplicate the
+second time, the old shards' keys are gone after ``finish`` (but job records, which expire,
+and the frozen ``lay`` that turns a stale producer away), and the layout ends at 3 with
+live = 3. No timing is asserted: every wait is for a condition, with a generous deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import eventually, fast
+
+from streamq import Job, Queue, QueueConfig, Registry, ReshardStatus, Worker
+from streamq._core import reshard
+from streamq._core.cluster_server import ClusterServer
+from streamq._core.conn import sync_client
+from streamq._core.driver import _send, drive
+from streamq._core.keys import Keys, shard_keys, shard_of
+from streamq._core.shards import read as read_layout
+from streamq.admin import Admin
+
+
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
+def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
+    if request.param == "standalone":
+        yield request.getfixturevalue("url"), None
+    else:
+        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
+        yield cluster.url, cluster
+
+
+def fresh(cluster: ClusterServer | None) -> str:
+    """A queue name whose 6 shards sit on every primary (on the cluster)."""
+    while True:
+        name = f"rs-{uuid.uuid4().hex[:10]}"
+        if cluster is None or len({cluster.owner(k.stream)
+                                   for k in shard_keys(name, 6)}) == 3:
+            return name
+
+
+class Ledger:
+    """What producers were answered and what handlers ran (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.answers: dict[str, list[str]] = collections.defaultdict(list)
+        self.ran: collections.Counter[str] = collections.Counter()
+
+    def answered(self, jid: str, status: str) -> None:
+        with self.lock:
+            self.answers[jid].append(status)
+
+    @property
+    def accepted(self) -> set[str]:
+        with self.lock:
+            return {j for j, a in self.answers.items() if "queued" in a}
+
+
+def registry(ledger: Ledger) -> Registry:
+    reg = Registry()
+
+    @reg.handler("work")
+    async def work(job: Job) -> str:
+        await asyncio.sleep(0.002)
+        with ledger.lock:
+            ledger.ran[job.id] += 1
+        return job.id
+
+    return reg
+
+
+def produce(url: str, name: str, ledger: Ledger, ids: list[str], repeat: list[str]) -> None:
+    """One producer thread: each id once, then the repeats (ids sent before: duplicates)."""
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        for jid in [*ids, *repeat]:
+            ledger.answered(jid, q.enqueue("work", job_id=jid).status)
+
+
+async def phase(url: str, name: str, ledger: Ledger, tag: str, earlier: list[str],
+                n: int = 150) -> list[str]:
+    """Two producer threads at once, each with its own ids, each repeating some of its own
+    ids and some sent in an earlier phase (before the last change)."""
+    ids = [f"{tag}-{i}" for i in range(n)]
+    halves = [ids[: n // 2], ids[n // 2:]]
+    old = earlier[-20:]
+    await asyncio.gather(*(asyncio.to_thread(
+        produce, url, name, ledger, half, [*half[:5], *old[i::2]])
+        for i, half in enumerate(halves)))
+    return ids
+
+
+def leftover(client: Any, name: str, shard: int) -> list[str]:
+    """Keys of one shard other than job records and dedup keys (they expire on their own)."""
+    base = Keys(name, shard=shard).base
+    found = [k.decode() for k in client.scan_iter(match=f"{base}:*", count=1000)]
+    return sorted(k for k in found if not (k.startswith(f"{base}:job:")
+                                           or k.startswith(f"{base}:dd:")))
+
+
+def abandoned_begin(url: str, name: str, n: int, steps: int) -> None:
+    """Drive ``reshard.begin`` a few steps by hand, then abandon it (a driver that died)."""
+    client: Any = sync_client(url)
+    try:
+        op = reshard.begin(Keys(name), n, 3600)
+        step = next(op)
+        for _ in range(steps):
+            step = op.send(_send(client, step))
+    finally:
+        client.close()
+
+
+async def test_reshard_3_to_6_and_back_under_load(where: tuple[str, ClusterServer | None]
+                                                  ) -> None:
+    url, cluster = where
+    name = fresh(cluster)
+    cfg = QueueConfig(shards=3)
+    ledger = Ledger()
+    admin = Admin.from_url(url, cfg)
+    client: Any = admin.client
+    workers = [Worker(url, [name], registry(ledger), fast(concurrency=8), cfg)
+               for _ in range(2)]
+    try:
+        for w in workers:
+            await w.start()
+        a = await phase(url, name, ledger, "a", [])
+        # 3 -> 6 begun by a driver that dies after storing 'next' and freezing the shards
+        await asyncio.to_thread(abandoned_begin, url, name, 6, 3)
+        lay = drive(client, read_layout(Keys(name)))
+        assert lay is not None and lay.next == 6 and lay.shards == 3
+        # producers meanwhile: refused by the frozen shards, they finish it and resend
+        b_task = asyncio.ensure_future(phase(url, name, ledger, "b", a))
+        st = await asyncio.to_thread(admin.reshard, name, 6)  # completes the same reshard
+        assert isinstance(st, ReshardStatus) and (st.shards, st.live, st.next) == (6, 6, None)
+        assert (await asyncio.to_thread(admin.reshard, name, 6)).epoch == st.epoch  # repeat
+        b = await b_task
+        c = await phase(url, name, ledger, "c", b)
+        # new jobs went to shards 3..5 too, and the workers ran them
+        await eventually(lambda: ledger.accepted <= set(ledger.ran), 120, "every job ran")
+        assert any(shard_of(j, 6) >= 3 for j in c if j in ledger.ran)
+
+        # 6 -> 3 while producers run; the old shards drain and are deleted by the workers
+        d_task = asyncio.ensure_future(phase(url, name, ledger, "d", c))
+        st = await asyncio.to_thread(admin.reshard, name, 3)
+        assert (st.shards, st.live, st.prev) == (3, 6, (6,))
+        d = await d_task
+        e = await phase(url, name, ledger, "e", d)
+        await eventually(lambda: ledger.accepted <= set(ledger.ran), 120, "every job ran")
+        await eventually(lambda: admin.reshard_status(name).done, 120, "old shards deleted")
+
+        def served() -> bool:
+            return all(sorted(qs.keys.shard for qs in w._serving(name)) == [0, 1, 2]
+                       for w in workers)
+
+        await eventually(served, 30, "workers serve shards 0..2 only")
+        st = await asyncio.to_thread(admin.reshard_finish, name)  # safe to repeat
+        assert (st.shards, st.live, st.next, st.old) == (3, 3, None, ())
+        for i in range(3, 6):
+            assert leftover(client, name, i) == [Keys(name, shard=i).stats], i
+            assert client.hgetall(Keys(name, shard=i).stats) == {b"lay": b"3"}
+        # a late job still runs: the queue goes on with 3 shards
+        with Queue.from_url(url, name, cfg) as q:
+            assert q.enqueue("work", job_id="late").status == "queued"
+        await eventually(lambda: ledger.ran["late"] == 1, 60, "a job after the reshards")
+    finally:
+        for w in workers:
+            await w.stop()
+        admin.close()
+
+    sent = [*a, *b, *c, *d, *e]
+    # every id was accepted exactly once; every repeat was answered duplicate
+    for jid in sent:
+        answers = ledger.answers[jid]
+        assert answers[0] == "queued" and all(s == "duplicate" for s in answers[1:]), (
+            jid, answers)
+    assert sum(len(v) - 1 for v in ledger.answers.values()) == 5 * 10 + 4 * 20  # repeats
+    assert set(ledger.ran) == set(sent) | {"late"}  # none lost
+    assert [j for j, n in ledger.ran.items() if n != 1] == []  # none ran twice
