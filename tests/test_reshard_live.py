@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +33,8 @@ from streamq._core.driver import _send, drive
 from streamq._core.keys import Keys, shard_keys, shard_of
 from streamq._core.shards import read as read_layout
 from streamq.admin import Admin
+
+TESTS = Path(__file__).parent
 
 
 @pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
@@ -185,3 +192,41 @@ async def test_reshard_3_to_6_and_back_under_load(where: tuple[str, ClusterServe
     assert sum(len(v) - 1 for v in ledger.answers.values()) == 5 * 10 + 4 * 20  # repeats
     assert set(ledger.ran) == set(sent) | {"late"}  # none lost
     assert [j for j, n in ledger.ran.items() if n != 1] == []  # none ran twice
+
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "STREAMQ_URL"}
+    return subprocess.run([sys.executable, "-m", "streamq", *args, "--url", url], cwd=TESTS,
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+async def test_the_reshard_command(url: str) -> None:
+    """`streamq reshard Q N` begins and prints the status; `--status` reads it; `--wait`
+    finishes once the old shards are drained (here with a worker running); a count that
+    conflicts with one being published is refused with its error and a non-zero exit."""
+    name = fresh(None)
+    ledger = Ledger()
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        ids = [f"j-{i}" for i in range(60)]
+        for jid in ids:
+            q.enqueue("work", job_id=jid)
+    out = await asyncio.to_thread(cli, url, "reshard", name, "2")
+    assert out.returncode == 0, out.stderr
+    assert f"queue {name}: 2 shards (epoch 1)" in out.stdout
+    assert "old shards 2..2 draining:" in out.stdout and "ready" in out.stdout
+    out = await asyncio.to_thread(cli, url, "reshard", name, "--status", "--json")
+    st = json.loads(out.stdout)
+    assert (st["shards"], st["live"], st["prev"], st["old"][0]["shard"]) == (2, 3, [3], 2)
+    assert st["old"][0]["ready"] == sum(1 for j in ids if shard_of(j, 3) == 2)
+    async with Worker(url, [name], registry(ledger), fast(), QueueConfig(shards=3)):
+        await eventually(lambda: set(ledger.ran) == set(ids), 60, "every job ran")
+        out = await asyncio.to_thread(cli, url, "reshard", name, "--wait", "--timeout", "60")
+    assert out.returncode == 0, out.stderr
+    assert "no old shards left" in out.stdout
+    abandoned_begin(url, name, 4, 2)  # a reshard to 4 begun ('next' stored), driver gone
+    out = await asyncio.to_thread(cli, url, "reshard", name, "5")
+    assert out.returncode != 0 and "being resharded to 4 shards" in out.stderr
+    out = await asyncio.to_thread(cli, url, "reshard", name, "4")  # finishes that one
+    assert out.returncode == 0 and f"queue {name}: 4 shards (epoch 2)" in out.stdout
+    out = await asyncio.to_thread(cli, url, "reshard", name)
+    assert out.returncode != 0 and "needs a shard count" in out.stderr
