@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from helpers import eventually, fast
 
+from schedulers import Scheduler, SchedulerConfig
 from streamq import Job, Queue, QueueConfig, Registry, ReshardStatus, Worker
 from streamq._core import reshard
 from streamq._core.cluster_server import ClusterServer
@@ -35,6 +36,7 @@ from streamq._core.shards import read as read_layout
 from streamq.admin import Admin
 
 TESTS = Path(__file__).parent
+ACCEPTED = ("queued", "scheduled")
 
 
 @pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
@@ -70,7 +72,7 @@ class Ledger:
     @property
     def accepted(self) -> set[str]:
         with self.lock:
-            return {j for j, a in self.answers.items() if "queued" in a}
+            return {j for j, a in self.answers.items() if a and a[0] in ACCEPTED}
 
 
 def registry(ledger: Ledger) -> Registry:
@@ -87,10 +89,12 @@ def registry(ledger: Ledger) -> Registry:
 
 
 def produce(url: str, name: str, ledger: Ledger, ids: list[str], repeat: list[str]) -> None:
-    """One producer thread: each id once, then the repeats (ids sent before: duplicates)."""
+    """One producer thread: each id once (every 10th delayed a little: the scheduler
+    promotes it, in whichever shard it went to), then the repeats (ids sent before)."""
     with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
-        for jid in [*ids, *repeat]:
-            ledger.answered(jid, q.enqueue("work", job_id=jid).status)
+        for n, jid in enumerate([*ids, *repeat]):
+            delay = 0.2 if n % 10 == 9 else None
+            ledger.answered(jid, q.enqueue("work", job_id=jid, delay=delay).status)
 
 
 async def phase(url: str, name: str, ledger: Ledger, tag: str, earlier: list[str],
@@ -134,9 +138,13 @@ async def test_reshard_3_to_6_and_back_under_load(where: tuple[str, ClusterServe
     ledger = Ledger()
     admin = Admin.from_url(url, cfg)
     client: Any = admin.client
-    workers = [Worker(url, [name], registry(ledger), fast(concurrency=8), cfg)
+    # the workers promote nothing: the scheduler does (it follows the layout too)
+    workers = [Worker(url, [name], registry(ledger), fast(concurrency=8, promote=False), cfg)
                for _ in range(2)]
+    sched = Scheduler(url, [name], config=SchedulerConfig(poll_interval_s=0.1),
+                      queue_config=cfg)
     try:
+        await sched.start()
         for w in workers:
             await w.start()
         a = await phase(url, name, ledger, "a", [])
@@ -169,6 +177,7 @@ async def test_reshard_3_to_6_and_back_under_load(where: tuple[str, ClusterServe
                        for w in workers)
 
         await eventually(served, 30, "workers serve shards 0..2 only")
+        await eventually(lambda: len(sched.shards[name]) == 3, 30, "the scheduler follows")
         st = await asyncio.to_thread(admin.reshard_finish, name)  # safe to repeat
         assert (st.shards, st.live, st.next, st.old) == (3, 3, None, ())
         for i in range(3, 6):
@@ -181,13 +190,14 @@ async def test_reshard_3_to_6_and_back_under_load(where: tuple[str, ClusterServe
     finally:
         for w in workers:
             await w.stop()
+        await sched.stop()
         admin.close()
 
     sent = [*a, *b, *c, *d, *e]
     # every id was accepted exactly once; every repeat was answered duplicate
     for jid in sent:
         answers = ledger.answers[jid]
-        assert answers[0] == "queued" and all(s == "duplicate" for s in answers[1:]), (
+        assert answers[0] in ACCEPTED and all(s == "duplicate" for s in answers[1:]), (
             jid, answers)
     assert sum(len(v) - 1 for v in ledger.answers.values()) == 5 * 10 + 4 * 20  # repeats
     assert set(ledger.ran) == set(sent) | {"late"}  # none lost
