@@ -212,21 +212,27 @@ def _s(v: bytes | None) -> str:
     return v.decode(errors="replace") if v else ""
 
 
-def _stored_shards(url: str, cluster: bool, keys: Keys) -> int:
-    """The shard count stored with the queue (1 when none is: the unsharded layout)."""
+def _stored_layout(url: str, cluster: bool, keys: Keys) -> _shards.Layout:
+    """The layout stored with the queue (1 shard when none is: the unsharded layout)."""
     client = _client(url, cluster)
     try:
-        stored = call(lambda _retried: client.hget(keys.of_shard(0).meta, _shards.SHARDS_FIELD))
+        got = call(lambda _retried: drive(client, _shards.read(keys)))
     finally:
         client.close()
-    return int(stored) if stored else 1
+    return got or _shards.Layout(1)
+
+
+def _stored_shards(url: str, cluster: bool, keys: Keys) -> int:
+    """The shard count new jobs are routed by (stored with the queue)."""
+    return _stored_layout(url, cluster, keys).shards
 
 
 def _parts(url: str, cluster: bool, queue: str, key_prefix: str,
            shard: int | None) -> list[Keys]:
     """The keys of every shard of the queue (its stored count), or of the one asked for."""
     keys = Keys(queue, key_prefix)  # validates the queue name on the driver
-    n = _stored_shards(url, cluster, keys)
+    # every shard that may hold work: also the old ones of a reshard down, until deleted
+    n = _stored_layout(url, cluster, keys).read
     if shard is None:
         return shard_keys(queue, n, key_prefix)
     if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
