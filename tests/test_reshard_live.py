@@ -26,7 +26,7 @@ import pytest
 from helpers import eventually, fast
 
 from schedulers import Scheduler, SchedulerConfig
-from streamq import Job, Queue, QueueConfig, Registry, ReshardStatus, Worker
+from streamq import Fail, Job, Queue, QueueConfig, Registry, ReshardStatus, Worker
 from streamq._core import reshard
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.conn import sync_client
@@ -111,11 +111,14 @@ async def phase(url: str, name: str, ledger: Ledger, tag: str, earlier: list[str
 
 
 def leftover(client: Any, name: str, shard: int) -> list[str]:
-    """Keys of one shard other than job records and dedup keys (they expire on their own)."""
+    """Keys of one shard other than job records and dedup keys (they expire on their own),
+    and hand-off inboxes that expire within a minute (a worker stopped before it saw the
+    shard retired)."""
     base = Keys(name, shard=shard).base
     found = [k.decode() for k in client.scan_iter(match=f"{base}:*", count=1000)]
-    return sorted(k for k in found if not (k.startswith(f"{base}:job:")
-                                           or k.startswith(f"{base}:dd:")))
+    return sorted(k for k in found if not (
+        k.startswith((f"{base}:job:", f"{base}:dd:"))
+        or (k.startswith(f"{base}:inbox:") and 0 < client.ttl(k) <= 3600)))
 
 
 def abandoned_begin(url: str, name: str, n: int, steps: int) -> None:
@@ -240,3 +243,58 @@ async def test_the_reshard_command(url: str) -> None:
     assert out.returncode == 0 and f"queue {name}: 4 shards (epoch 2)" in out.stdout
     out = await asyncio.to_thread(cli, url, "reshard", name)
     assert out.returncode != 0 and "needs a shard count" in out.stderr
+
+
+async def test_an_old_shard_with_work_is_kept_until_it_is_gone(url: str) -> None:
+    """Finish deletes an old shard only once it holds no live work: delayed jobs keep it
+    (until they run or are purged), dead letters keep it (re-driven, each goes back into the
+    old shard it died in and runs there); the status names what is left; after the delete
+    a producer still routing by the old count is turned away by the kept 'lay'."""
+    name = fresh(None)
+    cfg = QueueConfig(shards=3)
+    admin = Admin.from_url(url, cfg)
+    client: Any = admin.client
+    ids = [f"k-{i}" for i in range(40)]
+    old = [j for j in ids if shard_of(j, 3) == 2][:6]
+    held, doomed = old[:3], old[3:]
+    try:
+        with Queue.from_url(url, name, cfg) as q:
+            for jid in held:
+                q.enqueue("work", job_id=jid, delay=3600)
+            for jid in doomed:
+                q.enqueue("bad", job_id=jid)
+        st = admin.reshard(name, 2)
+        assert (st.shards, st.live) == (2, 3)
+        assert [(o.shard, o.delayed, o.ready) for o in st.old] == [(2, 3, 3)]
+        # a worker: the 'bad' jobs die in shard 2 (their old home)
+        fail = [True]
+        reg = Registry()
+
+        @reg.handler("bad")
+        async def bad(job: Job) -> None:
+            if fail[0]:
+                raise Fail("no")
+
+        async with Worker(url, [name], reg, fast(promote=False), cfg):
+            await eventually(lambda: admin.reshard_status(name).old[0].dead == 3, 30,
+                             "dead letters in the old shard")
+            st = admin.reshard_finish(name)
+            assert st.live == 3 and not st.done  # kept: delayed jobs and dead letters
+            assert "re-drive or purge" in "\n".join(st.lines())
+            assert admin.purge(name, "scheduled") == 3
+            assert not admin.reshard_finish(name).done  # the dead letters still keep it
+            fail[0] = False
+            assert admin.redrive_matching(name) == {"redriven": 3}
+            await eventually(lambda: all(admin.job(name, j).state == "completed"
+                                         for j in doomed), 30, "re-driven jobs ran")
+            await eventually(lambda: admin.reshard_finish(name).done, 30, "old shard gone")
+        assert leftover(client, name, 2) == [Keys(name, shard=2).stats]
+        # a producer routing by 3 (an old process) is refused there and resends to shard 0/1
+        lay = drive(client, read_layout(Keys(name)))
+        assert lay is not None and (lay.shards, lay.live, lay.prev) == (2, 2, (3,))
+        with Queue.from_url(url, name, cfg) as q:
+            assert q.enqueue("work", job_id=held[0]).status == "queued"
+        assert leftover(client, name, 2) == [Keys(name, shard=2).stats]
+        assert client.exists(Keys(name, shard=shard_of(held[0], 2)).job(held[0]))
+    finally:
+        admin.close()

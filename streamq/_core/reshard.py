@@ -35,6 +35,8 @@ whose id moved home first looks in its old homes (dedup by id stays exact).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from .driver import Call, Cmd, Op, ok
@@ -126,9 +128,12 @@ def live_work_keys(k: Keys) -> list[str]:
         k.delayed, k.dead, k.group_wait, k.group_inflight, k.waiting, k.outbox]
 
 
-def other_keys(k: Keys, consumers: list[str], types: list[str]) -> list[str]:
+def other_keys(k: Keys, consumers: list[str], types: list[str], inboxes: Sequence[str] = ()
+               ) -> list[str]:
     """The shard's other non-record keys (deleted by retire.lua besides ``live_work_keys``
-    and ``stats``): its workers' per-consumer keys and its job types' search index too."""
+    and ``stats``): its workers' per-consumer keys, the hand-off inboxes its tickets name
+    (by token prefix; an inbox without a ticket expires within a minute) and its job types'
+    search index too."""
     out = [k.tickets, k.rate, k.levels, k.events, k.lease_seq, k.paused, k.workers, k.types,
            k.series_minutes, k.series_hours, k.group_index, k.group_config, k.group_tat,
            k.group_parked, k.recent, k.ix_all, k.ix_ids, k.ix_ew, k.ix_ewl]
@@ -136,6 +141,7 @@ def other_keys(k: Keys, consumers: list[str], types: list[str]) -> list[str]:
         out.append(k.worker_info(c))
         out.extend(k.at_level(p).finished(c) for p in PRIORITIES)
     out.extend(k.ix_type(t) for t in types)
+    out.extend(k.inbox(p) for p in inboxes)
     return out
 
 
@@ -150,26 +156,34 @@ def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def retire(keys: Keys, shards: range) -> Op[list[Retired]]:
-    """Retire each of ``shards`` that holds no live work (retire.lua), one step for all."""
+def retire(keys: Keys, shards: range, count: int) -> Op[list[Retired]]:
+    """Retire each of ``shards`` that holds no live work (retire.lua), one step for all;
+    ``count``: the layout's shard count (a shard frozen for another count is kept)."""
     if not shards:
         return []
     parts = [keys.of_shard(i) for i in shards]
     reads = yield [c for k in parts for c in (Cmd.of("ZRANGE", k.workers, 0, -1),
-                                              Cmd.of("SMEMBERS", k.types))]
+                                              Cmd.of("SMEMBERS", k.types),
+                                              Cmd.of("ZRANGE", k.tickets, 0, -1))]
     calls: list[Cmd | Call] = []
     for n, k in enumerate(parts):
-        consumers = sorted(_s(c) for c in ok(reads[2 * n]))
-        types = sorted(_s(t) for t in ok(reads[2 * n + 1]))
+        consumers = sorted(_s(c) for c in ok(reads[3 * n]))
+        types = sorted(_s(t) for t in ok(reads[3 * n + 1]))
+        # a ticket: '<record key prefix>|<inbox key>|<token prefix>|...' (ticket.lua)
+        tickets = [_s(t).split("|") for t in ok(reads[3 * n + 2])]
+        inboxes = sorted({t[2] for t in tickets if len(t) > 2 and t[2].isalnum()})
         live = live_work_keys(k)
-        calls.append(Call("retire", [*live, k.stats, *other_keys(k, consumers, types)],
-                          [GROUP, len(live)]))
+        calls.append(Call("retire", [*live, k.stats,
+                                     *other_keys(k, consumers, types, inboxes)],
+                          [GROUP, len(live), count]))
     replies = yield calls
     out = []
     for k, r in zip(parts, replies, strict=True):
         r = ok(r)
         if _s(r[0]) == "retired":
             out.append(Retired(k.shard, True))
+        elif _s(r[0]) == "moved":  # a reshard begun since froze it: not ours to delete
+            out.append(Retired(k.shard, False, k.stats, 0))
         else:
             live = live_work_keys(k)
             out.append(Retired(k.shard, False, live[int(r[1]) - 1], int(r[2])))
@@ -184,7 +198,7 @@ def finish(keys: Keys) -> Op[Layout]:
     lay = yield from read(keys)
     if lay is None or lay.next is not None or not lay.stored:
         return lay or Layout(1)
-    done = yield from retire(keys, old_only(lay))
+    done = yield from retire(keys, old_only(lay), lay.shards)
     all_gone = all(r.retired for r in done if r.shard < lay.live)
     if lay.live == lay.shards and not lay.prev:
         return lay

@@ -49,7 +49,9 @@ log = logging.getLogger("streamq.worker")
 LAYOUT_EVERY_S = 1.0
 """How often the worker reads each queue's layout (one HMGET per queue)."""
 FINISH_EVERY_S = 5.0
-"""How often, while a reshard's old shards or ``prev`` remain, it runs ``reshard.finish``."""
+"""How often, while a reshard's old shards remain, it runs ``reshard.finish``."""
+FORGET_EVERY_S = 60.0
+"""How often it runs it while only ``prev`` remains (to drop it when its time has come)."""
 
 
 class Resharding:
@@ -152,6 +154,7 @@ class Resharding:
         client = self._client
         assert client is not None
         finish = time.monotonic() >= self._finish_due
+        every = FORGET_EVERY_S
         for name in list(self._names):
             keys = Keys(name, self.queue_config.key_prefix)
             lay = await adrive(client, _shards.read(keys))
@@ -159,10 +162,13 @@ class Resharding:
                 continue
             if finish and (lay.read > lay.shards or lay.prev):
                 lay = await adrive(client, _reshard.finish(keys))
+            if lay.read > lay.shards:  # old shards to delete: look again soon
+                every = FINISH_EVERY_S
+                self._finish_due = min(self._finish_due, time.monotonic() + FINISH_EVERY_S)
             self._layouts[name] = lay
             await self._follow(name, lay)
         if finish:
-            self._finish_due = time.monotonic() + FINISH_EVERY_S
+            self._finish_due = time.monotonic() + every
         return LAYOUT_EVERY_S
 
     async def _follow(self, name: str, lay: _shards.Layout) -> None:
@@ -224,6 +230,11 @@ class Resharding:
                 self._qs.pop(lane.keys.tag, None)
             if self._client is not None:
                 await lane.reads.release(self._client)
+        if self._client is not None:  # this run's hand-off inbox there (it would expire)
+            try:
+                await self._client.delete(qs.keys.inbox(self._token_prefix))
+            except Exception as exc:  # noqa: BLE001 - it expires within a minute anyway
+                log.debug("inbox of retired shard %s not deleted: %s", qs.keys.tag, exc)
         for n in [n for n in self._sup if n.endswith(f" {qs.keys.tag}")]:
             del self._sup[n]
         log.info("no longer serving shard %s (retired by a reshard)", qs.keys.tag)

@@ -18,8 +18,14 @@
 -- KEYS[ARGV[2] + 2 ..] the shard's other non-record keys (all deleted)
 -- ARGV[1]   consumer group name (its pending count is checked on each STREAM)
 -- ARGV[2]   how many live-work keys come first
--- Returns {'retired', keys deleted} or {'busy', index of the first non-empty key, its size}
+-- ARGV[3]   the shard count of the layout the caller read: a shard whose 'lay' names another
+--           count was frozen by a reshard begun since (it may be one of its shards): kept
+-- Returns {'retired', keys deleted}, {'busy', index of the first non-empty key, its size}, or
+-- {'moved', 0, the shard's 'lay'}
 local group, nlive = ARGV[1], tonumber(ARGV[2])
+local stats = KEYS[nlive + 1]
+local lay = rcall('HGET', stats, 'lay')
+if lay and lay ~= ARGV[3] then return {'moved', 0, tonumber(lay) or 0} end
 
 local function size(key)
   local t = rcall('TYPE', key)['ok']
@@ -44,8 +50,6 @@ for i = 1, nlive do
   local n = size(KEYS[i])
   if n > 0 then return {'busy', i, n} end
 end
-local stats = KEYS[nlive + 1]
-local lay = rcall('HGET', stats, 'lay')
 local deleted = 0
 for i = 1, #KEYS do
   if i ~= nlive + 1 then deleted = deleted + rcall('DEL', KEYS[i]) end
