@@ -94,6 +94,8 @@ class Scheduler:
         """The workflow relay and repair sweep of every shard (docs/workflows.md)."""
         self._cron_published = False
         self._layouts_due = 0.0
+        self._routing: dict[str, int] = {}
+        """The shard count each queue's new jobs (cron ticks) are routed by (its layout)."""
         self._resubscribe = False
         """The shards changed (a reshard): the wake-up subscription is made again."""
 
@@ -121,7 +123,7 @@ class Scheduler:
             for k in self.queues.values():  # the stored layout: ShardCountMismatch
                 lay = await acall(functools.partial(_shards_ok, client, k,
                                                     self.queue_config.shards))
-                self._use_layout(k.queue, lay.read)  # every shard that may hold work
+                self._use_layout(k.queue, lay)  # every shard that may hold work
             for p in self._promoters.values():
                 await acall(functools.partial(_sync, p, client))
         except BaseException:
@@ -253,14 +255,17 @@ class Scheduler:
         assert self._client is not None
         for q, k in self.queues.items():
             lay = await adrive(self._client, _read_layout(k))
-            if lay is not None and len(self.shards[q]) != lay.read:
-                self._use_layout(q, lay.read)
+            if lay is not None and (len(self.shards[q]) != lay.read
+                                    or self._routing.get(q) != lay.shards):
+                self._use_layout(q, lay)
                 for p in self._promoters.values():
                     if p.keys.queue == q:
                         await p.sync_clock(self._client)
 
-    def _use_layout(self, queue: str, n: int) -> None:
-        """Serve shards 0 .. n-1 of ``queue``."""
+    def _use_layout(self, queue: str, lay: Layout) -> None:
+        """Serve shards 0 .. lay.read-1 of ``queue``; fire its cron ticks by lay.shards."""
+        self._routing[queue] = lay.shards
+        n = lay.read
         if len(self.shards[queue]) == n:
             return
         old = {k.tag for k in self.shards[queue]}
@@ -331,7 +336,11 @@ class Scheduler:
         host's clock runs ahead of the server's)."""
         assert self._client is not None
         home = self.queues[entry.queue]
-        p = entry.prepare(home, self.queue_config, tick)
+        cfg = self.queue_config
+        routed = self._routing.get(entry.queue, cfg.shards)
+        if routed != cfg.shards:  # resharded: route the tick by the stored layout
+            cfg = attrs.evolve(cfg, shards=routed)
+        p = entry.prepare(home, cfg, tick)
         keys = home.of_shard(p.shard)  # the tick's job id decides its shard (and cron hash)
         info = json.dumps({**entry.describe(), "last_tick_ms": tick, "last_job": p.job_id,
                            "next_tick_ms": entry.next_after(tick)})
