@@ -99,6 +99,7 @@ class Resharding:
     async def _check_layouts(self, client: aredis.Redis) -> None:
         """At start: each queue's layout (ShardCountMismatch for a count it cannot follow),
         and the state of every shard it reads (none beyond it)."""
+        self._shard_tasks = {}  # (an earlier run's loops are over)
         for name in self._names:
             keys = Keys(name, self.queue_config.key_prefix)
 
@@ -109,6 +110,9 @@ class Resharding:
             lay = self._layouts[name] = await acall(check)
             have = {qs.keys.shard: qs for qs in self._serving(name)}
             for i in range(lay.read):
+                if i in have and have[i].retired:  # retired in an earlier run, used again
+                    for lane in list(have[i].lanes.values()) or [have[i]]:
+                        lane.retired = False
                 if i not in have:
                     k = keys.of_shard(i)
                     self._qs[k.tag] = QState(k, labels=tel.attrs_for(name))
