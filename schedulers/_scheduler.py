@@ -94,8 +94,6 @@ class Scheduler:
         """The workflow relay and repair sweep of every shard (docs/workflows.md)."""
         self._cron_published = False
         self._layouts_due = 0.0
-        self._routing: dict[str, int] = {}
-        """The shard count each queue's new jobs (cron ticks) are routed by (its layout)."""
         self._resubscribe = False
         """The shards changed (a reshard): the wake-up subscription is made again."""
 
@@ -255,16 +253,14 @@ class Scheduler:
         assert self._client is not None
         for q, k in self.queues.items():
             lay = await adrive(self._client, _read_layout(k))
-            if lay is not None and (len(self.shards[q]) != lay.read
-                                    or self._routing.get(q) != lay.shards):
+            if lay is not None and len(self.shards[q]) != lay.read:
                 self._use_layout(q, lay)
                 for p in self._promoters.values():
                     if p.keys.queue == q:
                         await p.sync_clock(self._client)
 
     def _use_layout(self, queue: str, lay: Layout) -> None:
-        """Serve shards 0 .. lay.read-1 of ``queue``; fire its cron ticks by lay.shards."""
-        self._routing[queue] = lay.shards
+        """Serve shards 0 .. lay.read-1 of ``queue``."""
         n = lay.read
         if len(self.shards[queue]) == n:
             return
@@ -334,13 +330,22 @@ class Scheduler:
         """Fire (or, mode 'skip', only mark) one tick; return when to look at the entry again:
         the next tick, or this one again soon when the server says it is still to come (this
         host's clock runs ahead of the server's)."""
+        from streamq._core.driver import adrive
+        from streamq._producer import relayout
+
         assert self._client is not None
+        client = self._client
         home = self.queues[entry.queue]
-        cfg = self.queue_config
-        routed = self._routing.get(entry.queue, cfg.shards)
-        if routed != cfg.shards:  # resharded: route the tick by the stored layout
-            cfg = attrs.evolve(cfg, shards=routed)
+        # routed by the stored layout, read for each tick (a reshard's frozen shard refuses
+        # another count: STREAMQ_LAYOUT, this round fails and the next reads it again)
+        lay = await acall(lambda _r: adrive(client, relayout.opened(home, self.queue_config)))
+        cfg = self.queue_config if lay.shards == self.queue_config.shards else attrs.evolve(
+            self.queue_config, shards=lay.shards)
         p = entry.prepare(home, cfg, tick)
+        if mode == "fire" and lay.prev:  # fired before the reshard, into its old home?
+            found = await acall(lambda _r: adrive(client, relayout.look(home, cfg, lay, [p],
+                                                                        False)))
+            mode = "skip" if found else mode
         keys = home.of_shard(p.shard)  # the tick's job id decides its shard (and cron hash)
         info = json.dumps({**entry.describe(), "last_tick_ms": tick, "last_job": p.job_id,
                            "next_tick_ms": entry.next_after(tick)})
@@ -348,7 +353,7 @@ class Scheduler:
             self._client,
             [keys.stream, keys.delayed, keys.stats, keys.events, p.key, keys.cron],
             [self.queue_config.events_arg, keys.wake_channel, entry.name, tick, info,
-             *p.args, mode])
+             *p.args, mode, lay.shards])
         status = reply[0].decode()
         if p.shard != 0 and status != "future":
             await self._mirror_cron(home, entry.name, tick, info if status in (

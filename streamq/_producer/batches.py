@@ -31,6 +31,7 @@ from .._core.flow import JobRef, link, link_call, member, shard_counts
 from .._core.keys import Keys, check_job_id, shard_of
 from .._core.model import CancelResult, Job
 from .._core.retry import acall, call
+from .._core.shards import Layout
 from .flows import FlowResult, Group, JobSpec, compile_flow, enqueue_flow, enqueue_waiting
 from .prepare import new_job_id
 
@@ -42,6 +43,7 @@ class Queue(Protocol):
     client: Any
     keys: Keys
     config: QueueConfig
+    layout: Layout
 
     def _check(self) -> None: ...
     def _note(self) -> None: ...
@@ -55,6 +57,7 @@ class AsyncQueue(Protocol):
     client: Any
     keys: Keys
     config: QueueConfig
+    layout: Layout
 
     async def _check(self) -> None: ...
     async def _note(self) -> None: ...
@@ -100,10 +103,31 @@ def parse_bc(raw: Any) -> dict[str, str]:
     return out
 
 
+def batch_config(keys: Keys, cfg: QueueConfig, batch_id: str, prev: tuple[int, ...]
+                 ) -> Op[QueueConfig]:
+    """``cfg`` with the shard count the batch was opened under: a batch opened before a
+    reshard keeps its record and callbacks in its home under that count (they are in one
+    slot: batch_close.lua resolves them in one script). ``prev``: the layout's earlier counts
+    (``Layout.prev``); the first home holding the record wins, the current one first (no I/O
+    for an id that did not move)."""
+    homes: dict[int, int] = {}
+    for n in (cfg.shards, *prev):
+        homes.setdefault(shard_of(batch_id, n), n)
+    if len(homes) == 1:
+        return cfg
+    got = yield [Cmd.of("EXISTS", keys.of_shard(s).job(batch_id)) for s in homes]
+    for n, v in zip(homes.values(), got, strict=True):
+        if ok(v):
+            return cfg if n == cfg.shards else attrs.evolve(cfg, shards=n)
+    return cfg
+
+
 def open_batch(keys: Keys, cfg: QueueConfig, batch_id: str,
-               callbacks: dict[str, JobSpec | None]) -> Op[dict[str, str]]:
+               callbacks: dict[str, JobSpec | None], prev: tuple[int, ...] = ()
+               ) -> Op[dict[str, str]]:
     """Open a batch (its record, then each callback waiting for it). Returns kind -> callback
     job id. A repeat (same id) writes nothing new and returns the ids it was opened with."""
+    cfg = yield from batch_config(keys, cfg, batch_id, prev)
     ids: dict[str, str] = {}
     for kind, spec in callbacks.items():
         if spec is None:
@@ -135,7 +159,7 @@ def open_batch(keys: Keys, cfg: QueueConfig, batch_id: str,
         if spec is None:
             continue
         spec = _with_header(spec, batch_id)
-        yield from enqueue_waiting(keys, cfg, spec.type, spec.payload, {
+        yield from enqueue_waiting(keys, cfg, spec.type, spec.payload, {  # (in its home)
             **spec.options, "job_id": cid,
             "depends_on": [JobRef(keys.queue, batch_id, KINDS[kind])]})  # type: ignore[arg-type]
     return ids
@@ -151,13 +175,17 @@ def add_id_of(batch_id: str, specs: Sequence[JobSpec], cfg: QueueConfig) -> str:
 
 
 def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[JobSpec],
-                 call_id: str, inside: bool = False) -> Op[FlowResult]:
-    """Add jobs to an open batch (see the module). Raises BatchClosed once it is closed."""
+                 call_id: str, inside: bool = False, prev: tuple[int, ...] = ()
+                 ) -> Op[FlowResult]:
+    """Add jobs to an open batch (see the module). Raises BatchClosed once it is closed. The
+    new jobs follow the current layout; the batch's record and callbacks stay in its home
+    (``batch_config``)."""
     specs = list(specs)
     if not specs or not all(isinstance(s, JobSpec) for s in specs):
         raise InvalidArgument("Batch.add takes a non-empty list of JobSpec")
     specs = [_with_header(s, batch_id) for s in specs]
-    bk = keys.for_job(batch_id, cfg.shards)
+    bcfg = yield from batch_config(keys, cfg, batch_id, prev)
+    bk = keys.for_job(batch_id, bcfg.shards)
     (r,) = yield [Cmd.of("HMGET", bk.job(batch_id), "s", "bc")]
     st, raw = ok(r)
     cbs = parse_bc(raw)
@@ -186,7 +214,7 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     if not bases:  # (every callback has fired or ended: the batch is over)
         raise BatchClosed(f"batch {batch_id!r} is {_s(st) if st else 'gone'}: nothing was"
                           " added")
-    out = yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id)
+    out = yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id, prev)
     sh = yield from shard_counts(keys.prefix, (n.ref.queue for n in nodes),
                                  {keys.queue: cfg.shards})
     yield from link([link_call(keys.prefix, sh, bk.job(cbs[kind]), cbs[kind],
@@ -196,10 +224,11 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     return out
 
 
-def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = False
-                ) -> Op[bool]:
+def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = False,
+                prev: tuple[int, ...] = ()) -> Op[bool]:
     """Close a batch: True when this call closed it, False when it was closed before (a
     retried call after a lost reply that finds it closed: True)."""
+    cfg = yield from batch_config(keys, cfg, batch_id, prev)
     bk = keys.for_job(batch_id, cfg.shards)
     (r,) = yield [Call("batch_close", [bk.job(batch_id), bk.events],
                        [batch_id, cfg.serde.dumps(batch_id), cfg.events_arg])]
@@ -209,7 +238,9 @@ def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = Fal
     return code == "closed" or (retried and _s(ok(r)[1]) == "completed")
 
 
-def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str) -> Op[dict[str, str]]:
+def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str, prev: tuple[int, ...] = ()
+                 ) -> Op[dict[str, str]]:
+    cfg = yield from batch_config(keys, cfg, batch_id, prev)
     (r,) = yield [Cmd.of("HGET", keys.for_job(batch_id, cfg.shards).job(batch_id), "bc")]
     return parse_bc(ok(r))
 
@@ -232,7 +263,8 @@ class Batch:
         q._check()  # (the shard count, as every write does)
         bid = new_job_id() if batch_id is None else check_job_id(batch_id)
         specs = callback_specs(on_success, on_complete, on_death)
-        ids = call(lambda _r: q._drive_flow(open_batch(q.keys, q.config, bid, specs)))
+        ids = call(lambda _r: q._drive_flow(open_batch(q.keys, q.config, bid, specs,
+                                                               q.layout.prev)))
         q._note()
         return cls(q, bid, ids)
 
@@ -252,21 +284,23 @@ class Batch:
         aid = add_id or add_id_of(self.batch_id, specs, q.config)
         inside = _inside(from_job, self.batch_id)
         return self._run(lambda: add_to_batch(  # type: ignore[no-any-return]
-            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside))
+            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside, q.layout.prev))
 
     def close(self) -> bool:
         """Close the batch: its callbacks may fire from now on. True when this call closed
         it, False when it was closed (or cancelled) before."""
         q = self.queue
+        q._check()  # (the layout: the batch's home)
         return call(lambda retried: drive(q.client, close_batch(
-            q.keys, q.config, self.batch_id, retried)))
+            q.keys, q.config, self.batch_id, retried, q.layout.prev)))
 
     def cancel(self) -> list[CancelResult]:
         """Cancel the batch's waiting callbacks; that cancels, as for any waiting job, the
         batch record and the batch's jobs that have not started and that nothing else waits
         for (docs/workflows.md#cancelling-a-flow)."""
         q = self.queue
-        cbs = self.callbacks or self._run(lambda: callbacks_of(q.keys, q.config, self.batch_id))
+        cbs = self.callbacks or self._run(lambda: callbacks_of(q.keys, q.config, self.batch_id,
+                                                                   q.layout.prev))
         return [q.cancel(cid) for cid in cbs.values()]
 
     def __enter__(self) -> Batch:
@@ -292,7 +326,8 @@ class AsyncBatch:
         await q._check()
         bid = new_job_id() if batch_id is None else check_job_id(batch_id)
         specs = callback_specs(on_success, on_complete, on_death)
-        ids = await acall(lambda _r: q._drive_flow(open_batch(q.keys, q.config, bid, specs)))
+        ids = await acall(lambda _r: q._drive_flow(open_batch(q.keys, q.config, bid, specs,
+                                                               q.layout.prev)))
         await q._note()
         return cls(q, bid, ids)
 
@@ -308,19 +343,20 @@ class AsyncBatch:
         aid = add_id or add_id_of(self.batch_id, specs, q.config)
         inside = _inside(from_job, self.batch_id)
         return await self._run(lambda: add_to_batch(  # type: ignore[no-any-return]
-            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside))
+            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside, q.layout.prev))
 
     async def close(self) -> bool:
         """See ``Batch.close``."""
         q = self.queue
+        await q._check()
         return await acall(lambda retried: adrive(
-            q.client, close_batch(q.keys, q.config, self.batch_id, retried)))
+            q.client, close_batch(q.keys, q.config, self.batch_id, retried, q.layout.prev)))
 
     async def cancel(self) -> list[CancelResult]:
         """See ``Batch.cancel``."""
         q = self.queue
         cbs = self.callbacks or await self._run(
-            lambda: callbacks_of(q.keys, q.config, self.batch_id))
+            lambda: callbacks_of(q.keys, q.config, self.batch_id, q.layout.prev))
         return [await q.cancel(cid) for cid in cbs.values()]
 
     async def __aenter__(self) -> AsyncBatch:

@@ -33,6 +33,7 @@ from .._core.flow import (
 )
 from .._core.keys import DEFAULT_PRIORITY, Keys
 from .._core.model import EnqueueResult
+from .._core.shards import Layout
 from . import prepare as prod
 
 
@@ -182,7 +183,8 @@ def wait_call(keys: Keys, cfg: QueueConfig, p: prod.Prepared, deps: Sequence[Job
                  "" if p.level == DEFAULT_PRIORITY else p.level,
                  wk_of(jk, jid, p.level, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
                        cfg.handoff),
-                 cfg.events_arg, *(member(d, i) for i, d in enumerate(deps)), *ix_args])
+                 cfg.events_arg, p.routed, *(member(d, i) for i, d in enumerate(deps)),
+                 *ix_args])
 
 
 def _waited(cfg: QueueConfig, jid: str, reply: Any) -> tuple[EnqueueResult, bool]:
@@ -198,10 +200,16 @@ def _waited(cfg: QueueConfig, jid: str, reply: Any) -> tuple[EnqueueResult, bool
 
 
 def enqueue_waiting(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
-                    options: dict[str, Any]) -> Op[EnqueueResult]:
-    """``enqueue(job_type, payload, depends_on=[...], **options)``."""
+                    options: dict[str, Any], prev: tuple[int, ...] = ()) -> Op[EnqueueResult]:
+    """``enqueue(job_type, payload, depends_on=[...], **options)``. ``prev``: the queue's
+    earlier shard counts (``Layout.prev``): an id that moved home in a reshard is looked for
+    in its old homes first (found: a duplicate, nothing written)."""
     deps = refs(keys.queue, options.pop("depends_on"))
     p, _ = _prepared(keys, cfg, job_type, payload, options, True)
+    if prev:
+        found = yield from _old_homes(keys, cfg, prev, [p])
+        if found:
+            return found[0]
     (r,) = yield [wait_call(keys, cfg, p, deps)]
     result, mine = _waited(cfg, p.job_id, r)
     if mine:
@@ -213,9 +221,24 @@ def enqueue_waiting(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
     return result
 
 
-def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str
-                 ) -> Op[FlowResult]:
-    """Every node of a flow: waiting ones, then the ones without dependencies, then edges."""
+def _old_homes(keys: Keys, cfg: QueueConfig, prev: tuple[int, ...],
+               nodes: Sequence[prod.Prepared], waiting: Sequence[bool] | None = None
+               ) -> Op[dict[int, EnqueueResult]]:
+    """The nodes (by index) found in their old homes after a reshard (relayout.look: one
+    step, none when no id moved), answered as a repeat of the flow is: a waiting node (all
+    of them when ``waiting`` is None) 'duplicate', a leaf this very flow wrote 'queued'."""
+    from . import relayout  # (relayout imports prepare, as this module does)
+
+    found = yield from relayout.look(keys, cfg, Layout(cfg.shards, prev), nodes, True)
+    return {i: EnqueueResult(r.job_id, "duplicate", r.state, r.result, r.error)
+            if (waiting is None or waiting[i]) and r.status != "duplicate" else r
+            for i, r in found.items()}
+
+
+def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str,
+                 prev: tuple[int, ...] = ()) -> Op[FlowResult]:
+    """Every node of a flow: waiting ones, then the ones without dependencies, then edges.
+    ``prev``: see ``enqueue_waiting`` (the nodes of this queue are looked for)."""
     nodes = compile_flow(flow, keys.queue, flow_id)
     sh = yield from shard_counts(keys.prefix, (n.ref.queue for n in nodes),
                                  {keys.queue: cfg.shards})
@@ -225,8 +248,14 @@ def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str
                        {**n.spec.options, "job_id": n.ref.job_id}, bool(n.deps))[0]
              for n in nodes]
     results: list[EnqueueResult | None] = [None] * len(nodes)
+    if prev:  # a repeat after a reshard: this queue's nodes written before it are kept
+        own = [i for i, n in enumerate(nodes) if n.ref.queue == keys.queue]
+        found = yield from _old_homes(keys, cfg, prev, [preps[i] for i in own],
+                                      [bool(nodes[i].deps) for i in own])
+        for j, res in found.items():
+            results[own[j]] = res
     relink: list[int] = []
-    waits = [i for i, n in enumerate(nodes) if n.deps]
+    waits = [i for i, n in enumerate(nodes) if n.deps and results[i] is None]
     if waits:
         r = yield [wait_call(qkeys[nodes[i].ref.queue], cfgs[nodes[i].ref.queue], preps[i],
                              nodes[i].deps) for i in waits]
@@ -236,7 +265,7 @@ def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str
                 relink.append(i)
     leaves: dict[str, list[int]] = {}
     for i, n in enumerate(nodes):
-        if not n.deps:
+        if not n.deps and results[i] is None:
             leaves.setdefault(n.ref.queue, []).append(i)
     for q, idx in leaves.items():
         batch = [preps[i] for i in idx]

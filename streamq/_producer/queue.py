@@ -35,12 +35,12 @@ from .._core.flow import DependencyResult, JobRef, results_page
 from .._core.flow_cancel import cascade
 from .._core.keys import Keys, check_job_id
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
-from .._core.retry import acall, aeach, call, each, layout_changed
+from .._core.retry import acall, call, layout_changed
 from .._core.scripts import SCRIPTS
 from . import batches as _batches
 from . import flows as _flows
 from . import prepare as prod
-from . import relayout
+from . import relayout, resend
 from .autobatch import AsyncBatcher, ShardedAsync, ShardedSync, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake
 
@@ -107,17 +107,12 @@ class _Base:
     def _following(self, prepared: Sequence[prod.Prepared]) -> relayout.Gen:
         return relayout.enqueue(self.keys, self.config, self.layout, prepared)
 
-    def _sent(self, jobs: list[prod.Prepared], outs: list[relayout.Outcome],
-              layout: _shards.Layout) -> list[EnqueueResult]:
+    def _sent(self, sent: relayout.Sent) -> list[EnqueueResult]:
         """A lone (auto-batched) enqueue's answer: the first error raised, else the results
         (ReplicationTimeout as ``durable.confirm`` says)."""
-        self._adopt(layout)
-        err = relayout.first_error(outs)
-        if err is not None:
-            raise err
-        parts = [o for o in outs if not isinstance(o, Exception)]
-        out = [r for rs, _ in parts for r in rs]
-        durable.confirm(self.config, out, parts)
+        self._adopt(sent[3])
+        out = relayout.results(sent)
+        durable.confirm(self.config, out, [o for o in sent[2] if not isinstance(o, Exception)])
         return out
 
     def _refused(self, exc: Exception) -> LayoutChanged:
@@ -200,33 +195,14 @@ class Queue(_Base):
 
     def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         self._check()
-        got = relayout.run(self._following(prepared), self._step, self._send)
+        got = relayout.run(self._following(prepared), self._step, lambda need: resend.lone(
+            self.client, self.keys, self.config, self._barrier, need))
+        out = self._sent(got)
         self._note()
-        return self._sent(*got)
+        return out
 
     def _step(self, step: list[Any]) -> list[Any]:
         return call(lambda _r: drive(self.client, relayout.one(step)))
-
-    def _send(self, need: relayout.Send) -> list[relayout.Outcome]:
-        """Each call of ``need`` in turn; an error other than a layout refusal is raised."""
-        outs: list[relayout.Outcome] = []
-        for batch in need.batches:
-            keys, args = prod.enqueue_call(self.keys, self.config, batch,
-                                           handoff=self.config.handoff)
-
-            def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
-                (reply,), (n,) = durable.run(SCRIPTS["enqueue"], self.client, [(k, a)],
-                                             self.config, self._barrier)  # min_replicas: WAIT
-                return prod.parse_enqueue(self.config, b, reply,
-                                          retried=retried or need.retried), n
-
-            try:
-                outs.append(call(once))
-            except Exception as exc:
-                if layout_changed(exc, self.name) is None:
-                    raise
-                outs.append(exc)
-        return outs
 
     def _check(self) -> None:
         """Refuse (ShardCountMismatch) a queue stored with another shard count, or follow
@@ -256,7 +232,7 @@ class Queue(_Base):
         if "depends_on" in options:
             self._check()
             res: EnqueueResult = call(lambda _r: self._drive_flow(_flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options))))
+                self.keys, self.config, job_type, payload, dict(options), self.layout.prev)))
             self._note()
             return res
         if not tel.tracing():  # (no span: no context manager either)
@@ -276,7 +252,7 @@ class Queue(_Base):
         self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
         out: _flows.FlowResult = call(lambda _r: self._drive_flow(_flows.enqueue_flow(
-            self.keys, self.config, flow, fid)))
+            self.keys, self.config, flow, fid, self.layout.prev)))
         self._note()
         return out
 
@@ -322,28 +298,13 @@ class Queue(_Base):
 
     def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         self._check()
-        jobs, outcomes, layout = relayout.run(self._following(prepared), self._step,
-                                              self._send_each)
+        jobs, batches, outcomes, layout = relayout.run(
+            self._following(prepared), self._step,
+            lambda need: resend.many(self.client, self.keys, self.config, self._barrier, need))
         self._adopt(layout)
         if any(not isinstance(o, Exception) for o in outcomes):
             self._note()
-        return prod.answered_many(self.name, self.config, jobs, [[p] for p in jobs], outcomes)
-
-    def _send_each(self, need: relayout.Send) -> list[relayout.Outcome]:
-        batches = need.batches
-        calls = [prod.enqueue_call(self.keys, self.config, b, handoff=self.config.handoff)
-                 for b in batches]
-
-        def once(todo: list[int], retried: bool) -> list[prod.Part | Exception]:
-            # per call: a failed node fails only its own calls (retried alone, then given
-            # to their jobs); min_replicas: a WAIT per node
-            replies, acks = durable.run_each(SCRIPTS["enqueue"], self.client,
-                                             [calls[i] for i in todo], self.config,
-                                             self._barrier)
-            return prod.parsed_each(self.config, [batches[i] for i in todo], replies, acks,
-                                    retried or need.retried)
-
-        return each(once, len(calls))
+        return prod.answered_many(self.name, self.config, jobs, batches, outcomes)
 
     def get(self, job_id: str) -> JobInfo | None:
         """The job's record, or None when there is none (never enqueued, or expired)."""
@@ -509,33 +470,14 @@ class AsyncQueue(_Base):
 
     async def _enqueue(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         await self._check()
-        got = await relayout.arun(self._following(prepared), self._step, self._send)
+        got = await relayout.arun(self._following(prepared), self._step, lambda need: (
+            resend.alone(self.client, self.keys, self.config, self._barrier, need)))
+        out = self._sent(got)
         await self._note()
-        return self._sent(*got)
+        return out
 
     async def _step(self, step: list[Any]) -> list[Any]:
         return await acall(lambda _r: adrive(self.client, relayout.one(step)))
-
-    async def _send(self, need: relayout.Send) -> list[relayout.Outcome]:
-        """See ``Queue._send``."""
-        outs: list[relayout.Outcome] = []
-        for batch in need.batches:
-            keys, args = prod.enqueue_call(self.keys, self.config, batch,
-                                           handoff=self.config.handoff)
-
-            async def once(retried: bool, b: Any = batch, k: Any = keys, a: Any = args) -> Any:
-                (reply,), (n,) = await durable.arun(SCRIPTS["enqueue"], self.client, [(k, a)],
-                                                    self.config, self._barrier)  # + WAIT
-                return prod.parse_enqueue(self.config, b, reply,
-                                          retried=retried or need.retried), n
-
-            try:
-                outs.append(await acall(once))
-            except Exception as exc:
-                if layout_changed(exc, self.name) is None:
-                    raise
-                outs.append(exc)
-        return outs
 
     async def _check(self) -> None:
         if not self._shards_checked:
@@ -561,7 +503,7 @@ class AsyncQueue(_Base):
         if "depends_on" in options:
             await self._check()
             r: EnqueueResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options))))
+                self.keys, self.config, job_type, payload, dict(options), self.layout.prev)))
             await self._note()
             return r
         if not tel.tracing():  # (no span: no context manager either)
@@ -580,7 +522,7 @@ class AsyncQueue(_Base):
         await self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
         r: _flows.FlowResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_flow(
-            self.keys, self.config, flow, fid)))
+            self.keys, self.config, flow, fid, self.layout.prev)))
         await self._note()
         return r
 
@@ -618,26 +560,13 @@ class AsyncQueue(_Base):
 
     async def _enqueue_many(self, prepared: list[prod.Prepared]) -> list[EnqueueResult]:
         await self._check()
-        jobs, outcomes, layout = await relayout.arun(self._following(prepared), self._step,
-                                                     self._send_each)
+        jobs, batches, outcomes, layout = await relayout.arun(
+            self._following(prepared), self._step,
+            lambda need: resend.amany(self.client, self.keys, self.config, self._barrier, need))
         self._adopt(layout)
         if any(not isinstance(o, Exception) for o in outcomes):
             await self._note()
-        return prod.answered_many(self.name, self.config, jobs, [[p] for p in jobs], outcomes)
-
-    async def _send_each(self, need: relayout.Send) -> list[relayout.Outcome]:
-        batches = need.batches
-        calls = [prod.enqueue_call(self.keys, self.config, b, handoff=self.config.handoff)
-                 for b in batches]
-
-        async def once(todo: list[int], retried: bool) -> list[prod.Part | Exception]:
-            replies, acks = await durable.arun_each(SCRIPTS["enqueue"], self.client,
-                                                    [calls[i] for i in todo], self.config,
-                                                    self._barrier)  # + WAIT per node
-            return prod.parsed_each(self.config, [batches[i] for i in todo], replies, acks,
-                                    retried or need.retried)
-
-        return await aeach(once, len(calls))
+        return prod.answered_many(self.name, self.config, jobs, batches, outcomes)
 
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)

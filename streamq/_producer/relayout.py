@@ -33,10 +33,9 @@ docs/scaling.md#producers-during-a-reshard.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import Any, TypeVar, cast
-
-import attrs
+from typing import Any, NamedTuple, TypeVar, cast
 
 from .._core import reshard as _reshard
 from .._core import shards as _shards
@@ -63,7 +62,7 @@ def follow(keys: Keys, cfg: QueueConfig) -> Op[_shards.Layout]:
     (its driver may have died after storing ``next``)."""
     for _ in range(ATTEMPTS):
         got = yield from _shards.read(keys)
-        lay = got or _shards.Layout(1)
+        lay = got or _shards.Layout(cfg.shards)  # (no count stored: as configured)
         if lay.next is None:
             return lay
         try:
@@ -71,7 +70,17 @@ def follow(keys: Keys, cfg: QueueConfig) -> Op[_shards.Layout]:
         except ReshardInProgress:
             continue  # another count began meanwhile: read again
     got = yield from _shards.read(keys)
-    return got or _shards.Layout(1)
+    return got or _shards.Layout(cfg.shards)
+
+
+def opened(keys: Keys, cfg: QueueConfig) -> Op[_shards.Layout]:
+    """``shards.check_layout`` (ShardCountMismatch; a new queue's count stored), then a
+    reshard that has begun finished (:func:`follow`): the layout a writer that has no
+    earlier one routes by (a Spark partition, a cron tick)."""
+    lay = yield from _shards.check_layout(keys, cfg.shards)
+    if lay.next is not None:
+        lay = yield from follow(keys, cfg)
+    return lay
 
 
 def route(keys: Keys, p: prod.Prepared, n: int) -> prod.Prepared:
@@ -96,10 +105,11 @@ def route(keys: Keys, p: prod.Prepared, n: int) -> prod.Prepared:
 
 
 def look(keys: Keys, cfg: QueueConfig, layout: _shards.Layout, jobs: Sequence[prod.Prepared],
-         retried: bool) -> Op[dict[int, EnqueueResult]]:
+         retried: bool, tags: Sequence[str] | None = None) -> Op[dict[int, EnqueueResult]]:
     """The jobs (by index) whose id has a record in one of its old homes, answered as
     enqueue.lua answers a duplicate (``mine``: the record carries this very body and options,
-    a retried call). One step for all of them; none when no id moved."""
+    a retried call; with ``tags``, one writer tag per job: by :func:`writer_mine`). One step
+    for all of them; none when no id moved."""
     if not layout.prev:
         return {}
     at: list[int] = []
@@ -118,12 +128,33 @@ def look(keys: Keys, cfg: QueueConfig, layout: _shards.Layout, jobs: Sequence[pr
             continue
         p = jobs[i]
         n = normalize_record(h)
-        mine = int(b"s" in h and n.get(b"b") == _b(p.args[2]) and
-                   n.get(b"op", b"") == _b(p.args[1]))
+        if tags is not None:
+            mine = writer_mine(h.get(b"w"), tags[i])
+        else:
+            mine = int(b"s" in h and n.get(b"b") == _b(p.args[2]) and
+                       n.get(b"op", b"") == _b(p.args[1]))
         reply = [b"duplicate", n.get(b"s", b""), n.get(b"r", b"") if n.get(b"s") ==
                  b"completed" else b"", n.get(b"error", b""), mine]
         out[i] = prod.parse_enqueue(cfg, [p], reply, retried=retried)[0]
     return out
+
+
+_TAG = re.compile(r"^(.*):(\d+):(\d+)$")
+
+
+def writer_mine(stored: bytes | None, tag: str) -> int:
+    """_lib.lua's writer_mine, read-only: 1 when the record's writer tag ``stored`` says the
+    row tagged ``tag`` (or an earlier attempt of its task) wrote it. (The script also moves
+    the record's tag to the later attempt; a record in a frozen old home is left as it is,
+    so a second row of the same id in that attempt counts as written too.)"""
+    if not stored:
+        return 0
+    a, b = _TAG.match(stored.decode(errors="replace")), _TAG.match(tag)
+    if a is None or b is None or a[1] != b[1]:
+        return 0
+    if int(a[2]) < int(b[2]):
+        return 1
+    return int(a[3] == b[3])
 
 
 def _b(v: Any) -> bytes:
@@ -137,8 +168,7 @@ def _record(r: Any) -> dict[bytes, bytes]:
     return {_b(k): _b(v) for k, v in zip(it, it, strict=True)}
 
 
-@attrs.frozen
-class Send:
+class Send(NamedTuple):
     """Send ``batches`` (each one enqueue.lua call, jobs of one shard): the answer is each
     call's outcome, ``prepare.Part`` (results, replicas) or its error."""
 
@@ -149,21 +179,61 @@ class Send:
 Need = Send | list[Any]
 """A request of :func:`enqueue`: a Send, or a driver step (list of Cmd/Call)."""
 Outcome = prod.Part | Exception
-Gen = Generator[Need, Any, tuple[list[prod.Prepared], list[Outcome], _shards.Layout]]
-"""What :func:`enqueue` is."""
+Sent = tuple[list[prod.Prepared], list[Sequence[prod.Prepared]], list[Outcome], _shards.Layout]
+"""What :func:`enqueue` returns."""
+Gen = Generator[Need, Any, Sent]
 
 
 def enqueue(keys: Keys, cfg: QueueConfig, layout: _shards.Layout,
             prepared: Sequence[prod.Prepared]) -> Gen:
     """Send ``prepared`` by ``layout``, following a reshard (the module docstring). Returns the
-    jobs as last routed (in the caller's order), each one's outcome (a one-job Part with its
-    call's replicas, or the error of its call: LayoutChanged after ``ATTEMPTS`` rounds), and
-    the layout it ended with."""
+    jobs as last routed (in the caller's order), the calls that answered them and each call's
+    outcome (``prepare.in_order`` puts their results in the caller's order; a call's error,
+    LayoutChanged after ``ATTEMPTS`` rounds) and the layout it ended with.
+
+    The common case (no earlier count to look in, every job routed by the current one, no
+    refusal) is one Send and its answer as it came."""
+    n = layout.shards
     jobs = list(prepared)
-    outs: list[Outcome | None] = [None] * len(jobs)
-    todo = list(range(len(jobs)))
-    retried = False
-    for rnd in range(ATTEMPTS + 1):
+    if not layout.prev and all(p.routed == n for p in jobs):
+        batches = prod.chunks(jobs)
+        got: list[Outcome] = yield Send(batches, False)
+        if not any(isinstance(o, Exception) and layout_changed(o, keys.queue) for o in got):
+            return jobs, batches, got, layout
+        outs, todo = _each(keys, jobs, batches, got)
+        return (yield from _again(keys, cfg, (yield from follow(keys, cfg)), jobs, outs, todo,
+                                  True))
+    return (yield from _again(keys, cfg, layout, jobs, [None] * len(jobs),
+                              list(range(len(jobs))), False))
+
+
+def _each(keys: Keys, jobs: list[prod.Prepared], batches: Sequence[Sequence[prod.Prepared]],
+          got: Sequence[Outcome], outs: list[Outcome | None] | None = None,
+          ) -> tuple[list[Outcome | None], list[int]]:
+    """Each job's outcome from its call's (``outs``, filled in) and the refused jobs."""
+    outs = outs if outs is not None else [None] * len(jobs)
+    idx = {id(p): i for i, p in enumerate(jobs)}
+    refused: list[int] = []
+    for b, o in zip(batches, got, strict=True):
+        lc = layout_changed(o, keys.queue) if isinstance(o, Exception) else None
+        for k, p in enumerate(b):
+            i = idx[id(p)]
+            if lc is not None:
+                refused.append(i)
+                outs[i] = lc
+            elif isinstance(o, Exception):
+                outs[i] = o
+            else:
+                outs[i] = ([o[0][k]], o[1])
+    return outs, sorted(refused)
+
+
+def _again(keys: Keys, cfg: QueueConfig, layout: _shards.Layout, jobs: list[prod.Prepared],
+           outs: list[Outcome | None], todo: list[int], retried: bool) -> Gen:
+    """Route the jobs ``todo`` by ``layout``, look in their old homes, send the rest; again
+    for the refused ones (``retried``: a refused call wrote nothing, an earlier try of it may
+    have)."""
+    for rnd in range(ATTEMPTS):
         n = layout.shards
         for i in todo:
             jobs[i] = route(keys, jobs[i], n)
@@ -174,31 +244,19 @@ def enqueue(keys: Keys, cfg: QueueConfig, layout: _shards.Layout,
             todo = [i for j, i in enumerate(todo) if j not in found]
         if not todo:
             break
-        idx = {id(jobs[i]): i for i in todo}
-        batches = prod.chunks([jobs[i] for i in todo])
+        part = [jobs[i] for i in todo]
+        batches = prod.chunks(part)
         got: list[Outcome] = yield Send(batches, retried)
-        refused: list[int] = []
-        for b, o in zip(batches, got, strict=True):
-            lc = layout_changed(o, keys.queue) if isinstance(o, Exception) else None
-            for k, p in enumerate(b):
-                i = idx[id(p)]
-                if lc is not None:
-                    refused.append(i)
-                    outs[i] = lc
-                elif isinstance(o, Exception):
-                    outs[i] = o
-                else:
-                    outs[i] = ([o[0][k]], o[1])
-        todo = sorted(refused)
-        if not todo or rnd == ATTEMPTS:
+        outs, todo = _each(keys, jobs, batches, got, outs)
+        if not todo or rnd == ATTEMPTS - 1:
             break
-        retried = True  # (a refused call wrote nothing; an earlier try of it may have)
+        retried = True
         layout = yield from follow(keys, cfg)
     final: list[Outcome] = []
     for x in outs:
         assert x is not None
         final.append(x)
-    return jobs, final, layout
+    return jobs, [[p] for p in jobs], final, layout
 
 
 def one(step: list[Any]) -> Op[list[Any]]:
@@ -229,9 +287,13 @@ async def arun(gen: Generator[Need, Any, T], step: Callable[[list[Any]], Awaitab
         return cast(T, stop.value)
 
 
-def first_error(outcomes: Sequence[Outcome]) -> Exception | None:
-    """The first error among ``outcomes`` (a lone enqueue raises it)."""
-    for o in outcomes:
+def results(sent: Sent) -> list[EnqueueResult]:
+    """A lone (auto-batched) enqueue's results in the caller's order; the first error among
+    the calls' outcomes raised."""
+    jobs, batches, outs, _ = sent
+    flat: list[EnqueueResult] = []
+    for o in outs:
         if isinstance(o, Exception):
-            return o
-    return None
+            raise o
+        flat.extend(o[0])
+    return prod.in_order(jobs, batches, flat)

@@ -15,6 +15,9 @@
 -- ARGV[6..14] the job: id, options, body, max_attempts, result_ttl_s, deadline_ms, delay_ms,
 --           run_at_ms, notify channel (as in enqueue.lua)
 -- ARGV[15]  mode: 'fire' (enqueue the tick's job) or 'skip' (a missed tick: only mark it fired)
+-- ARGV[16]  (optional) the shard count the scheduler routed the tick's job by: when KEYS[3]
+--           has 'lay' (a reshard froze the shard: enqueue.lua's header) and it differs, the
+--           call writes nothing and answers the error 'STREAMQ_LAYOUT <lay>'
 -- Returns {status, state}: status 'queued' | 'scheduled' | 'duplicate' | 'skipped' | 'stale'
 --           (an equal or later tick already fired; nothing written) | 'future' (the tick is
 --           still in the server's future: the caller's clock is ahead; nothing written)
@@ -22,6 +25,12 @@
 local stream, delayed, stats, events, jobkey, cron = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5], KEYS[6]
 local name, tick = ARGV[3], tonumber(ARGV[4])
+if ARGV[16] and ARGV[16] ~= '' then
+  local lay = rpcall('HGET', stats, 'lay')
+  if type(lay) == 'string' and lay ~= ARGV[16] then
+    return redis.error_reply('STREAMQ_LAYOUT ' .. lay)
+  end
+end
 local last = tonumber(rcall('HGET', cron, name .. ':last') or '-1')
 if last >= tick then return {'stale', ''} end
 local now = now_ms()

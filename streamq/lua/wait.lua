@@ -23,7 +23,12 @@
 -- ARGV[10]  priority ('' = the default)
 -- ARGV[11]  'wk': the key names and settings its release needs (_flow.lua's header)
 -- ARGV[12]  events: max length and kinds (_lib.lua's emit)
--- ARGV[13..] the dependencies: '<policy><index> <queue> <job id>' each
+-- ARGV[13]  the shard count the producer routed the job by ('' = none): when KEYS[5] has
+--           'lay' (a reshard froze the shard: enqueue.lua's header) and it differs, a new job
+--           is refused: the call writes nothing and answers the error 'STREAMQ_LAYOUT <lay>'
+--           (an existing record is answered 'duplicate' as always: that writes nothing, and
+--           lets a batch opened before a reshard find its callbacks in its own shard)
+-- ARGV[14..] the dependencies: '<policy><index> <queue> <job id>' each
 -- KEYS[6..5+S] (S >= 0; docs/search.md, QueueConfig.search) the shard's search index ZSETs
 --           the job goes in; then the last S + 1 ARGV (after the dependencies) are the
 --           retention ms and each index's spec '<A|L|T> 1' (_lib.lua's ix_write). Written
@@ -40,6 +45,13 @@ if rcall('EXISTS', jobkey) == 1 then
   v1_restore()
   return {'duplicate', r[1] or '', r[2] or '', r[3] or '', mine}
 end
+if ARGV[13] ~= '' then
+  local lay = rpcall('HGET', stats, 'lay')
+  if type(lay) == 'string' and lay ~= ARGV[13] then
+    v1_restore()  -- (no record read on this path: nothing to write back)
+    return redis.error_reply('STREAMQ_LAYOUT ' .. lay)
+  end
+end
 local now = now_ms()
 local set = {'s', 'w', 'b', ARGV[3], 'c', now, 'wk', ARGV[11]}
 local function add(k, v) set[#set + 1] = k; set[#set + 1] = v end
@@ -53,7 +65,7 @@ if ARGV[9] ~= '' then add('notify', ARGV[9]) end
 if ARGV[10] ~= '' then add('p', ARGV[10]) end
 if ARGV[7] ~= '0' or ARGV[8] ~= '0' then add('wd', ARGV[7] .. ' ' .. ARGV[8]) end
 rcall('HSET', jobkey, unpack(set))
-for i = 13, NA, 1000 do  -- (unpack is capped at ~8,000 values: SADD in slices)
+for i = 14, NA, 1000 do  -- (unpack is capped at ~8,000 values: SADD in slices)
   rcall('SADD', deps, unpack(ARGV, i, math.min(i + 999, NA)))
 end
 rcall('ZADD', waiting, now, id)

@@ -16,10 +16,14 @@ import pyarrow as pa
 from pyspark import TaskContext
 
 from .._core.config import QueueConfig
+from .._core.driver import drive
 from .._core.errors import InvalidArgument, InvalidJobId, PayloadTooLarge, SerializationError
 from .._core.keys import Keys
+from .._core.retry import call, layout_changed
 from .._core.scripts import SCRIPTS, Pipelined
+from .._core.shards import Layout
 from .._producer import prepare as prod
+from .._producer import relayout
 
 COUNTS_SCHEMA = "outcome string, n long"
 _STATUS = {b"queued": "enqueued", b"scheduled": "enqueued", b"duplicate": "duplicates",
@@ -80,6 +84,24 @@ class EnqueueTask:
         keys = Keys(self.queue, self.cfg.key_prefix)
         counts: dict[str, int] = {}
         client = client_for(self.url, self.cluster)
+        try:  # the partition routes by the layout stored now (docs/scaling.md#resharding)
+            lay = call(lambda _r: drive(client, relayout.opened(keys, self.cfg)))
+        except BaseException:
+            client.close()
+            raise
+        if lay.shards != self.cfg.shards:
+            yield from attrs.evolve(self, cfg=attrs.evolve(self.cfg, shards=lay.shards))._run(
+                batches, keys, counts, client, lay)
+        else:
+            yield from self._run(batches, keys, counts, client, lay)
+
+    def _run(self, batches: Iterable[pa.RecordBatch], keys: Keys, counts: dict[str, int],
+             client: Any, lay: Layout) -> Iterator[pa.RecordBatch]:
+        """The partition's rows, routed by ``lay`` (``self.cfg.shards`` is its count). A row
+        whose id moved in a reshard is first looked for in its old homes (found: answered as
+        enqueue.lua answers it, by its writer tag). A frozen shard's refusal (a reshard
+        meanwhile) fails the task with LayoutChanged: Spark's retry of the task routes by the
+        new layout, and the rows the failed attempt wrote count once (writer tags)."""
 
         def tally(batch: list[prod.Prepared], reply: list[Any]) -> None:
             # a status per job, followed by 4 more elements for a duplicate (enqueue.lua)
@@ -101,6 +123,19 @@ class EnqueueTask:
         ctx = TaskContext.get()  # None only when called outside a Spark task
         writer = (f"{self.run}:{ctx.partitionId()}:{ctx.taskAttemptId()}:" if ctx is not None
                   else f"{self.run}:0:0:")
+        def send(pipe: Pipelined, part: list[prod.Prepared], tags: list[str]) -> None:
+            if lay.prev:
+                found = call(lambda _r: drive(client, relayout.look(keys, self.cfg, lay, part,
+                                                                    True, tags)))
+                for r in found.values():
+                    key = "enqueued" if r.status == "queued" else "duplicates"
+                    counts[key] = counts.get(key, 0) + 1
+                part = [p for i, p in enumerate(part) if i not in found]
+                tags = [t for i, t in enumerate(tags) if i not in found]
+                if not part:
+                    return
+            pipe.send(part, *prod.enqueue_call(keys, self.cfg, part, tags))
+
         try:
             with Pipelined(SCRIPTS["enqueue"], client, tally) as pipe:
                 # one batch being filled per shard (a script call stays in one slot)
@@ -112,11 +147,16 @@ class EnqueueTask:
                         part.append(p)
                         tags.append(writer + str(at))
                         if len(part) >= self.batch_size:
-                            pipe.send(part, *prod.enqueue_call(keys, self.cfg, part, tags))
+                            send(pipe, part, tags)
                             del pending[p.shard]
                     offset += rb.num_rows
                 for part, tags in pending.values():
-                    pipe.send(part, *prod.enqueue_call(keys, self.cfg, part, tags))
+                    send(pipe, part, tags)
+        except Exception as exc:
+            lc = layout_changed(exc, self.queue)
+            if lc is None:
+                raise
+            raise lc from exc
         finally:
             client.close()
         yield pa.RecordBatch.from_pydict({"outcome": list(counts), "n": list(counts.values())})
