@@ -506,6 +506,16 @@ class AsyncAdmin:
         client = await self.client_for(queue)
         return await ashard_slots(client, await adrive(client, self.ops.shard_keys(queue)))
 
+    async def reshard(self, queue: str, shards: int) -> ReshardStatus:
+        """``Admin.reshard`` (docs/scaling.md#resharding)."""
+        return await self._run(queue, _rs.begin(self._k(queue), self.config, shards))
+
+    async def reshard_status(self, queue: str) -> ReshardStatus:
+        return await self._run(queue, _rs.status(self._k(queue), self.config))
+
+    async def reshard_finish(self, queue: str) -> ReshardStatus:
+        return await self._run(queue, _rs.finish(self._k(queue)))
+
     async def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
         return await self._run(queue, self.ops.concat(queue, None, lambda k: _ops.prune(
             k, dead_after_s)))

@@ -33,7 +33,7 @@ from streamq._core.conn import sync_client
 from streamq._core.driver import _send, drive
 from streamq._core.keys import Keys, shard_keys, shard_of
 from streamq._core.shards import read as read_layout
-from streamq.admin import Admin
+from streamq.admin import Admin, AsyncAdmin
 
 TESTS = Path(__file__).parent
 ACCEPTED = ("queued", "scheduled")
@@ -298,3 +298,20 @@ async def test_an_old_shard_with_work_is_kept_until_it_is_gone(url: str) -> None
         assert client.exists(Keys(name, shard=shard_of(held[0], 2)).job(held[0]))
     finally:
         admin.close()
+
+
+async def test_the_async_admin_reshards_too(url: str) -> None:
+    name = fresh(None)
+    with Queue.from_url(url, name, QueueConfig(shards=2)) as q:
+        q.enqueue("work", job_id="x")
+    admin = AsyncAdmin.from_url(url)
+    try:
+        st = await admin.reshard(name, 4)
+        assert (st.shards, st.live, st.prev, st.done) == (4, 4, (2,), True)
+        st = await admin.reshard(name, 2)
+        assert (st.shards, st.live, [o.shard for o in st.old]) == (2, 4, [2, 3])
+        assert (await admin.reshard_status(name)).live == 4
+        st = await admin.reshard_finish(name)  # shards 2 and 3 never held a job
+        assert st.done and st.live == 2 and st.prev == (4,)  # (2 is the current count)
+    finally:
+        await admin.close()
