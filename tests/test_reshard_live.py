@@ -165,6 +165,10 @@ async def test_reshard_3_to_6_and_back_under_load(where: tuple[str, ClusterServe
         # new jobs went to shards 3..5 too, and the workers ran them
         await eventually(lambda: ledger.accepted <= set(ledger.ran), 120, "every job ran")
         assert any(shard_of(j, 6) >= 3 for j in c if j in ledger.ran)
+        # an admin opened before the reshard reads the whole queue: all 6 shards
+        await eventually(lambda: admin.stats(name).counters.get("completed") == len(
+            ledger.ran), 60, "completed counted over every shard")
+        assert admin.stats(name, shard=5).counters.get("completed", 0) > 0
 
         # 6 -> 3 while producers run; the old shards drain and are deleted by the workers
         d_task = asyncio.ensure_future(phase(url, name, ledger, "d", c))

@@ -11,6 +11,7 @@ Paged listings over all shards walk the shards in order: the cursor is
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -24,6 +25,9 @@ from . import operations as _ops
 from .operations import DeadEntry, DeadFilter, LevelStats, Page, QueueStats
 
 T = TypeVar("T")
+LAYOUT_FRESH_S = 1.0
+"""How long a whole-queue call trusts the layout an earlier one read (a reshard adds or
+retires shards; workers follow it about as fast)."""
 def select(keys: Keys, cfg: QueueConfig, shard: int | None, read: int | None = None
            ) -> list[Keys]:
     """Every shard's keys (``shard`` None), or the one asked for: the ``read`` shards of the
@@ -213,23 +217,25 @@ class QueueOps:
 
     def __init__(self, config: QueueConfig) -> None:
         self.config = config
-        self._layouts: dict[str, Layout] = {}
-        """The layout each queue had when last read (read again by every whole-queue call
-        of a queue that was resharded: a reshard may have begun since)."""
+        self._layouts: dict[str, tuple[Layout, float]] = {}
+        """The layout each queue had when last read, and when (monotonic): read again by a
+        call more than ``LAYOUT_FRESH_S`` later (a reshard may have begun since)."""
 
     def _k(self, queue: str) -> Keys:
         return Keys(queue, self.config.key_prefix)
 
     def guard(self, queue: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
         k = self._k(queue)
-        lay = self._layouts.get(queue)
-        if lay is None or lay.stored:  # (a queue never resharded: checked once)
-            self._layouts[queue] = yield from check_layout(k, self.config.shards)
+        got = self._layouts.get(queue)
+        if got is None or time.monotonic() - got[1] > LAYOUT_FRESH_S:
+            lay = yield from check_layout(k, self.config.shards)
+            self._layouts[queue] = (lay, time.monotonic())
         return (yield from make(k))
 
     def layout(self, queue: str) -> Layout:
         """The layout read by the last guarded call on ``queue``."""
-        return self._layouts.get(queue) or Layout(self.config.shards)
+        got = self._layouts.get(queue)
+        return got[0] if got is not None else Layout(self.config.shards)
 
     def parts(self, queue: str, shard: int | None, make: Callable[[list[Keys]], Op[T]]
               ) -> Op[T]:
