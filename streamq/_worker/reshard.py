@@ -165,7 +165,11 @@ class Resharding:
             if lay is None:
                 continue
             if finish and (lay.read > lay.shards or lay.prev):
-                lay = await adrive(client, _reshard.finish(keys))
+                try:  # (its failure never keeps this worker from following the layout)
+                    lay = await adrive(client, _reshard.finish(keys))
+                except Exception as exc:  # noqa: BLE001 - tried again at the next round
+                    log.warning("reshard finish of %s failed (tried again in %g s): %s: %s",
+                                name, FINISH_EVERY_S, type(exc).__name__, exc)
             if lay.read > lay.shards:  # old shards to delete: look again soon
                 every = FINISH_EVERY_S
                 self._finish_due = min(self._finish_due, time.monotonic() + FINISH_EVERY_S)
