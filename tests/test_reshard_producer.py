@@ -447,3 +447,64 @@ def test_a_spark_partition_routes_by_the_layout_and_counts_stay_exact(
         assert at(admin, name, jid, 3) and not at(admin, name, jid, 6)
     assert all(at(admin, name, jid, 6) for jid in new)
     admin.close()
+
+
+def test_a_stale_producer_opens_a_new_batch_in_its_home_under_the_new_count(
+        url: str, r: redis.Redis) -> None:
+    name = fresh(None)
+    bid = moved(3, 6, 1, "nb-")[0]
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        begin(r, name, 6)
+        with pytest.raises(LayoutChanged):  # refused before anything is written
+            q.batch(on_complete=JobSpec("done"), batch_id=bid)
+        assert not at(r, name, bid, 3)
+        b = q.batch(on_complete=JobSpec("done"), batch_id=bid)  # the repeat follows
+        assert at(r, name, bid, 6)
+        assert all(shard_of(c, 6) == shard_of(bid, 6) for c in b.callbacks.values())
+        assert [x.status for x in b.add([JobSpec("t")]).results] == ["queued"]
+        assert b.close() is True
+
+
+def test_a_producer_drops_the_old_homes_once_the_layout_forgot_them(
+        url: str, r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamq._producer import relayout
+
+    name = fresh(None)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        begin(r, name, 6)
+        q.enqueue("t")
+        assert q.layout.prev == (3,)
+        monkeypatch.setattr(relayout, "REREAD_S", 0.0)
+        r.hdel(Keys(name).of_shard(0).meta, "prev")  # (what happens once prev_until passed)
+        q.enqueue("t")
+        assert q.layout.prev == () and q.layout.shards == 6
+
+
+def test_refusals_are_bounded_then_layout_changed_names_only_the_refused_jobs(
+        url: str, r: redis.Redis) -> None:
+    """A shard that keeps refusing (frozen for a count no layout publishes: a stand-in for
+    reshards back to back): after relayout.ATTEMPTS rounds its jobs get LayoutChanged, the
+    other shards' jobs are written, nothing is written for the refused ones."""
+    from streamq import PartialEnqueueError
+
+    name = fresh(None)
+    ids = [f"b-{i}" for i in range(30)]
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("t", job_id="warm")
+        r.hset(Keys(name).of_shard(1).stats, "lay", 9)
+        with pytest.raises(PartialEnqueueError) as caught:
+            q.enqueue_many([{"type": "t", "job_id": j} for j in ids])
+        res = caught.value.results
+        assert [x.job_id for x in res] == ids
+        for jid, x in zip(ids, res, strict=True):
+            if shard_of(jid, 3) == 1:
+                assert x.status == "error" and isinstance(x.exception, LayoutChanged)
+                assert x.exception.shards == 9 and not at(r, name, jid, 3)
+            else:
+                assert x.status == "queued" and at(r, name, jid, 3)
+        lone = next(j for j in (f"l-{i}" for i in range(50)) if shard_of(j, 3) == 1)
+        with pytest.raises(LayoutChanged):
+            q.enqueue("t", job_id=lone)
+        assert not at(r, name, lone, 3)

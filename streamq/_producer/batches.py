@@ -103,15 +103,15 @@ def parse_bc(raw: Any) -> dict[str, str]:
     return out
 
 
-def batch_config(keys: Keys, cfg: QueueConfig, batch_id: str, prev: tuple[int, ...]
+def batch_config(keys: Keys, cfg: QueueConfig, batch_id: str, layout: Layout | None
                  ) -> Op[QueueConfig]:
     """``cfg`` with the shard count the batch was opened under: a batch opened before a
     reshard keeps its record and callbacks in its home under that count (they are in one
-    slot: batch_close.lua resolves them in one script). ``prev``: the layout's earlier counts
-    (``Layout.prev``); the first home holding the record wins, the current one first (no I/O
-    for an id that did not move)."""
+    slot: batch_close.lua resolves them in one script). ``layout``: the queue's; the first of
+    its homes under the layout's counts (``Layout.prev``) holding the record wins, the
+    current one first (no I/O for an id that did not move)."""
     homes: dict[int, int] = {}
-    for n in (cfg.shards, *prev):
+    for n in (cfg.shards, *(layout.prev if layout is not None else ())):
         homes.setdefault(shard_of(batch_id, n), n)
     if len(homes) == 1:
         return cfg
@@ -123,11 +123,11 @@ def batch_config(keys: Keys, cfg: QueueConfig, batch_id: str, prev: tuple[int, .
 
 
 def open_batch(keys: Keys, cfg: QueueConfig, batch_id: str,
-               callbacks: dict[str, JobSpec | None], prev: tuple[int, ...] = ()
+               callbacks: dict[str, JobSpec | None], layout: Layout | None = None
                ) -> Op[dict[str, str]]:
     """Open a batch (its record, then each callback waiting for it). Returns kind -> callback
     job id. A repeat (same id) writes nothing new and returns the ids it was opened with."""
-    cfg = yield from batch_config(keys, cfg, batch_id, prev)
+    cfg = yield from batch_config(keys, cfg, batch_id, layout)
     ids: dict[str, str] = {}
     for kind, spec in callbacks.items():
         if spec is None:
@@ -147,8 +147,8 @@ def open_batch(keys: Keys, cfg: QueueConfig, batch_id: str,
     bk = keys.for_job(batch_id, cfg.shards)
     body = f"{BATCH_TYPE} ".encode() + cfg.serde.dumps({"batch": batch_id, "callbacks": ids})
     bc = " ".join(f"{k}={v}" for k, v in ids.items())
-    (r,) = yield [Call("batch_open", [bk.job(batch_id), bk.events],
-                       [batch_id, body, bc, cfg.events_arg])]
+    (r,) = yield [Call("batch_open", [bk.job(batch_id), bk.events, bk.stats],
+                       [batch_id, body, bc, cfg.events_arg, cfg.shards])]
     if _s(ok(r)[0]) == "exists":
         (got,) = yield [Cmd.of("HGET", bk.job(batch_id), "bc")]
         if ok(got) is None:
@@ -175,7 +175,7 @@ def add_id_of(batch_id: str, specs: Sequence[JobSpec], cfg: QueueConfig) -> str:
 
 
 def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[JobSpec],
-                 call_id: str, inside: bool = False, prev: tuple[int, ...] = ()
+                 call_id: str, inside: bool = False, layout: Layout | None = None
                  ) -> Op[FlowResult]:
     """Add jobs to an open batch (see the module). Raises BatchClosed once it is closed. The
     new jobs follow the current layout; the batch's record and callbacks stay in its home
@@ -184,7 +184,7 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     if not specs or not all(isinstance(s, JobSpec) for s in specs):
         raise InvalidArgument("Batch.add takes a non-empty list of JobSpec")
     specs = [_with_header(s, batch_id) for s in specs]
-    bcfg = yield from batch_config(keys, cfg, batch_id, prev)
+    bcfg = yield from batch_config(keys, cfg, batch_id, layout)
     bk = keys.for_job(batch_id, bcfg.shards)
     (r,) = yield [Cmd.of("HMGET", bk.job(batch_id), "s", "bc")]
     st, raw = ok(r)
@@ -214,7 +214,7 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     if not bases:  # (every callback has fired or ended: the batch is over)
         raise BatchClosed(f"batch {batch_id!r} is {_s(st) if st else 'gone'}: nothing was"
                           " added")
-    out = yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id, prev)
+    out = yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id, layout)
     sh = yield from shard_counts(keys.prefix, (n.ref.queue for n in nodes),
                                  {keys.queue: cfg.shards})
     yield from link([link_call(keys.prefix, sh, bk.job(cbs[kind]), cbs[kind],
@@ -225,10 +225,10 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
 
 
 def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = False,
-                prev: tuple[int, ...] = ()) -> Op[bool]:
+                layout: Layout | None = None) -> Op[bool]:
     """Close a batch: True when this call closed it, False when it was closed before (a
     retried call after a lost reply that finds it closed: True)."""
-    cfg = yield from batch_config(keys, cfg, batch_id, prev)
+    cfg = yield from batch_config(keys, cfg, batch_id, layout)
     bk = keys.for_job(batch_id, cfg.shards)
     (r,) = yield [Call("batch_close", [bk.job(batch_id), bk.events],
                        [batch_id, cfg.serde.dumps(batch_id), cfg.events_arg])]
@@ -238,9 +238,9 @@ def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = Fal
     return code == "closed" or (retried and _s(ok(r)[1]) == "completed")
 
 
-def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str, prev: tuple[int, ...] = ()
+def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str, layout: Layout | None = None
                  ) -> Op[dict[str, str]]:
-    cfg = yield from batch_config(keys, cfg, batch_id, prev)
+    cfg = yield from batch_config(keys, cfg, batch_id, layout)
     (r,) = yield [Cmd.of("HGET", keys.for_job(batch_id, cfg.shards).job(batch_id), "bc")]
     return parse_bc(ok(r))
 
@@ -264,7 +264,7 @@ class Batch:
         bid = new_job_id() if batch_id is None else check_job_id(batch_id)
         specs = callback_specs(on_success, on_complete, on_death)
         ids = call(lambda _r: q._drive_flow(open_batch(q.keys, q.config, bid, specs,
-                                                               q.layout.prev)))
+                                                               q.layout)))
         q._note()
         return cls(q, bid, ids)
 
@@ -284,23 +284,24 @@ class Batch:
         aid = add_id or add_id_of(self.batch_id, specs, q.config)
         inside = _inside(from_job, self.batch_id)
         return self._run(lambda: add_to_batch(  # type: ignore[no-any-return]
-            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside, q.layout.prev))
+            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside, q.layout))
 
     def close(self) -> bool:
         """Close the batch: its callbacks may fire from now on. True when this call closed
         it, False when it was closed (or cancelled) before."""
         q = self.queue
-        q._check()  # (the layout: the batch's home)
+        q._check()
         return call(lambda retried: drive(q.client, close_batch(
-            q.keys, q.config, self.batch_id, retried, q.layout.prev)))
+            q.keys, q.config, self.batch_id, retried, q.layout)))
 
     def cancel(self) -> list[CancelResult]:
         """Cancel the batch's waiting callbacks; that cancels, as for any waiting job, the
         batch record and the batch's jobs that have not started and that nothing else waits
         for (docs/workflows.md#cancelling-a-flow)."""
         q = self.queue
+        q._check()
         cbs = self.callbacks or self._run(lambda: callbacks_of(q.keys, q.config, self.batch_id,
-                                                                   q.layout.prev))
+                                                               q.layout))
         return [q.cancel(cid) for cid in cbs.values()]
 
     def __enter__(self) -> Batch:
@@ -327,7 +328,7 @@ class AsyncBatch:
         bid = new_job_id() if batch_id is None else check_job_id(batch_id)
         specs = callback_specs(on_success, on_complete, on_death)
         ids = await acall(lambda _r: q._drive_flow(open_batch(q.keys, q.config, bid, specs,
-                                                               q.layout.prev)))
+                                                               q.layout)))
         await q._note()
         return cls(q, bid, ids)
 
@@ -343,20 +344,21 @@ class AsyncBatch:
         aid = add_id or add_id_of(self.batch_id, specs, q.config)
         inside = _inside(from_job, self.batch_id)
         return await self._run(lambda: add_to_batch(  # type: ignore[no-any-return]
-            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside, q.layout.prev))
+            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside, q.layout))
 
     async def close(self) -> bool:
         """See ``Batch.close``."""
         q = self.queue
         await q._check()
         return await acall(lambda retried: adrive(
-            q.client, close_batch(q.keys, q.config, self.batch_id, retried, q.layout.prev)))
+            q.client, close_batch(q.keys, q.config, self.batch_id, retried, q.layout)))
 
     async def cancel(self) -> list[CancelResult]:
         """See ``Batch.cancel``."""
         q = self.queue
+        await q._check()
         cbs = self.callbacks or await self._run(
-            lambda: callbacks_of(q.keys, q.config, self.batch_id, q.layout.prev))
+            lambda: callbacks_of(q.keys, q.config, self.batch_id, q.layout))
         return [await q.cancel(cid) for cid in cbs.values()]
 
     async def __aenter__(self) -> AsyncBatch:

@@ -200,14 +200,15 @@ def _waited(cfg: QueueConfig, jid: str, reply: Any) -> tuple[EnqueueResult, bool
 
 
 def enqueue_waiting(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
-                    options: dict[str, Any], prev: tuple[int, ...] = ()) -> Op[EnqueueResult]:
-    """``enqueue(job_type, payload, depends_on=[...], **options)``. ``prev``: the queue's
-    earlier shard counts (``Layout.prev``): an id that moved home in a reshard is looked for
-    in its old homes first (found: a duplicate, nothing written)."""
+                    options: dict[str, Any], layout: Layout | None = None
+                    ) -> Op[EnqueueResult]:
+    """``enqueue(job_type, payload, depends_on=[...], **options)``. ``layout``: the queue's;
+    with earlier shard counts (``Layout.prev``), an id that moved home in a reshard is looked
+    for in its old homes first (found: a duplicate, nothing written)."""
     deps = refs(keys.queue, options.pop("depends_on"))
     p, _ = _prepared(keys, cfg, job_type, payload, options, True)
-    if prev:
-        found = yield from _old_homes(keys, cfg, prev, [p])
+    if layout is not None and layout.prev:
+        found = yield from _old_homes(keys, cfg, layout.prev, [p])
         if found:
             return found[0]
     (r,) = yield [wait_call(keys, cfg, p, deps)]
@@ -236,9 +237,10 @@ def _old_homes(keys: Keys, cfg: QueueConfig, prev: tuple[int, ...],
 
 
 def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str,
-                 prev: tuple[int, ...] = ()) -> Op[FlowResult]:
+                 layout: Layout | None = None) -> Op[FlowResult]:
     """Every node of a flow: waiting ones, then the ones without dependencies, then edges.
-    ``prev``: see ``enqueue_waiting`` (the nodes of this queue are looked for)."""
+    ``layout``: see ``enqueue_waiting`` (the nodes of this queue are looked for)."""
+    prev = layout.prev if layout is not None else ()
     nodes = compile_flow(flow, keys.queue, flow_id)
     sh = yield from shard_counts(keys.prefix, (n.ref.queue for n in nodes),
                                  {keys.queue: cfg.shards})

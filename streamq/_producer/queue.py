@@ -97,15 +97,18 @@ class _Base:
         """The stored shard count was compared with config.shards (once per object)."""
         self.layout = _shards.Layout(self.config.shards)
         """The queue's stored layout (shards.check_layout); jobs are routed by its count."""
+        self._layout_at = 0.0
 
     def _adopt(self, layout: _shards.Layout) -> None:
         """Route by ``layout`` from now on: every routing path reads ``config.shards``."""
         self.layout = layout
+        self._layout_at = time.monotonic()
         if layout.shards != self.config.shards:
             self.config = attrs.evolve(self.config, shards=layout.shards)
 
     def _following(self, prepared: Sequence[prod.Prepared]) -> relayout.Gen:
-        return relayout.enqueue(self.keys, self.config, self.layout, prepared)
+        return relayout.enqueue(self.keys, self.config, self.layout, prepared, bool(
+            self.layout.prev) and time.monotonic() - self._layout_at > relayout.REREAD_S)
 
     def _sent(self, sent: relayout.Sent) -> list[EnqueueResult]:
         """A lone (auto-batched) enqueue's answer: the first error raised, else the results
@@ -232,7 +235,7 @@ class Queue(_Base):
         if "depends_on" in options:
             self._check()
             res: EnqueueResult = call(lambda _r: self._drive_flow(_flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options), self.layout.prev)))
+                self.keys, self.config, job_type, payload, dict(options), self.layout)))
             self._note()
             return res
         if not tel.tracing():  # (no span: no context manager either)
@@ -252,7 +255,7 @@ class Queue(_Base):
         self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
         out: _flows.FlowResult = call(lambda _r: self._drive_flow(_flows.enqueue_flow(
-            self.keys, self.config, flow, fid, self.layout.prev)))
+            self.keys, self.config, flow, fid, self.layout)))
         self._note()
         return out
 
@@ -503,7 +506,7 @@ class AsyncQueue(_Base):
         if "depends_on" in options:
             await self._check()
             r: EnqueueResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options), self.layout.prev)))
+                self.keys, self.config, job_type, payload, dict(options), self.layout)))
             await self._note()
             return r
         if not tel.tracing():  # (no span: no context manager either)
@@ -522,7 +525,7 @@ class AsyncQueue(_Base):
         await self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
         r: _flows.FlowResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_flow(
-            self.keys, self.config, flow, fid, self.layout.prev)))
+            self.keys, self.config, flow, fid, self.layout)))
         await self._note()
         return r
 

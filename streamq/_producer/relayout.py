@@ -15,8 +15,10 @@ refuses a call routed by another count with ``STREAMQ_LAYOUT <n>`` and writes no
    grouped by shard by the driver) and answers a job found there as enqueue.lua answers a
    duplicate; the old homes were frozen before the layout was published, so no record can
    appear there after the look;
-4. sends the rest again; at most ``ATTEMPTS`` rounds, then the jobs still refused get
-   LayoutChanged.
+4. sends the rest again, as a retried call (a refused call wrote nothing, but an earlier
+   try of it, whose reply was lost, may have: a job found with this very body and options
+   answers 'queued', as a retry's does); at most ``ATTEMPTS`` rounds, then the jobs still
+   refused get LayoutChanged.
 
 The same look runs before the first send of any job whose id moved home while ``Layout.prev``
 is not empty (the reshard's retention window), refused or not.
@@ -50,6 +52,9 @@ from . import prepare as prod
 T = TypeVar("T")
 ATTEMPTS = 4
 """Rounds of re-reading the layout and resending refused jobs before LayoutChanged."""
+REREAD_S = 60.0
+"""How often a producer whose layout keeps earlier counts reads it again (monotonic clock):
+they are dropped once every record written under them expired (``prev_until``)."""
 
 
 def window_s(cfg: QueueConfig) -> int:
@@ -185,14 +190,18 @@ Gen = Generator[Need, Any, Sent]
 
 
 def enqueue(keys: Keys, cfg: QueueConfig, layout: _shards.Layout,
-            prepared: Sequence[prod.Prepared]) -> Gen:
+            prepared: Sequence[prod.Prepared], reread: bool = False) -> Gen:
     """Send ``prepared`` by ``layout``, following a reshard (the module docstring). Returns the
     jobs as last routed (in the caller's order), the calls that answered them and each call's
     outcome (``prepare.in_order`` puts their results in the caller's order; a call's error,
     LayoutChanged after ``ATTEMPTS`` rounds) and the layout it ended with.
 
     The common case (no earlier count to look in, every job routed by the current one, no
-    refusal) is one Send and its answer as it came."""
+    refusal) is one Send and its answer as it came. ``reread``: read the layout first (a
+    producer's layout with earlier counts is read again now and then: they are dropped once
+    their records expired, and the looks with them)."""
+    if reread:
+        layout = yield from follow(keys, cfg)
     n = layout.shards
     jobs = list(prepared)
     if not layout.prev and all(p.routed == n for p in jobs):
