@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +29,9 @@ from streamq._core.conn import async_client, averify
 from streamq._core.keys import DEFAULT_PRIORITY, GROUP, PRIORITIES, Keys, queues_key, shard_keys
 from streamq._core.retry import acall
 from streamq._core.scripts import SCRIPTS
-from streamq._core.shards import check as _check_shards
+from streamq._core.shards import Layout
+from streamq._core.shards import check_layout as _check_layout
+from streamq._core.shards import read as _read_layout
 from streamq._core.supervise import LoopHealth, Outage, Supervised
 from streamq._worker.promote import Promoter
 from streamq._worker.relay import Relay
@@ -90,6 +93,9 @@ class Scheduler:
         self._relays = [Relay(k) for ks in self.shards.values() for k in ks]
         """The workflow relay and repair sweep of every shard (docs/workflows.md)."""
         self._cron_published = False
+        self._layouts_due = 0.0
+        self._resubscribe = False
+        """The shards changed (a reshard): the wake-up subscription is made again."""
 
     @classmethod
     def from_url(cls, url: str, *, queues: Sequence[str], cron: Sequence[Cron] = (),
@@ -112,8 +118,10 @@ class Scheduler:
             # a URL of the wrong form (redis:// at a cluster node, …): one clear error
             await acall(lambda _retried: averify(client, self.url))
             await acall(lambda _retried: self._register(client))
-            for k in self.queues.values():  # the stored shard count: ShardCountMismatch
-                await acall(functools.partial(_shards_ok, client, k, self.queue_config.shards))
+            for k in self.queues.values():  # the stored layout: ShardCountMismatch
+                lay = await acall(functools.partial(_shards_ok, client, k,
+                                                    self.queue_config.shards))
+                self._use_layout(k.queue, lay)  # every shard that may hold work
             for p in self._promoters.values():
                 await acall(functools.partial(_sync, p, client))
         except BaseException:
@@ -179,11 +187,14 @@ class Scheduler:
         assert self._client is not None
         client = self._client
         pubsub: list[Any] = [None]
-        errors: dict[str, Supervised] = {
-            q: Supervised(f"promotion on {q}", log, outage=self._outage) for q in self._promoters}
+        errors: dict[str, Supervised] = {}
 
         async def step() -> float:
             sleep = self.config.poll_interval_s
+            if self._resubscribe and pubsub[0] is not None:  # shards added or retired
+                old, pubsub[0] = pubsub[0], None
+                await _close(old)
+            self._resubscribe = False
             if pubsub[0] is None:
                 ps: Any = None
                 try:  # pubsub() itself raises on clients without it (async cluster, redis-py < 8)
@@ -195,7 +206,9 @@ class Scheduler:
                     log.warning("wake-up channel unavailable (%s); polling", exc)
                     if ps is not None:
                         await _close(ps)
-            for q, promoter in self._promoters.items():
+            for q, promoter in list(self._promoters.items()):
+                if q not in errors:
+                    errors[q] = Supervised(f"promotion on {q}", log, outage=self._outage)
                 try:
                     more = True
                     while more and self._running:
@@ -227,7 +240,44 @@ class Scheduler:
         """Every shard's workflow relay (one shard's error is the loop's: logged, retried)."""
         assert self._client is not None
         every = min(1.0, self.config.poll_interval_s)
-        return min([await r.step(self._client, every) for r in self._relays] or [every])
+        if time.monotonic() >= self._layouts_due:  # (about once a second)
+            self._layouts_due = time.monotonic() + 1.0
+            await self._follow_layouts()
+        return min([await r.step(self._client, every) for r in list(self._relays)] or [every])
+
+    async def _follow_layouts(self) -> None:
+        """Serve the shards each queue's stored layout reads (a reshard adds shards, and its
+        old ones are retired once drained): promotion, sweeps and relays follow."""
+        from streamq._core.driver import adrive
+
+        assert self._client is not None
+        for q, k in self.queues.items():
+            lay = await adrive(self._client, _read_layout(k))
+            if lay is not None and len(self.shards[q]) != lay.read:
+                self._use_layout(q, lay)
+                for p in self._promoters.values():
+                    if p.keys.queue == q:
+                        await p.sync_clock(self._client)
+
+    def _use_layout(self, queue: str, lay: Layout) -> None:
+        """Serve shards 0 .. lay.read-1 of ``queue``."""
+        n = lay.read
+        if len(self.shards[queue]) == n:
+            return
+        old = {k.tag for k in self.shards[queue]}
+        self.shards[queue] = shard_keys(queue, n, self.queue_config.key_prefix)
+        new = {k.tag for k in self.shards[queue]}
+        for tag in old - new:
+            self._promoters.pop(tag, None)
+            self._cursors.pop(tag, None)
+        for k in self.shards[queue]:
+            if k.tag not in self._promoters:
+                self._promoters[k.tag] = Promoter(k, self.queue_config)
+                self._cursors[k.tag] = "0-0"
+        have = {r.keys.tag: r for r in self._relays}
+        self._relays = [have.get(k.tag) or Relay(k) for ks in self.shards.values() for k in ks]
+        self._resubscribe = True
+        log.info("scheduler %s: %s now has %d shards to serve", self.consumer, queue, n)
 
     # ------------------------------------------------------------------ cron
 
@@ -439,7 +489,8 @@ async def _close(pubsub: Any) -> None:
         log.debug("closing the wake-up subscription: %s", exc)
 
 
-async def _shards_ok(client: aredis.Redis, keys: Keys, shards: int, _retried: bool) -> None:
+async def _shards_ok(client: aredis.Redis, keys: Keys, shards: int, _retried: bool
+                    ) -> Layout:
     from streamq._core.driver import adrive
 
-    await adrive(client, _check_shards(keys, shards))
+    return await adrive(client, _check_layout(keys, shards))

@@ -55,6 +55,7 @@ from ._core.errors import (
 from ._core.flow import BatchSummary, DependencyResult, JobRef
 from ._core.keys import Keys
 from ._core.model import STATES, CancelResult, EnqueueResult, Envelope, Job, JobInfo
+from ._core.reshard import ReshardStatus
 from ._core.serde import JsonSerde, MsgpackSerde, Serde
 from ._core.telemetry import JobContextFilter, JsonFormatter
 from ._producer.batches import AsyncBatch, Batch
@@ -132,6 +133,7 @@ __all__ = [
     "ShardCountMismatch",
     "LayoutChanged",
     "ReshardInProgress",
+    "ReshardStatus",
     "StartupFailed",
     "Serde",
     "SerializationError",

@@ -27,12 +27,14 @@ from ._core.driver import Op, adrive, drive
 from ._core.errors import JobNotFound, ServerTooOld
 from ._core.keys import Keys, queues_key
 from ._core.model import CancelResult, JobInfo
+from ._core.reshard import ReshardStatus
 from ._core.serverinfo import ServerInfo, adetect, detect
 from ._core.timeseries import Point
 from ._ops import browse as _browse
 from ._ops import flows as _flows
 from ._ops import groups as _groups
 from ._ops import operations as _ops
+from ._ops import reshard as _rs
 from ._ops import search as _search
 from ._ops import shards as _sh
 from ._ops.browse import CronInfo, Event, JobRow, Lease, ListFilter, Timeline, WorkerInfo
@@ -54,7 +56,8 @@ MIN_VERSION = (6, 2)
 
 __all__ = ["Admin", "AsyncAdmin", "ConsumerInfo", "CronInfo", "DeadEntry", "DeadFilter", "Event",
            "FlowEdge", "FlowView", "Hit", "JobRow", "Lease", "ListFilter", "Page", "PendingEntry",
-           "Point", "QueueStats", "SearchPage", "ServerInfo", "ShardSlot", "Timeline", "WorkerInfo"]
+           "Point", "QueueStats", "ReshardStatus", "SearchPage", "ServerInfo", "ShardSlot",
+           "Timeline", "WorkerInfo"]
 
 
 def _who() -> str:
@@ -233,6 +236,21 @@ class Admin:
         """On a Redis Cluster, each shard's slot, its primary and its key count (and CPU µs
         and network bytes where CLUSTER SLOT-STATS has them); ``[]`` on one server."""
         return shard_slots(self.client, drive(self.client, self.ops.shard_keys(queue)))
+
+    def reshard(self, queue: str, shards: int) -> ReshardStatus:
+        """Change the queue's shard count while producers and workers run (safe to repeat:
+        a repeat after a lost reply or a dead driver finishes the same reshard; raises
+        ReshardInProgress while another count is being published). Old shards drain and
+        are deleted by the workers (``reshard_finish``; docs/scaling.md#resharding)."""
+        return drive(self.client, _rs.begin(self._k(queue), self.config, shards))
+
+    def reshard_status(self, queue: str) -> ReshardStatus:
+        """The layout, and what each old shard of a reshard down still holds."""
+        return drive(self.client, _rs.status(self._k(queue), self.config))
+
+    def reshard_finish(self, queue: str) -> ReshardStatus:
+        """Delete the drained old shards now (workers do it about every 5 s); safe to repeat."""
+        return drive(self.client, _rs.finish(self._k(queue)))
 
     def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
         return drive(self.client, self.ops.concat(queue, None, lambda k: _ops.prune(
@@ -487,6 +505,16 @@ class AsyncAdmin:
         """As :meth:`Admin.shard_slots`."""
         client = await self.client_for(queue)
         return await ashard_slots(client, await adrive(client, self.ops.shard_keys(queue)))
+
+    async def reshard(self, queue: str, shards: int) -> ReshardStatus:
+        """``Admin.reshard`` (docs/scaling.md#resharding)."""
+        return await self._run(queue, _rs.begin(self._k(queue), self.config, shards))
+
+    async def reshard_status(self, queue: str) -> ReshardStatus:
+        return await self._run(queue, _rs.status(self._k(queue), self.config))
+
+    async def reshard_finish(self, queue: str) -> ReshardStatus:
+        return await self._run(queue, _rs.finish(self._k(queue)))
 
     async def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
         return await self._run(queue, self.ops.concat(queue, None, lambda k: _ops.prune(

@@ -112,7 +112,9 @@ def fast_forward(queue: Queue, seconds: float | None = None) -> int:
     now_ms = int(sec) * 1000 + int(usec) // 1000
     horizon = "+inf" if seconds is None else now_ms + int(seconds * 1000)
     moved = 0
-    for k in shard_keys(queue.name, queue.config.shards, queue.config.key_prefix):
+    layout = getattr(queue, "layout", None)  # (the stored layout: old shards of a reshard)
+    n = max(queue.config.shards, layout.read if layout is not None else 0)
+    for k in shard_keys(queue.name, n, queue.config.key_prefix):
         ids = client.zrangebyscore(k.delayed, "-inf", horizon)
         if ids:
             client.zadd(k.delayed, {i: now_ms for i in ids}, xx=True)
@@ -160,7 +162,10 @@ async def arun_until_idle(worker: Worker, *, timeout: float = 10.0) -> list[JobI
 
     client: Any = async_client(worker.url)
     qc = worker.queue_config
-    keys = [k for q in worker.queues for k in shard_keys(q, qc.shards, qc.key_prefix)]
+    # every shard the worker serves (after a reshard: as its stored layout says)
+    served = {q: max([qc.shards, *(lay.read for lay in [worker._layouts.get(q)] if lay)])
+              for q in worker.queues}
+    keys = [k for q in worker.queues for k in shard_keys(q, served[q], qc.key_prefix)]
     try:
         marks = {k.tag: await _last_event(client, k) for k in keys}
         started = not worker.running

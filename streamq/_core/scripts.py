@@ -30,7 +30,8 @@ Arg = str | bytes | int | float
 _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel", "heartbeat",
           "prune", "fire", "requeue", "redrive", "purge", "progress", "claim", "unpark",
           "reconcile", "group", "ticket", "wait", "link", "link_many", "resolve",
-          "resolve_many", "adopt", "batch_open", "batch_close", "search", "ixdead")
+          "resolve_many", "adopt", "batch_open", "batch_close", "search", "ixdead", "retire",
+          "relayout")
 
 
 _pack: Any

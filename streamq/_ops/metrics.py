@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -155,9 +155,13 @@ class QueueGauges:
     read from Redis (``stats``, about ten commands a queue) at most every ``interval_s`` and
     only while a reader collects them, so a scrape never waits for Redis."""
 
-    def __init__(self, client: aredis.Redis, keys: Sequence[Keys], interval_s: float) -> None:
+    def __init__(self, client: aredis.Redis, keys: Sequence[Keys], interval_s: float,
+                 follow: Callable[[], Sequence[Keys]] | None = None) -> None:
         self.client = client
         self.keys = list(keys)
+        self.follow = follow
+        """Where the shards to read come from at each refresh (the scheduler's, which a
+        reshard changes), instead of ``keys``."""
         self.interval_s = interval_s
         self._cache: dict[str, tuple[str, dict[str, float]]] = {}
         """By shard tag: (queue, gauges)."""
@@ -171,6 +175,10 @@ class QueueGauges:
     async def refresh(self) -> None:
         from .._core.driver import adrive
 
+        if self.follow is not None:
+            self.keys = list(self.follow())
+            tags = {k.tag for k in self.keys}
+            self._cache = {t: v for t, v in self._cache.items() if t in tags}
         for k in self.keys:
             try:
                 self._cache[k.tag] = (k.queue, await adrive(self.client, gauges(k)))
@@ -219,8 +227,10 @@ async def run_scheduler(scheduler: Any, interval_s: float | None) -> None:
         await scheduler.run()
         return
     client = async_client(scheduler.url)
-    gauges = QueueGauges(client, [k for ks in scheduler.shards.values() for k in ks],
-                         interval_s)  # (every shard: a sharded queue's gauges add up)
+    def shards() -> list[Keys]:  # every shard served (a reshard adds or retires some)
+        return [k for ks in scheduler.shards.values() for k in ks]
+
+    gauges = QueueGauges(client, shards(), interval_s, shards)  # (a queue's shards add up)
     _scheduler_counters(scheduler)
     tel.register_gauges(gauges, gauges.values)
     task = asyncio.create_task(gauges.run())

@@ -345,9 +345,12 @@ def dead_list(keys: Keys, flt: DeadFilter, *, limit: int = 100, cursor: str | No
     return Page(items, cursor)
 
 
-def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
-            ) -> Op[dict[str, int]]:
+def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str,
+            *, per_entry: bool = False) -> Op[Any]:
+    """Re-drive dead entries of one shard: the count of each outcome, or (``per_entry``)
+    each entry's outcome in order."""
     outcome: dict[str, int] = {}
+    each: list[str] = []
     for i in range(0, len(entries), PAGE):
         part = entries[i:i + PAGE]
         args: list[Arg] = [cfg.events_arg, who, cfg.group_arg]
@@ -359,7 +362,8 @@ def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
                          args)]
         for x in ok(res):
             outcome[_s(x)] = outcome.get(_s(x), 0) + 1
-    return outcome
+            each.append(_s(x))
+    return each if per_entry else outcome
 
 
 # ------------------------------------------------------------------ purge

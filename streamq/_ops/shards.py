@@ -11,6 +11,7 @@ Paged listings over all shards walk the shards in order: the cursor is
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -18,19 +19,26 @@ from .._core.config import QueueConfig
 from .._core.driver import Op
 from .._core.errors import InvalidArgument, UnknownQueue
 from .._core.keys import Keys, check_job_id, shard_keys, shard_of
-from .._core.shards import check
+from .._core.shards import Layout, check_layout
 from . import browse as _browse
 from . import operations as _ops
 from .operations import DeadEntry, DeadFilter, LevelStats, Page, QueueStats
 
 T = TypeVar("T")
-def select(keys: Keys, cfg: QueueConfig, shard: int | None) -> list[Keys]:
-    """Every shard's keys (``shard`` None), or the one asked for."""
+LAYOUT_FRESH_S = 1.0
+"""How long a whole-queue call trusts the layout an earlier one read (a reshard adds or
+retires shards; workers follow it about as fast)."""
+def select(keys: Keys, cfg: QueueConfig, shard: int | None, read: int | None = None
+           ) -> list[Keys]:
+    """Every shard's keys (``shard`` None), or the one asked for: the ``read`` shards of the
+    stored layout (``Layout.read``: every shard that may hold live work, also the old ones
+    of a reshard down), by default the configured count."""
+    n = cfg.shards if read is None else read
     if shard is None:
-        return shard_keys(keys.queue, cfg.shards, keys.prefix)
-    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < cfg.shards:
-        raise InvalidArgument(f"shard must be 0..{cfg.shards - 1} for queue {keys.queue!r}"
-                              f" (shards={cfg.shards}), got {shard!r}")
+        return shard_keys(keys.queue, n, keys.prefix)
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
+        raise InvalidArgument(f"shard must be 0..{n - 1} for queue {keys.queue!r}"
+                              f" (shards={n}), got {shard!r}")
     return [keys.of_shard(shard)]
 
 
@@ -143,17 +151,32 @@ def dead_list(parts: Sequence[Keys], flt: DeadFilter, *, limit: int = 100,
     return (yield from paged(parts, cursor, limit, one))
 
 
-def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
-            ) -> Op[dict[str, int]]:
-    """Each entry re-driven in the shard its job id hashes to (where it died)."""
-    by: dict[int, list[DeadEntry]] = {}
-    for e in entries:
-        by.setdefault(shard_of(e.job_id, cfg.shards), []).append(e)
+def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str,
+            layout: Layout | None = None) -> Op[dict[str, int]]:
+    """Each entry re-driven in the shard its job id hashes to (where it died): after a
+    reshard, the entries not found in the current home are looked for in the homes of the
+    earlier counts (``Layout.homes``), where they died."""
+    homes = (lambda j: (shard_of(j, cfg.shards),)) if layout is None else layout.homes
+    todo = list(entries)
     total: dict[str, int] = {}
-    for shard, part in sorted(by.items()):
-        got = yield from _ops.redrive(keys.of_shard(shard), cfg, part, who)
-        for name, v in got.items():
-            total[name] = total.get(name, 0) + v
+    for depth in range(1 + (len(layout.prev) if layout is not None else 0)):
+        by: dict[int, list[DeadEntry]] = {}
+        for e in todo:
+            hs = homes(e.job_id)
+            if depth < len(hs):
+                by.setdefault(hs[depth], []).append(e)
+        todo = []
+        for shard, part in sorted(by.items()):
+            got = yield from _ops.redrive(keys.of_shard(shard), cfg, part, who, per_entry=True)
+            for e, res in zip(part, got, strict=True):
+                if res == "gone" and len(homes(e.job_id)) > depth + 1:
+                    todo.append(e)  # not dead here: in an earlier home (or re-driven before)
+                else:
+                    total[res] = total.get(res, 0) + 1
+        if not todo:
+            break
+    for _ in todo:
+        total["gone"] = total.get("gone", 0) + 1
     return total
 
 
@@ -194,21 +217,30 @@ class QueueOps:
 
     def __init__(self, config: QueueConfig) -> None:
         self.config = config
-        self._checked: set[str] = set()
+        self._layouts: dict[str, tuple[Layout, float]] = {}
+        """The layout each queue had when last read, and when (monotonic): read again by a
+        call more than ``LAYOUT_FRESH_S`` later (a reshard may have begun since)."""
 
     def _k(self, queue: str) -> Keys:
         return Keys(queue, self.config.key_prefix)
 
     def guard(self, queue: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
         k = self._k(queue)
-        if queue not in self._checked:
-            yield from check(k, self.config.shards)
-            self._checked.add(queue)
+        got = self._layouts.get(queue)
+        if got is None or time.monotonic() - got[1] > LAYOUT_FRESH_S:
+            lay = yield from check_layout(k, self.config.shards)
+            self._layouts[queue] = (lay, time.monotonic())
         return (yield from make(k))
+
+    def layout(self, queue: str) -> Layout:
+        """The layout read by the last guarded call on ``queue``."""
+        got = self._layouts.get(queue)
+        return got[0] if got is not None else Layout(self.config.shards)
 
     def parts(self, queue: str, shard: int | None, make: Callable[[list[Keys]], Op[T]]
               ) -> Op[T]:
-        return self.guard(queue, lambda k: make(select(k, self.config, shard)))
+        return self.guard(queue, lambda k: make(select(k, self.config, shard,
+                                                       self.layout(queue).read)))
 
     def by_id(self, queue: str, job_id: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
         check_job_id(job_id)
@@ -229,7 +261,8 @@ class QueueOps:
 
     def redrive(self, queue: str, entries: Sequence[DeadEntry], who: str
                 ) -> Op[dict[str, int]]:
-        return self.guard(queue, lambda k: redrive(k, self.config, entries, who))
+        return self.guard(queue, lambda k: redrive(k, self.config, entries, who,
+                                                   self.layout(queue)))
 
     def purge(self, queue: str, shard: int | None, state: str, max_jobs: int) -> Op[int]:
         return self.parts(queue, shard, lambda ps: purge(ps, self.config, state, max_jobs))

@@ -96,6 +96,19 @@ class CancelWatch:
     def task(self, running: Callable[[], bool]) -> asyncio.Task[None]:
         return asyncio.create_task(self.loop.run(self._listen, running))
 
+    def add(self, qs: QState, inbox: str) -> None:
+        """Listen on a shard a reshard added too (and keep its inbox seen alive); the
+        subscription follows within a second."""
+        self._tags[qs.keys.cancel_channel] = qs.keys.shard_tag
+        if inbox not in self._alive:
+            self._alive.append(inbox)
+
+    def remove(self, qs: QState, inbox: str) -> None:
+        """Stop listening on a retired shard (within a second)."""
+        self._tags.pop(qs.keys.cancel_channel, None)
+        if inbox in self._alive:
+            self._alive.remove(inbox)
+
     def launched(self, lease: Lease) -> None:
         """A job starts on this worker: if a cancel of its id was heard just before, ask its
         record (the message may have been for an earlier job of that id) and stop it."""
@@ -140,12 +153,20 @@ class CancelWatch:
     async def _listen(self) -> float:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(*self._tags, *self._alive)
+            on = {*self._tags, *self._alive}
+            await pubsub.subscribe(*on)
             await self.check_running()
             self.loop.ok()
             while True:  # until the worker stops (its task is cancelled)
                 message = await pubsub.get_message(timeout=1.0)
                 self.loop.ok()
+                want = {*self._tags, *self._alive}
+                if want != on:  # shards added or retired by a reshard
+                    if want - on:
+                        await pubsub.subscribe(*(want - on))
+                    if on - want:
+                        await pubsub.unsubscribe(*(on - want))
+                    on = want
                 if not isinstance(message, dict):
                     continue
                 channel, data = message.get("channel"), message.get("data")

@@ -64,6 +64,7 @@ class Fetching(HandOff):
         _no_handoff: bool
 
         def _release(self, n: int) -> None: ...
+        async def _retired(self, qs: QState) -> bool: ...
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
                     data: bytes, times: tuple[int, int, int], deps: Any = None
                     ) -> asyncio.Task[None]: ...
@@ -220,7 +221,11 @@ class Fetching(HandOff):
                     got, launched = await self._wait_for_work(qs, n, loop.time())
             except BaseException as exc:
                 self._release(n)
-                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                if isinstance(exc, ResponseError) and ("NOGROUP" in str(exc)
+                                                       or "UNBLOCKED" in str(exc)):
+                    # (UNBLOCKED: the stream was deleted under a blocking read)
+                    if await self._retired(qs):  # a reshard deleted it: never make it again
+                        return 0.0
                     for lane in list(qs.lanes.values()):  # deleted under us: make them again
                         await self._ensure_group(client, lane.keys)
                     return 0.0
@@ -321,6 +326,9 @@ class Fetching(HandOff):
         if wait_ms:  # the rate limit: no start conforms before then (no busy polling)
             qs.limited_until = asyncio.get_running_loop().time() + int(wait_ms) / 1000
         if missing:  # a group is gone (deleted under us): make it again
+            if await self._retired(qs):  # (unless a reshard retired the shard)
+                self._release(n)
+                return
             for i in missing.split(b","):
                 await self._ensure_group(client, qs.lanes[order[int(i) - 1]].keys)
         got = (len(reply) - _CLAIM_HEAD) // _CLAIM_WIDTH

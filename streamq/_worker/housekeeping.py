@@ -51,28 +51,41 @@ class Housekeeper:
                                  "queues": names})
 
     def tasks(self, running: Callable[[], bool]) -> list[asyncio.Task[None]]:
+        """The worker-wide loops (each shard's: ``shard_tasks``)."""
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("pause flags", self._pause_step), ("heartbeat", self._heartbeat_step),
             ("gauges", self._gauges_step), ("pruning", self._prune_step),
             ("charts", self._series_step)]
+        return [self._task(name, step, running) for name, step in steps]
+
+    def shard_tasks(self, qs: QState, running: Callable[[], bool]) -> list[asyncio.Task[None]]:
+        """The loops of one queue shard (at start, or a shard a reshard added: the
+        Worker's layout watch); each ends when ``running()`` turns false or the shard is
+        retired (``QState.retired``)."""
+        steps: list[tuple[str, Callable[[], Any]]] = []
         if self.config.promote:  # one loop per queue: one queue's failure stalls no other
-            steps.extend((f"promotion on {qs.keys.tag}", self._promote_step(qs))
-                         for qs in self.queues)
-        steps.extend((f"groups on {qs.keys.tag}", self._groups_step(qs)) for qs in self.queues
-                     if qs.groups is not None)
+            steps.append((f"promotion on {qs.keys.tag}", self._promote_step(qs)))
+        if qs.groups is not None:
+            steps.append((f"groups on {qs.keys.tag}", self._groups_step(qs)))
         if self.config.promote:  # the workflow relay and repair sweep (docs/workflows.md)
-            steps.extend((f"workflows on {qs.keys.tag}", self._flow_step(qs))
-                         for qs in self.queues)
+            steps.append((f"workflows on {qs.keys.tag}", self._flow_step(qs)))
             # the error-word index of search (docs/search.md#error-text); a queue without
             # search costs one short call per interval
-            steps.extend((f"error index on {qs.keys.tag}", self._words_step(qs))
-                         for qs in self.queues)
-        out = []
-        for name, step in steps:
-            # cheap calls: back off at most a second, so they resume soon after Redis does
-            sup = self.loops[name] = Supervised(name, log, outage=self.outage, max_backoff_s=1.0)
-            out.append(asyncio.create_task(sup.run(step, running)))
-        return out
+            steps.append((f"error index on {qs.keys.tag}", self._words_step(qs)))
+        return [self._task(name, step, lambda: running() and not qs.retired)
+                for name, step in steps]
+
+    def drop(self, qs: QState) -> None:
+        """Forget a retired shard: its loops end (``QState.retired``), its names go."""
+        self.queues[:] = [q for q in self.queues if q is not qs]
+        for name in [n for n in self.loops if n.endswith(f" on {qs.keys.tag}")]:
+            del self.loops[name]
+
+    def _task(self, name: str, step: Callable[[], Any], running: Callable[[], bool]
+              ) -> asyncio.Task[None]:
+        # cheap calls: back off at most a second, so they resume soon after Redis does
+        sup = self.loops[name] = Supervised(name, log, outage=self.outage, max_backoff_s=1.0)
+        return asyncio.create_task(sup.run(step, running))
 
     # ------------------------------------------------------------------ steps
 
@@ -81,17 +94,18 @@ class Housekeeper:
         return min(1.0, self.config.heartbeat_interval_s)
 
     async def refresh_paused(self) -> None:
+        queues = list(self.queues)  # (a reshard may add or drop shards meanwhile)
         pipe = self.client.pipeline(transaction=False)
-        for qs in self.queues:
+        for qs in queues:
             pipe.exists(qs.keys.paused)
-        for qs, flag in zip(self.queues, await pipe.execute(), strict=True):
+        for qs, flag in zip(queues, await pipe.execute(), strict=True):
             if qs.paused and not flag:
                 qs.own_cursor = "0"  # entries a paused start left pending: look at them again
             qs.paused = bool(flag)
 
     async def _heartbeat_step(self) -> float:
         every = self.config.heartbeat_interval_s
-        for qs in self.queues:
+        for qs in [q for q in self.queues if not q.retired]:  # (never re-creating its keys)
             await SCRIPTS["heartbeat"].run_async(
                 self.client, [qs.keys.workers, qs.keys.worker_info(self.consumer)],
                 [self.consumer, self._info, int(every * 3) + 1])
@@ -117,7 +131,7 @@ class Housekeeper:
     async def refresh_gauges(self) -> None:
         from .._core.driver import adrive
 
-        for qs in self.queues:
+        for qs in list(self.queues):
             qs.gauges = await adrive(self.client, _metrics.gauges(qs.keys))
 
     async def _series_step(self) -> float:
@@ -128,7 +142,7 @@ class Housekeeper:
         await self.series.flush(self.client, self._keys.__getitem__)
 
     async def _prune_step(self) -> float:
-        for qs in self.queues:
+        for qs in list(self.queues):
             for lane in list(qs.lanes.values()) or [qs]:  # every priority level's stream
                 await self.prune(lane)
         return self.config.prune_interval_s

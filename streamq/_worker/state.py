@@ -78,6 +78,9 @@ class QState:
     send its own outcome at once (``Settler.settle_now``)."""
     labels: dict[str, str] = attrs.field(factory=dict)
     """Metric attributes of this queue."""
+    retired: bool = False
+    """The shard was retired by a reshard (its index >= ``Layout.read``): its loops end and
+    nothing re-creates its keys (reshard.py)."""
     gauges: dict[str, float] = attrs.field(factory=dict)
     job_types: dict[str, str] = attrs.field(factory=dict)
     """The job type of each started entry, while metrics are recorded (by entry id: the

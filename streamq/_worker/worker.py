@@ -29,23 +29,21 @@ from .._core.args import check_queue_list
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.conn import async_client, averify, server_address, sync_client
 from .._core.errors import StartupFailed
-from .._core.keys import DEFAULT_PRIORITY, Keys, queues_key, shard_keys
+from .._core.keys import DEFAULT_PRIORITY, queues_key, shard_keys
 from .._core.queues import publish_types
 from .._core.retry import acall
 from .._core.sends import Kept, inline_sends
-from .._core.shards import check as _check_shards
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .attempt import Attempts
 from .cancel import CancelWatch
 from .fetch import Fetching
-from .groups import GroupKeeper
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
 from .lease import Lease, LeaseKeeper
 from .pool import ProcessPool, registry_spec
 from .progress import Progress
-from .promote import Promoter
 from .registry import Registry
+from .reshard import Resharding
 from .settle import Settler
 from .slots import Slots
 from .state import Finish, QState, WorkerStats
@@ -56,7 +54,7 @@ _instance = itertools.count()
 __all__ = ["Finish", "Worker", "WorkerStats"]
 
 
-class Worker(Fetching):
+class Worker(Resharding, Fetching):
     """Runs registered handlers for jobs of one or more queues.
 
     ``worker.run()`` blocks until SIGTERM/SIGINT; inside a running service use
@@ -117,6 +115,7 @@ class Worker(Fetching):
         """ticket.lua was refused for good: no hand-offs for this worker (fetch.py)."""
         self._next_token = 1
         self._outage = Outage(log, f"worker {self.consumer}")
+        self._init_resharding()
         self._leases = LeaseKeeper(self._sync_client, self.consumer, self.config.renew_every_s,
                                    self._outage)
 
@@ -186,15 +185,15 @@ class Worker(Fetching):
         timeout = self.config.block_ms / 1000 + 10
         client = async_client(self.url, socket_timeout_s=timeout, **self._client_kwargs)
         inline_sends(client)  # every command's write goes out at once (no task per write)
-        queues = self._shards()
-        hk = Housekeeper(client, self.config, self.consumer, queues, self._outage)
+        hk: Housekeeper | None = None
         try:
             # a URL of the wrong form (redis:// at a cluster node, …): one clear error
             await acall(lambda _retried: averify(client, self.url))
             await acall(lambda _retried: self._register(client))
-            for name in self._names:  # the queue's stored shard count: ShardCountMismatch
-                await acall(functools.partial(_shard_check, client, Keys(
-                    name, self.queue_config.key_prefix), self.queue_config.shards))
+            # the queue's stored layout (ShardCountMismatch): serve every shard it reads
+            await self._check_layouts(client)
+            queues = self._shards()
+            hk = Housekeeper(client, self.config, self.consumer, queues, self._outage)
             for qs in queues:
                 await acall(functools.partial(self._ensure_group_retried, client, qs.keys))
                 # every priority level in use gets its group and lane before anything runs
@@ -235,11 +234,7 @@ class Worker(Fetching):
                                                             self._outage)
         self._token_prefix = secrets.token_hex(5)  # a start of an earlier run is not ours
         for qs in queues:
-            qs.promoter = Promoter(qs.keys, self.queue_config) if self.config.promote else None
-            qs.groups = GroupKeeper(qs.keys, self.queue_config,
-                                    self.config.group_reconcile_interval_s)
-            qs.own_cursor = "0"
-            qs.reads = Kept()  # (connections of this run's client)
+            self._prepare(qs)
         for qs in self._qs.values():
             qs.settles = Kept()
         self._running = True
@@ -257,16 +252,14 @@ class Worker(Fetching):
                                     [qs.keys.inbox(self._token_prefix) for qs in queues])
         hk.loops["cancel requests"] = self._cancels.loop
         self._loops.append(self._cancels.task(lambda: self._running))
-        for qs in queues:
-            fetch = self._sup[f"fetch from {qs.keys.tag}"] = Supervised(
-                f"fetch from {qs.keys.tag}", log, outage=self._outage)
-            self._loops.append(asyncio.create_task(
-                fetch.run(self._fetch_step(qs), lambda: self._running)))
         for qs in self._qs.values():  # one settling loop per lane (shard and level)
             self._flushers.append(asyncio.create_task(
-                self._settler.flush_loop(qs, lambda: self._settling)))
+                self._settler.flush_loop(qs, self._settling_on(qs))))
         tel.register_gauges(self, hk.gauge_values)
         self._loops.extend(hk.tasks(lambda: self._running))
+        for qs in queues:  # each shard's fetch and housekeeping loops
+            self._shard_loops(qs)
+        self._loops.append(self._layout_loop())  # shards a reshard adds or retires
         self._loops.append(asyncio.create_task(self._progress.run(lambda: self._running)))
         if self.config.loop_stall_warn_s is not None:
             self._watchdog = LoopWatchdog(asyncio.get_running_loop(),
@@ -448,7 +441,7 @@ class Worker(Fetching):
         self._qs[lane.keys.tag] = lane
         if self._settling and self._settler is not None:
             self._flushers.append(asyncio.create_task(
-                self._settler.flush_loop(lane, lambda: self._settling)))
+                self._settler.flush_loop(lane, self._settling_on(lane))))
 
     def _release(self, n: int) -> None:
         self._slots.release(n)
@@ -531,11 +524,4 @@ class Worker(Fetching):
         their first step)."""
         self._tasks = {t for t in self._tasks if not t.done()}
         self._jobs = {k: t for k, t in self._jobs.items() if not t.done()}
-
-
-async def _shard_check(client: aredis.Redis, keys: Keys, shards: int, _retried: bool
-                       ) -> None:
-    from .._core.driver import adrive
-
-    await adrive(client, _check_shards(keys, shards))
 

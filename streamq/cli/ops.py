@@ -24,6 +24,8 @@ from .find import cmd_find
 from .groups import add_parser as _add_groups
 from .groups import cmd_groups
 from .hints import page_limit
+from .reshard import add_parser as _add_reshard
+from .reshard import cmd_reshard
 
 
 def cmd_stats(ctx: Ctx) -> None:
@@ -383,6 +385,7 @@ COMMANDS: dict[str, Callable[[Ctx], None]] = {
     "requeue": cmd_requeue, "cancel": cmd_cancel, "pause": cmd_pause, "resume": cmd_pause,
     "consumers": cmd_consumers, "purge": cmd_purge, "enqueue": cmd_enqueue,
     "queues": cmd_queues, "cron": cmd_cron, "groups": cmd_groups, "find": cmd_find,
+    "reshard": cmd_reshard,
 }
 
 
@@ -466,6 +469,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="forget even while the queue has jobs or live workers")
     _add_groups(sub, common)
     _add_find(sub, common)
+    _add_reshard(sub, common)
     p = sub.add_parser("cron", parents=[common],
                        help="cron entries of the scheduler: schedule, last and next fire")
     p.add_argument("action", choices=["list"])

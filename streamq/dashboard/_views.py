@@ -110,7 +110,7 @@ async def queue_page(dash: Dashboard, request: Request) -> Response:
                      until_ms=int(now - older_s * 1000) if older_s is not None else None)
     size = dash.cfg.page_size
     a = dash.admin
-    shards = a.config.shards
+    shards = max(a.config.shards, a.ops.layout(q).read)  # (old shards of a reshard too)
     items: list[Any] = []
     next_cursor: str | None = None
     extra: dict[str, Any] = {"recent_list": False}

@@ -28,7 +28,7 @@ from .._core import shards as _shards
 from .._core.config import QueueConfig
 from .._core.driver import drive
 from .._core.errors import InvalidArgument
-from .._core.keys import Keys, shard_keys, shard_of
+from .._core.keys import Keys, shard_keys
 from .._core.model import decode_record, normalize_record
 from .._core.retry import call
 from .._core.scripts import SCRIPTS
@@ -212,21 +212,22 @@ def _s(v: bytes | None) -> str:
     return v.decode(errors="replace") if v else ""
 
 
-def _stored_shards(url: str, cluster: bool, keys: Keys) -> int:
-    """The shard count stored with the queue (1 when none is: the unsharded layout)."""
+def _stored_layout(url: str, cluster: bool, keys: Keys) -> _shards.Layout:
+    """The layout stored with the queue (1 shard when none is: the unsharded layout)."""
     client = _client(url, cluster)
     try:
-        stored = call(lambda _retried: client.hget(keys.of_shard(0).meta, _shards.SHARDS_FIELD))
+        got = call(lambda _retried: drive(client, _shards.read(keys)))
     finally:
         client.close()
-    return int(stored) if stored else 1
+    return got or _shards.Layout(1)
 
 
 def _parts(url: str, cluster: bool, queue: str, key_prefix: str,
            shard: int | None) -> list[Keys]:
     """The keys of every shard of the queue (its stored count), or of the one asked for."""
     keys = Keys(queue, key_prefix)  # validates the queue name on the driver
-    n = _stored_shards(url, cluster, keys)
+    # every shard that may hold work: also the old ones of a reshard down, until deleted
+    n = _stored_layout(url, cluster, keys).read
     if shard is None:
         return shard_keys(queue, n, key_prefix)
     if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
@@ -347,26 +348,38 @@ def redrive_dataframe(df: DataFrame, *, url: str, queue: str, key_prefix: str = 
     sc = df.sparkSession.sparkContext
     counts = sc.accumulator({}, _DictSum())
 
-    n = _stored_shards(url, cluster, Keys(queue, key_prefix))
+    lay = _stored_layout(url, cluster, Keys(queue, key_prefix))
 
     def partition(rows: Iterable[Row]) -> None:
-        # a dead entry lives in its job's shard; one without a job id (a malformed stream
-        # entry) is looked for in shard 0 and answers 'gone' when it is in another
-        parts = shard_keys(queue, n, key_prefix)
+        # a dead entry lives in its job's shard: its home, or after a reshard the home under
+        # an earlier count (Layout.homes, tried in turn: an entry not found answers 'gone');
+        # one without a job id (a malformed stream entry) is looked for in shard 0 and
+        # answers 'gone' when it is in another
+        parts = shard_keys(queue, max(lay.read, *lay.prev, 1), key_prefix)
         client = _client(url, cluster)
         local: dict[str, int] = {}
+
+        def homes(jid: str) -> tuple[int, ...]:
+            return lay.homes(jid) if jid else (0,)
+
         try:
-            batches: dict[int, list[tuple[str, str]]] = {}
-            for row in rows:
-                jid = row["job_id"] or ""
-                sh = shard_of(jid, n) if jid else 0
-                batch = batches.setdefault(sh, [])
-                batch.append((row["dead_id"], jid))
-                if len(batch) == PAGE:
-                    _redrive(client, parts[sh], cfg, batch, local)
-                    batches[sh] = []
-            for sh, batch in batches.items():
-                _redrive(client, parts[sh], cfg, batch, local)
+            todo = [(row["dead_id"], row["job_id"] or "") for row in rows]
+            depth = 0
+            while todo:
+                batches: dict[int, list[tuple[str, str]]] = {}
+                for dead_id, jid in todo:
+                    batches.setdefault(homes(jid)[depth], []).append((dead_id, jid))
+                todo = []
+                for sh, batch in batches.items():
+                    for i in range(0, len(batch), PAGE):
+                        part = batch[i:i + PAGE]
+                        for (dead_id, jid), res in zip(part, _redrive(
+                                client, parts[sh], cfg, part), strict=True):
+                            if res == "gone" and len(homes(jid)) > depth + 1:
+                                todo.append((dead_id, jid))  # in an earlier home?
+                            else:
+                                local[res] = local.get(res, 0) + 1
+                depth += 1
         finally:
             client.close()
         counts.add(local)
@@ -375,19 +388,18 @@ def redrive_dataframe(df: DataFrame, *, url: str, queue: str, key_prefix: str = 
     return dict(counts.value)
 
 
-def _redrive(client: Any, k: Keys, cfg: QueueConfig, batch: list[tuple[str, str]],
-             local: dict[str, int]) -> None:
+def _redrive(client: Any, k: Keys, cfg: QueueConfig, batch: list[tuple[str, str]]
+             ) -> list[str]:
+    """Each entry's outcome, in order."""
     if not batch:
-        return
+        return []
     args: list[Any] = [cfg.events_arg, "spark", cfg.group_arg]
     for dead_id, jid in batch:
         args += [dead_id, jid or ""]
     res = SCRIPTS["redrive"](client, [k.stream, k.dead, k.stats, k.events,
                                       *(k.job(j or "-") for _d, j in batch), *k.group_keys,
                                       k.levels, *k.level_streams], args)
-    for x in res:
-        key = x.decode()
-        local[key] = local.get(key, 0) + 1
+    return [x.decode() for x in res]
 
 
 # ------------------------------------------------------------------ incremental export
