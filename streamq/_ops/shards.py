@@ -11,19 +11,24 @@ Paged listings over all shards walk the shards in order: the cursor is
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from .._core.config import QueueConfig
 from .._core.driver import Op
 from .._core.errors import InvalidArgument, UnknownQueue
-from .._core.keys import Keys, check_job_id, shard_keys, shard_of
-from .._core.shards import check
+from .._core.keys import Keys, check_job_id, shard_keys
+from .._core.locate import locate, locate_many
+from .._core.shards import Layout, check_layout
 from . import browse as _browse
 from . import operations as _ops
 from .operations import DeadEntry, DeadFilter, LevelStats, Page, QueueStats
 
 T = TypeVar("T")
+LAYOUT_TTL_S = 1.0
+"""How long an admin object keeps a queue's layout before it reads it again."""
+
 def select(keys: Keys, cfg: QueueConfig, shard: int | None) -> list[Keys]:
     """Every shard's keys (``shard`` None), or the one asked for."""
     if shard is None:
@@ -143,12 +148,19 @@ def dead_list(parts: Sequence[Keys], flt: DeadFilter, *, limit: int = 100,
     return (yield from paged(parts, cursor, limit, one))
 
 
-def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str
-            ) -> Op[dict[str, int]]:
-    """Each entry re-driven in the shard its job id hashes to (where it died)."""
+def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str,
+            layout: Layout | None = None) -> Op[dict[str, int]]:
+    """Each entry re-driven in the shard where it died: the one it was listed from
+    (``DeadEntry.shard``), else the one that holds its job's record (``locate``; ``layout``:
+    the queue's). A job back from an old shard of a reshard down runs there: workers read
+    every live shard (``Layout.live``) until it is drained."""
     by: dict[int, list[DeadEntry]] = {}
+    unknown = [e for e in entries if e.shard is None]
+    found = yield from locate_many(keys, layout or Layout(cfg.shards),
+                                   [e.job_id or "-" for e in unknown])
+    at = {id(e): k.shard for e, k in zip(unknown, found, strict=True)}
     for e in entries:
-        by.setdefault(shard_of(e.job_id, cfg.shards), []).append(e)
+        by.setdefault(e.shard if e.shard is not None else at[id(e)], []).append(e)
     total: dict[str, int] = {}
     for shard, part in sorted(by.items()):
         got = yield from _ops.redrive(keys.of_shard(shard), cfg, part, who)
@@ -194,25 +206,38 @@ class QueueOps:
 
     def __init__(self, config: QueueConfig) -> None:
         self.config = config
-        self._checked: set[str] = set()
+        self._layouts: dict[str, tuple[float, Layout]] = {}
+        """Each queue's layout, checked against config.shards, and when it was read."""
 
     def _k(self, queue: str) -> Keys:
         return Keys(queue, self.config.key_prefix)
 
+    def layout(self, queue: str) -> Op[Layout]:
+        """The queue's stored layout, checked against ``config.shards`` (ShardCountMismatch),
+        read again when it is older than ``LAYOUT_TTL_S`` (a reshard is seen within it)."""
+        now = time.monotonic()
+        got = self._layouts.get(queue)
+        if got is not None and now - got[0] < LAYOUT_TTL_S:
+            return got[1]
+        lay = yield from check_layout(self._k(queue), self.config.shards)
+        self._layouts[queue] = (now, lay)
+        return lay
+
     def guard(self, queue: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
-        k = self._k(queue)
-        if queue not in self._checked:
-            yield from check(k, self.config.shards)
-            self._checked.add(queue)
-        return (yield from make(k))
+        yield from self.layout(queue)
+        return (yield from make(self._k(queue)))
 
     def parts(self, queue: str, shard: int | None, make: Callable[[list[Keys]], Op[T]]
               ) -> Op[T]:
         return self.guard(queue, lambda k: make(select(k, self.config, shard)))
 
     def by_id(self, queue: str, job_id: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
+        """``make`` over the keys of the shard that holds the job: after a reshard, its home
+        under an earlier count when it was written before (``locate``)."""
         check_job_id(job_id)
-        return self.guard(queue, lambda k: make(k.for_job(job_id, self.config.shards)))
+        lay = yield from self.layout(queue)
+        k = yield from locate(self._k(queue), lay, job_id)
+        return (yield from make(k))
 
     def shard_keys(self, queue: str) -> Op[list[Keys]]:
         """Every shard's keys, after the stored shard count was checked."""
@@ -229,7 +254,10 @@ class QueueOps:
 
     def redrive(self, queue: str, entries: Sequence[DeadEntry], who: str
                 ) -> Op[dict[str, int]]:
-        return self.guard(queue, lambda k: redrive(k, self.config, entries, who))
+        def run(k: Keys) -> Op[dict[str, int]]:
+            lay = yield from self.layout(queue)
+            return (yield from redrive(k, self.config, entries, who, lay))
+        return self.guard(queue, run)
 
     def purge(self, queue: str, shard: int | None, state: str, max_jobs: int) -> Op[int]:
         return self.parts(queue, shard, lambda ps: purge(ps, self.config, state, max_jobs))

@@ -32,6 +32,7 @@ from .._core.errors import (
 from .._core.flow import DependencyResult, JobRef, results_page
 from .._core.flow_cancel import cascade
 from .._core.keys import Keys, check_job_id
+from .._core.locate import locate, lookup, newer_layout
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, aeach, call, each
 from .._core.scripts import SCRIPTS
@@ -92,9 +93,9 @@ class _Base:
         """With min_replicas: published before each WAIT (see durable.py)."""
         self._shards_checked = False
         """The stored shard count was compared with config.shards (once per object)."""
-
-    def _job_key(self, job_id: str) -> str:
-        return self.keys.for_job(job_id, self.config.shards).job(job_id)
+        self.layout = _shards.Layout(self.config.shards)
+        """The queue's stored layout (``_check``): calls by id look in ``layout.homes(id)``,
+        and read it again when they find nothing (``locate.lookup``)."""
 
     def _unknown_types(self, job_types: Sequence[Any]) -> set[str]:
         """With ``require_handler``: the job types not in the cached published set."""
@@ -182,8 +183,8 @@ class Queue(_Base):
     def _check(self) -> None:
         """Refuse (ShardCountMismatch) a queue stored with another shard count; once."""
         if not self._shards_checked:
-            call(lambda _retried: drive(self.client, _shards.check(self.keys,
-                                                                   self.config.shards)))
+            self.layout = call(lambda _retried: drive(self.client, _shards.check_layout(
+                self.keys, self.config.shards)))
             if self.config.search is not None:
                 call(lambda _retried: drive(self.client, _search.declare(self.keys,
                                                                          self.config)))
@@ -206,7 +207,7 @@ class Queue(_Base):
         if "depends_on" in options:
             self._check()
             res: EnqueueResult = call(lambda _r: self._drive_flow(_flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options))))
+                self.keys, self.config, job_type, payload, dict(options), self.layout)))
             self._note()
             return res
         if not tel.tracing():  # (no span: no context manager either)
@@ -226,7 +227,7 @@ class Queue(_Base):
         self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
         out: _flows.FlowResult = call(lambda _r: self._drive_flow(_flows.enqueue_flow(
-            self.keys, self.config, flow, fid)))
+            self.keys, self.config, flow, fid, self.layout)))
         self._note()
         return out
 
@@ -235,8 +236,9 @@ class Queue(_Base):
         """From the handler of running job ``job_id``: enqueue ``children`` (JobSpec) as its
         dependencies; ``raise WaitForChildren()`` then waits for them (docs/workflows.md)."""
         cid = prod.new_job_id()[:12]  # (one per call: a retried call repeats it)
+        self._check()
         return call(lambda _r: self._drive_flow(_flows.add_children(
-            self.keys, self.config, check_job_id(job_id), children, policy, cid)))
+            self.keys, self.config, check_job_id(job_id), children, policy, cid, self.layout)))
 
     def batch(self, *, on_success: _flows.JobSpec | None = None,
               on_complete: _flows.JobSpec | None = None, on_death: _flows.JobSpec | None = None,
@@ -252,7 +254,8 @@ class Queue(_Base):
     def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                            ) -> tuple[int, list[DependencyResult]]:
         """One page of a job's dependency results: (next cursor, 0 at the end; results)."""
-        k = self.keys.for_job(check_job_id(job_id), self.config.shards)
+        self._check()
+        k = self._locate(check_job_id(job_id))
         return call(lambda _r: drive(self.client, results_page(
             k, job_id, self.config.serde, cursor, count)))
 
@@ -294,14 +297,20 @@ class Queue(_Base):
         """The job's record, or None when there is none (never enqueued, or expired)."""
         check_job_id(job_id)
         self._check()
-        key = self._job_key(job_id)
-        try:
-            h: Any = call(lambda _retried: self.client.hgetall(key))
-        except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            return None  # the key holds something else than a job record
+        _k, h, self.layout = call(lambda _r: drive(self.client, lookup(self.keys, self.layout,
+                                                                       job_id)))
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
+
+    def _locate(self, job_id: str) -> Keys:
+        """The keys of the shard that holds the job (no I/O for an id that never moved)."""
+        return call(lambda _r: drive(self.client, locate(self.keys, self.layout, job_id)))
+
+    def _newer(self) -> bool:
+        """After a call by id found nothing: whether a reshard since changed the layout."""
+        got = call(lambda _r: drive(self.client, newer_layout(self.keys, self.layout)))
+        if got is not None:
+            self.layout = got
+        return got is not None
 
     def _info(self, job_id: str) -> JobInfo:
         info = self.get(job_id)
@@ -326,11 +335,20 @@ class Queue(_Base):
         (``cancelled``, or ``final_state='completed'`` when it finished first)."""
         self._check()
         _cancel.check_cancel_wait(wait_s)
-        keys, args = _cancel.cancel_call(self.keys, self.config, job_id)
-        res = call(lambda retried: _cancel.parse_cancel(
-            job_id, SCRIPTS["cancel"](self.client, keys, args), retried=retried))
+        while True:
+            k = self._locate(job_id)
+            keys, args = _cancel.cancel_call(k, self.config, job_id)
+
+            def once(retried: bool, ks: Any = keys, a: Any = args) -> CancelResult:
+                return _cancel.parse_cancel(job_id, SCRIPTS["cancel"](self.client, ks, a),
+                                            retried=retried)
+
+            res = call(once)
+            if res.code != "not_found" or not self._newer():
+                break
         if res.cancelled:  # its unstarted dependencies no other job waits for (flow_cancel)
-            call(lambda _r: drive(self.client, cascade(self.keys, self.config, job_id)))
+            call(lambda _r: drive(self.client, cascade(k, self.config, job_id,
+                                                       {self.name: self.layout})))
 
         def state() -> str:
             info = self.get(job_id)
@@ -469,7 +487,7 @@ class AsyncQueue(_Base):
 
     async def _check(self) -> None:
         if not self._shards_checked:
-            await acall(lambda _retried: adrive(self.client, _shards.check(
+            self.layout = await acall(lambda _retried: adrive(self.client, _shards.check_layout(
                 self.keys, self.config.shards)))
             if self.config.search is not None:
                 await acall(lambda _retried: adrive(self.client, _search.declare(
@@ -491,7 +509,7 @@ class AsyncQueue(_Base):
         if "depends_on" in options:
             await self._check()
             r: EnqueueResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_waiting(
-                self.keys, self.config, job_type, payload, dict(options))))
+                self.keys, self.config, job_type, payload, dict(options), self.layout)))
             await self._note()
             return r
         if not tel.tracing():  # (no span: no context manager either)
@@ -510,7 +528,7 @@ class AsyncQueue(_Base):
         await self._check()
         fid = prod.new_job_id() if flow_id is None else check_job_id(flow_id)
         r: _flows.FlowResult = await acall(lambda _r: self._drive_flow(_flows.enqueue_flow(
-            self.keys, self.config, flow, fid)))
+            self.keys, self.config, flow, fid, self.layout)))
         await self._note()
         return r
 
@@ -518,8 +536,9 @@ class AsyncQueue(_Base):
                            policy: str = "fail") -> list[JobRef]:
         """See ``Queue.add_children``."""
         cid = prod.new_job_id()[:12]
+        await self._check()
         return await acall(lambda _r: self._drive_flow(_flows.add_children(
-            self.keys, self.config, check_job_id(job_id), children, policy, cid)))
+            self.keys, self.config, check_job_id(job_id), children, policy, cid, self.layout)))
 
     async def batch(self, *, on_success: _flows.JobSpec | None = None,
                     on_complete: _flows.JobSpec | None = None,
@@ -535,7 +554,8 @@ class AsyncQueue(_Base):
     async def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                                  ) -> tuple[int, list[DependencyResult]]:
         """One page of a job's dependency results: see ``Queue.dependency_results``."""
-        k = self.keys.for_job(check_job_id(job_id), self.config.shards)
+        await self._check()
+        k = await self._locate(check_job_id(job_id))
         return await acall(lambda _r: adrive(self.client, results_page(
             k, job_id, self.config.serde, cursor, count)))
 
@@ -567,18 +587,21 @@ class AsyncQueue(_Base):
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
         await self._check()
-        key = self._job_key(job_id)
-
-        async def once(_retried: bool) -> Any:
-            return await self.client.hgetall(key)
-
-        try:
-            h = await acall(once)
-        except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            return None  # the key holds something else than a job record
+        _k, h, self.layout = await acall(lambda _r: adrive(self.client, lookup(
+            self.keys, self.layout, job_id)))
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
+
+    async def _locate(self, job_id: str) -> Keys:
+        """See ``Queue._locate``."""
+        return await acall(lambda _r: adrive(self.client, locate(self.keys, self.layout,
+                                                                 job_id)))
+
+    async def _newer(self) -> bool:
+        """See ``Queue._newer``."""
+        got = await acall(lambda _r: adrive(self.client, newer_layout(self.keys, self.layout)))
+        if got is not None:
+            self.layout = got
+        return got is not None
 
     async def _info(self, job_id: str) -> JobInfo:
         info = await self.get(job_id)
@@ -596,7 +619,6 @@ class AsyncQueue(_Base):
         """Cancel a job (see ``Queue.cancel``)."""
         await self._check()
         _cancel.check_cancel_wait(wait_s)
-        keys, args = _cancel.cancel_call(self.keys, self.config, job_id)
 
         async def once(retried: bool) -> CancelResult:
             reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
@@ -606,9 +628,15 @@ class AsyncQueue(_Base):
             info = await self.get(job_id)
             return info.state if info is not None else ""
 
-        res = await acall(once)
-        if res.cancelled:  # (as Queue.cancel)
-            await acall(lambda _r: adrive(self.client, cascade(self.keys, self.config, job_id)))
+        while True:  # (as Queue.cancel)
+            k = await self._locate(job_id)
+            keys, args = _cancel.cancel_call(k, self.config, job_id)
+            res = await acall(once)
+            if res.code != "not_found" or not await self._newer():
+                break
+        if res.cancelled:
+            await acall(lambda _r: adrive(self.client, cascade(k, self.config, job_id,
+                                                               {self.name: self.layout})))
         return await _cancel.await_cancel(res, wait_s, state)
 
     async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
