@@ -37,10 +37,12 @@ from streamq import (
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.conn import sync_client
 from streamq._core.driver import Cmd, drive
+from streamq._core.flow import repair
 from streamq._core.keys import GROUP, shard_of
 from streamq._core.locate import homes, locate, locate_many, lookup
 from streamq._core.reshard import begin
 from streamq._core.shards import Layout
+from streamq._producer.flows import _prepared, wait_call
 from streamq.admin import Admin, AsyncAdmin
 
 C3, C6 = QueueConfig(shards=3), QueueConfig(shards=6)
@@ -107,6 +109,12 @@ def record_exists(url: str, name: str, shard: int, jid: str) -> bool:
         return bool(c.exists(Keys(name, shard=shard).job(jid)))
     finally:
         c.close()
+
+
+def one(step: list[Any]) -> Any:
+    """An operation of one step."""
+    r = yield step
+    return r
 
 
 def start(c: Any, keys: Keys, jid: str) -> None:
@@ -294,6 +302,9 @@ async def test_workflow_calls_find_jobs_written_before_a_reshard(url: str) -> No
         o3.enqueue("ok", job_id=other)
         q3.enqueue("ok", job_id=parent)
         start(c, Keys(name, shard=shard_of(parent, 3)), parent)
+        bid = moved("bat")
+        b3 = q3.batch(on_complete=JobSpec("ok"), batch_id=bid)
+        b3.add([JobSpec("ok", job_id="b-1", delay=3600)])
     reshard(url, name, 6)
     reshard(url, other_q, 6)
     with Queue.from_url(url, name, C6) as q6, closing(Admin.from_url(url, C6)) as admin:
@@ -320,6 +331,21 @@ async def test_workflow_calls_find_jobs_written_before_a_reshard(url: str) -> No
         assert [k.job_id for k in kids] == [kid]
         pv = admin.flow(name, parent)
         assert [(e.job_id, e.state) for e in pv.children] == [(kid, "queued")]
+        # a batch opened before the reshard: add to it, close it
+        b6 = q6.batch_ref(bid)
+        b6.add([JobSpec("ok", job_id="b-2", delay=3600)])
+        assert b6.close()
+        view = admin.flow(name, b3.callbacks["on_complete"])
+        assert view.state == "waiting"
+        assert {(e.job_id, e.state) for e in view.blocked_by} >= {("b-1", "scheduled"),
+                                                                  ("b-2", "scheduled")}
+        # the repair sweep links an edge nobody linked (a producer that died after wait.lua)
+        # in the shard of its dependency, written before the reshard
+        p, _ = _prepared(q6.keys, C6, "ok", None, {"job_id": "w-rep"}, True)
+        drive(c, one([wait_call(q6.keys, C6, p, [JobRef(name, fin)])]))
+        assert q6.get("w-rep").state == "waiting"  # type: ignore[union-attr]
+        drive(c, repair(q6.keys.of_shard(p.shard), 6, 0, {}))
+        assert q6.get("w-rep").state == "queued"  # type: ignore[union-attr]
     # 6 -> 3: the flow view of a job written under 6 with a dependency written under 3
     reshard(url, name, 3)
     with Queue.from_url(url, name, C3) as q3:

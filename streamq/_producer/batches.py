@@ -29,8 +29,10 @@ from .._core.driver import Call, Cmd, Op, adrive, drive, ok
 from .._core.errors import BatchClosed, InvalidArgument, JobNotFound
 from .._core.flow import JobRef, link, link_call, member, shard_counts
 from .._core.keys import Keys, check_job_id, shard_of
+from .._core.locate import locate
 from .._core.model import CancelResult, Job
 from .._core.retry import acall, call
+from .._core.shards import Layout
 from .flows import FlowResult, Group, JobSpec, compile_flow, enqueue_flow, enqueue_waiting
 from .prepare import new_job_id
 
@@ -42,6 +44,7 @@ class Queue(Protocol):
     client: Any
     keys: Keys
     config: QueueConfig
+    layout: Layout
 
     def _check(self) -> None: ...
     def _note(self) -> None: ...
@@ -55,6 +58,7 @@ class AsyncQueue(Protocol):
     client: Any
     keys: Keys
     config: QueueConfig
+    layout: Layout
 
     async def _check(self) -> None: ...
     async def _note(self) -> None: ...
@@ -151,13 +155,15 @@ def add_id_of(batch_id: str, specs: Sequence[JobSpec], cfg: QueueConfig) -> str:
 
 
 def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[JobSpec],
-                 call_id: str, inside: bool = False) -> Op[FlowResult]:
-    """Add jobs to an open batch (see the module). Raises BatchClosed once it is closed."""
+                 call_id: str, inside: bool = False, layout: Layout | None = None
+                 ) -> Op[FlowResult]:
+    """Add jobs to an open batch (see the module). Raises BatchClosed once it is closed.
+    ``layout``: the queue's (a batch opened before a reshard is found in its shard)."""
     specs = list(specs)
     if not specs or not all(isinstance(s, JobSpec) for s in specs):
         raise InvalidArgument("Batch.add takes a non-empty list of JobSpec")
     specs = [_with_header(s, batch_id) for s in specs]
-    bk = keys.for_job(batch_id, cfg.shards)
+    bk = yield from locate(keys, layout or Layout(cfg.shards), batch_id)
     (r,) = yield [Cmd.of("HMGET", bk.job(batch_id), "s", "bc")]
     st, raw = ok(r)
     cbs = parse_bc(raw)
@@ -186,7 +192,7 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     if not bases:  # (every callback has fired or ended: the batch is over)
         raise BatchClosed(f"batch {batch_id!r} is {_s(st) if st else 'gone'}: nothing was"
                           " added")
-    out = yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id)
+    out = yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id, layout)
     sh = yield from shard_counts(keys.prefix, (n.ref.queue for n in nodes),
                                  {keys.queue: cfg.shards})
     yield from link([link_call(keys.prefix, sh, bk.job(cbs[kind]), cbs[kind],
@@ -196,11 +202,11 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     return out
 
 
-def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = False
-                ) -> Op[bool]:
+def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = False,
+                layout: Layout | None = None) -> Op[bool]:
     """Close a batch: True when this call closed it, False when it was closed before (a
     retried call after a lost reply that finds it closed: True)."""
-    bk = keys.for_job(batch_id, cfg.shards)
+    bk = yield from locate(keys, layout or Layout(cfg.shards), batch_id)
     (r,) = yield [Call("batch_close", [bk.job(batch_id), bk.events],
                        [batch_id, cfg.serde.dumps(batch_id), cfg.events_arg])]
     code = _s(ok(r)[0])
@@ -209,8 +215,10 @@ def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = Fal
     return code == "closed" or (retried and _s(ok(r)[1]) == "completed")
 
 
-def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str) -> Op[dict[str, str]]:
-    (r,) = yield [Cmd.of("HGET", keys.for_job(batch_id, cfg.shards).job(batch_id), "bc")]
+def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str, layout: Layout | None = None
+                 ) -> Op[dict[str, str]]:
+    bk = yield from locate(keys, layout or Layout(cfg.shards), batch_id)
+    (r,) = yield [Cmd.of("HGET", bk.job(batch_id), "bc")]
     return parse_bc(ok(r))
 
 
@@ -252,21 +260,24 @@ class Batch:
         aid = add_id or add_id_of(self.batch_id, specs, q.config)
         inside = _inside(from_job, self.batch_id)
         return self._run(lambda: add_to_batch(  # type: ignore[no-any-return]
-            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside))
+            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside, q.layout))
 
     def close(self) -> bool:
         """Close the batch: its callbacks may fire from now on. True when this call closed
         it, False when it was closed (or cancelled) before."""
         q = self.queue
+        q._check()
         return call(lambda retried: drive(q.client, close_batch(
-            q.keys, q.config, self.batch_id, retried)))
+            q.keys, q.config, self.batch_id, retried, q.layout)))
 
     def cancel(self) -> list[CancelResult]:
         """Cancel the batch's waiting callbacks; that cancels, as for any waiting job, the
         batch record and the batch's jobs that have not started and that nothing else waits
         for (docs/workflows.md#cancelling-a-flow)."""
         q = self.queue
-        cbs = self.callbacks or self._run(lambda: callbacks_of(q.keys, q.config, self.batch_id))
+        q._check()
+        cbs = self.callbacks or self._run(lambda: callbacks_of(q.keys, q.config, self.batch_id,
+                                                               q.layout))
         return [q.cancel(cid) for cid in cbs.values()]
 
     def __enter__(self) -> Batch:
@@ -308,19 +319,21 @@ class AsyncBatch:
         aid = add_id or add_id_of(self.batch_id, specs, q.config)
         inside = _inside(from_job, self.batch_id)
         return await self._run(lambda: add_to_batch(  # type: ignore[no-any-return]
-            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside))
+            q.keys, q.config, self.batch_id, specs, check_job_id(aid), inside, q.layout))
 
     async def close(self) -> bool:
         """See ``Batch.close``."""
         q = self.queue
+        await q._check()
         return await acall(lambda retried: adrive(
-            q.client, close_batch(q.keys, q.config, self.batch_id, retried)))
+            q.client, close_batch(q.keys, q.config, self.batch_id, retried, q.layout)))
 
     async def cancel(self) -> list[CancelResult]:
         """See ``Batch.cancel``."""
         q = self.queue
+        await q._check()
         cbs = self.callbacks or await self._run(
-            lambda: callbacks_of(q.keys, q.config, self.batch_id))
+            lambda: callbacks_of(q.keys, q.config, self.batch_id, q.layout))
         return [await q.cancel(cid) for cid in cbs.values()]
 
     async def __aenter__(self) -> AsyncBatch:
