@@ -32,12 +32,13 @@ from .._core.errors import (
 from .._core.flow import DependencyResult, JobRef, results_page
 from .._core.flow_cancel import cascade
 from .._core.keys import Keys, check_job_id
-from .._core.locate import locate, lookup, newer_layout
+from .._core.locate import locate, newer_layout
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, aeach, call, each
 from .._core.scripts import SCRIPTS
 from . import batches as _batches
 from . import flows as _flows
+from . import lookup as _lookup
 from . import prepare as prod
 from .autobatch import AsyncBatcher, ShardedAsync, ShardedSync, SyncBatcher
 from .waiters import POLL_MAX_S, AsyncWaiters, SyncWaiters, Wake
@@ -297,8 +298,7 @@ class Queue(_Base):
         """The job's record, or None when there is none (never enqueued, or expired)."""
         check_job_id(job_id)
         self._check()
-        _k, h, self.layout = call(lambda _r: drive(self.client, lookup(self.keys, self.layout,
-                                                                       job_id)))
+        h, self.layout = _lookup.record(self.client, self.keys, self.layout, job_id)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     def _locate(self, job_id: str) -> Keys:
@@ -587,8 +587,7 @@ class AsyncQueue(_Base):
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
         await self._check()
-        _k, h, self.layout = await acall(lambda _r: adrive(self.client, lookup(
-            self.keys, self.layout, job_id)))
+        h, self.layout = await _lookup.arecord(self.client, self.keys, self.layout, job_id)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     async def _locate(self, job_id: str) -> Keys:
