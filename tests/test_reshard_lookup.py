@@ -362,13 +362,18 @@ def test_lookup_reads_the_layout_again_only_on_a_miss(url: str) -> None:
     """A layout read before a reshard costs nothing while it finds records; a miss reads the
     stored layout once, and looks again only when it changed."""
     name = f"rm-{uuid.uuid4().hex[:10]}"
-    with Queue.from_url(url, name, C3) as q3:
+    with Queue.from_url(url, name, C3) as q3, Queue.from_url(url, name, C3) as other:
         q3.enqueue("ok", job_id="a")
+        other.enqueue("ok", job_id="b")
         stale = q3.layout
         reshard(url, name, 6)
-        jid = moved("after")
+        jid, jid2 = moved("after"), moved("later")
         with Queue.from_url(url, name, C6) as q6:
             q6.enqueue("ok", job_id=jid)
+            q6.enqueue("ok", job_id=jid2)
+        # a queue object whose layout is from before the reshard cancels a job written after
+        assert other.layout.shards == 3
+        assert other.cancel(jid2).cancelled and other.layout.shards == 6
         op = lookup(q3.keys, stale, "a")
         steps = []
         try:

@@ -32,7 +32,7 @@ from .._core.errors import (
 from .._core.flow import DependencyResult, JobRef, results_page
 from .._core.flow_cancel import cascade
 from .._core.keys import Keys, check_job_id
-from .._core.locate import locate, newer_layout
+from .._core.locate import locate
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, aeach, call, each
 from .._core.scripts import SCRIPTS
@@ -256,7 +256,8 @@ class Queue(_Base):
                            ) -> tuple[int, list[DependencyResult]]:
         """One page of a job's dependency results: (next cursor, 0 at the end; results)."""
         self._check()
-        k = self._locate(check_job_id(job_id))
+        k = call(lambda _r: drive(self.client, locate(self.keys, self.layout,
+                                                      check_job_id(job_id))))
         return call(lambda _r: drive(self.client, results_page(
             k, job_id, self.config.serde, cursor, count)))
 
@@ -301,17 +302,6 @@ class Queue(_Base):
         h, self.layout = _lookup.record(self.client, self.keys, self.layout, job_id)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
-    def _locate(self, job_id: str) -> Keys:
-        """The keys of the shard that holds the job (no I/O for an id that never moved)."""
-        return call(lambda _r: drive(self.client, locate(self.keys, self.layout, job_id)))
-
-    def _newer(self) -> bool:
-        """After a call by id found nothing: whether a reshard since changed the layout."""
-        got = call(lambda _r: drive(self.client, newer_layout(self.keys, self.layout)))
-        if got is not None:
-            self.layout = got
-        return got is not None
-
     def _info(self, job_id: str) -> JobInfo:
         info = self.get(job_id)
         if info is None:
@@ -335,17 +325,8 @@ class Queue(_Base):
         (``cancelled``, or ``final_state='completed'`` when it finished first)."""
         self._check()
         _cancel.check_cancel_wait(wait_s)
-        while True:
-            k = self._locate(job_id)
-            keys, args = _cancel.cancel_call(k, self.config, job_id)
-
-            def once(retried: bool, ks: Any = keys, a: Any = args) -> CancelResult:
-                return _cancel.parse_cancel(job_id, SCRIPTS["cancel"](self.client, ks, a),
-                                            retried=retried)
-
-            res = call(once)
-            if res.code != "not_found" or not self._newer():
-                break
+        res, k, self.layout = _lookup.cancel(self.client, self.keys, self.config, self.layout,
+                                             job_id)
         if res.cancelled:  # its unstarted dependencies no other job waits for (flow_cancel)
             call(lambda _r: drive(self.client, cascade(k, self.config, job_id,
                                                        {self.name: self.layout})))
@@ -555,7 +536,8 @@ class AsyncQueue(_Base):
                                  ) -> tuple[int, list[DependencyResult]]:
         """One page of a job's dependency results: see ``Queue.dependency_results``."""
         await self._check()
-        k = await self._locate(check_job_id(job_id))
+        k = await acall(lambda _r: adrive(self.client, locate(self.keys, self.layout,
+                                                              check_job_id(job_id))))
         return await acall(lambda _r: adrive(self.client, results_page(
             k, job_id, self.config.serde, cursor, count)))
 
@@ -590,18 +572,6 @@ class AsyncQueue(_Base):
         h, self.layout = await _lookup.arecord(self.client, self.keys, self.layout, job_id)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
-    async def _locate(self, job_id: str) -> Keys:
-        """See ``Queue._locate``."""
-        return await acall(lambda _r: adrive(self.client, locate(self.keys, self.layout,
-                                                                 job_id)))
-
-    async def _newer(self) -> bool:
-        """See ``Queue._newer``."""
-        got = await acall(lambda _r: adrive(self.client, newer_layout(self.keys, self.layout)))
-        if got is not None:
-            self.layout = got
-        return got is not None
-
     async def _info(self, job_id: str) -> JobInfo:
         info = await self.get(job_id)
         if info is None:
@@ -619,21 +589,13 @@ class AsyncQueue(_Base):
         await self._check()
         _cancel.check_cancel_wait(wait_s)
 
-        async def once(retried: bool) -> CancelResult:
-            reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
-            return _cancel.parse_cancel(job_id, reply, retried=retried)
-
         async def state() -> str:
             info = await self.get(job_id)
             return info.state if info is not None else ""
 
-        while True:  # (as Queue.cancel)
-            k = await self._locate(job_id)
-            keys, args = _cancel.cancel_call(k, self.config, job_id)
-            res = await acall(once)
-            if res.code != "not_found" or not await self._newer():
-                break
-        if res.cancelled:
+        res, k, self.layout = await _lookup.acancel(self.client, self.keys, self.config,
+                                                    self.layout, job_id)
+        if res.cancelled:  # (as Queue.cancel)
             await acall(lambda _r: adrive(self.client, cascade(k, self.config, job_id,
                                                                {self.name: self.layout})))
         return await _cancel.await_cancel(res, wait_s, state)
