@@ -29,13 +29,17 @@ T = TypeVar("T")
 LAYOUT_TTL_S = 1.0
 """How long an admin object keeps a queue's layout before it reads it again."""
 
-def select(keys: Keys, cfg: QueueConfig, shard: int | None) -> list[Keys]:
-    """Every shard's keys (``shard`` None), or the one asked for."""
+def select(keys: Keys, cfg: QueueConfig, shard: int | None, n: int | None = None
+           ) -> list[Keys]:
+    """Every shard's keys (``shard`` None), or the one asked for. ``n``: how many shards
+    may hold work (``Layout.read``: during and after a reshard, the old shards still
+    draining too); ``cfg.shards`` when not given."""
+    n = n or cfg.shards
     if shard is None:
-        return shard_keys(keys.queue, cfg.shards, keys.prefix)
-    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < cfg.shards:
-        raise InvalidArgument(f"shard must be 0..{cfg.shards - 1} for queue {keys.queue!r}"
-                              f" (shards={cfg.shards}), got {shard!r}")
+        return shard_keys(keys.queue, n, keys.prefix)
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
+        raise InvalidArgument(f"shard must be 0..{n - 1} for queue {keys.queue!r}"
+                              f" (shards={n}), got {shard!r}")
     return [keys.of_shard(shard)]
 
 
@@ -229,7 +233,10 @@ class QueueOps:
 
     def parts(self, queue: str, shard: int | None, make: Callable[[list[Keys]], Op[T]]
               ) -> Op[T]:
-        return self.guard(queue, lambda k: make(select(k, self.config, shard)))
+        def run(k: Keys) -> Op[T]:
+            lay = yield from self.layout(queue)  # (read by guard: no command)
+            return (yield from make(select(k, self.config, shard, lay.read)))
+        return self.guard(queue, run)
 
     def by_id(self, queue: str, job_id: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
         """``make`` over the keys of the shard that holds the job: after a reshard, its home
