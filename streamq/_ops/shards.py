@@ -22,6 +22,7 @@ from .._core.keys import Keys, check_job_id, shard_keys
 from .._core.locate import locate, locate_many
 from .._core.shards import Layout, check_layout
 from . import browse as _browse
+from . import flows as _flows
 from . import operations as _ops
 from .operations import DeadEntry, DeadFilter, LevelStats, Page, QueueStats
 
@@ -245,6 +246,12 @@ class QueueOps:
         lay = yield from self.layout(queue)
         k = yield from locate(self._k(queue), lay, job_id)
         return (yield from make(k))
+
+    def flow(self, k: Keys, job_id: str, cursor: str | None, limit: int) -> Op[_flows.FlowView]:
+        """A job's flow view (``k``: its shard, located), with its queue's layout at hand."""
+        lay = yield from self.layout(k.queue)  # (cached: read by by_id)
+        return (yield from _flows.flow(k, self.config.shards, job_id, cursor, limit,
+                                       {k.queue: lay}))
 
     def shard_keys(self, queue: str) -> Op[list[Keys]]:
         """Every shard's keys, after the stored shard count was checked."""
