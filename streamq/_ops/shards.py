@@ -27,15 +27,15 @@ from . import operations as _ops
 from .operations import DeadEntry, DeadFilter, LevelStats, Page, QueueStats
 
 T = TypeVar("T")
-LAYOUT_TTL_S = 1.0
-"""How long an admin object keeps a queue's layout before it reads it again."""
-
-def select(keys: Keys, cfg: QueueConfig, shard: int | None, n: int | None = None
+LAYOUT_FRESH_S = 1.0
+"""How long a whole-queue call trusts the layout an earlier one read (a reshard adds or
+retires shards; workers follow it about as fast)."""
+def select(keys: Keys, cfg: QueueConfig, shard: int | None, read: int | None = None
            ) -> list[Keys]:
-    """Every shard's keys (``shard`` None), or the one asked for. ``n``: how many shards
-    may hold work (``Layout.read``: during and after a reshard, the old shards still
-    draining too); ``cfg.shards`` when not given."""
-    n = n or cfg.shards
+    """Every shard's keys (``shard`` None), or the one asked for: the ``read`` shards of the
+    stored layout (``Layout.read``: every shard that may hold live work, also the old ones
+    of a reshard down), by default the configured count."""
+    n = cfg.shards if read is None else read
     if shard is None:
         return shard_keys(keys.queue, n, keys.prefix)
     if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < n:
@@ -211,47 +211,46 @@ class QueueOps:
 
     def __init__(self, config: QueueConfig) -> None:
         self.config = config
-        self._layouts: dict[str, tuple[float, Layout]] = {}
-        """Each queue's layout, checked against config.shards, and when it was read."""
+        self._layouts: dict[str, tuple[Layout, float]] = {}
+        """The layout each queue had when last read, and when (monotonic): read again by a
+        call more than ``LAYOUT_FRESH_S`` later (a reshard may have begun since)."""
 
     def _k(self, queue: str) -> Keys:
         return Keys(queue, self.config.key_prefix)
 
-    def layout(self, queue: str) -> Op[Layout]:
-        """The queue's stored layout, checked against ``config.shards`` (ShardCountMismatch),
-        read again when it is older than ``LAYOUT_TTL_S`` (a reshard is seen within it)."""
-        now = time.monotonic()
-        got = self._layouts.get(queue)
-        if got is not None and now - got[0] < LAYOUT_TTL_S:
-            return got[1]
-        lay = yield from check_layout(self._k(queue), self.config.shards)
-        self._layouts[queue] = (now, lay)
-        return lay
-
     def guard(self, queue: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
-        yield from self.layout(queue)
-        return (yield from make(self._k(queue)))
+        k = self._k(queue)
+        got = self._layouts.get(queue)
+        if got is None or time.monotonic() - got[1] > LAYOUT_FRESH_S:
+            lay = yield from check_layout(k, self.config.shards)
+            self._layouts[queue] = (lay, time.monotonic())
+        return (yield from make(k))
+
+    def layout(self, queue: str) -> Layout:
+        """The layout read by the last guarded call on ``queue``."""
+        got = self._layouts.get(queue)
+        return got[0] if got is not None else Layout(self.config.shards)
 
     def parts(self, queue: str, shard: int | None, make: Callable[[list[Keys]], Op[T]]
               ) -> Op[T]:
-        def run(k: Keys) -> Op[T]:
-            lay = yield from self.layout(queue)  # (read by guard: no command)
-            return (yield from make(select(k, self.config, shard, lay.read)))
-        return self.guard(queue, run)
+        return self.guard(queue, lambda k: make(select(k, self.config, shard,
+                                                       self.layout(queue).read)))
 
     def by_id(self, queue: str, job_id: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
         """``make`` over the keys of the shard that holds the job: after a reshard, its home
-        under an earlier count when it was written before (``locate``)."""
+        under an earlier count when it was written before (``locate``: no command for an id
+        that never moved)."""
         check_job_id(job_id)
-        lay = yield from self.layout(queue)
-        k = yield from locate(self._k(queue), lay, job_id)
-        return (yield from make(k))
+
+        def run(k: Keys) -> Op[T]:
+            at = yield from locate(k, self.layout(queue), job_id)
+            return (yield from make(at))
+        return self.guard(queue, run)
 
     def flow(self, k: Keys, job_id: str, cursor: str | None, limit: int) -> Op[_flows.FlowView]:
         """A job's flow view (``k``: its shard, located), with its queue's layout at hand."""
-        lay = yield from self.layout(k.queue)  # (cached: read by by_id)
-        return (yield from _flows.flow(k, self.config.shards, job_id, cursor, limit,
-                                       {k.queue: lay}))
+        return _flows.flow(k, self.config.shards, job_id, cursor, limit,
+                           {k.queue: self.layout(k.queue)})
 
     def shard_keys(self, queue: str) -> Op[list[Keys]]:
         """Every shard's keys, after the stored shard count was checked."""
@@ -268,10 +267,8 @@ class QueueOps:
 
     def redrive(self, queue: str, entries: Sequence[DeadEntry], who: str
                 ) -> Op[dict[str, int]]:
-        def run(k: Keys) -> Op[dict[str, int]]:
-            lay = yield from self.layout(queue)
-            return (yield from redrive(k, self.config, entries, who, lay))
-        return self.guard(queue, run)
+        return self.guard(queue, lambda k: redrive(k, self.config, entries, who,
+                                                   self.layout(queue)))
 
     def purge(self, queue: str, shard: int | None, state: str, max_jobs: int) -> Op[int]:
         return self.parts(queue, shard, lambda ps: purge(ps, self.config, state, max_jobs))
