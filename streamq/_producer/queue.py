@@ -98,6 +98,10 @@ class _Base:
         """The queue's stored layout (``_check``): calls by id look in ``layout.homes(id)``,
         and read it again when they find nothing (``locate.lookup``)."""
 
+    def _adopt(self, layout: _shards.Layout) -> None:
+        """Follow ``layout`` from now on (a call by id that found nothing read a newer one)."""
+        self.layout = layout
+
     def _unknown_types(self, job_types: Sequence[Any]) -> set[str]:
         """With ``require_handler``: the job types not in the cached published set."""
         if not self.config.require_handler:
@@ -184,8 +188,8 @@ class Queue(_Base):
     def _check(self) -> None:
         """Refuse (ShardCountMismatch) a queue stored with another shard count; once."""
         if not self._shards_checked:
-            self.layout = call(lambda _retried: drive(self.client, _shards.check_layout(
-                self.keys, self.config.shards)))
+            self._adopt(call(lambda _retried: drive(self.client, _shards.check_layout(
+                self.keys, self.config.shards))))
             if self.config.search is not None:
                 call(lambda _retried: drive(self.client, _search.declare(self.keys,
                                                                          self.config)))
@@ -299,7 +303,9 @@ class Queue(_Base):
         """The job's record, or None when there is none (never enqueued, or expired)."""
         check_job_id(job_id)
         self._check()
-        h, self.layout = _lookup.record(self.client, self.keys, self.layout, job_id)
+        h, lay = _lookup.record(self.client, self.keys, self.layout, job_id)
+        if lay is not self.layout:  # (a reshard since: found under the newer layout)
+            self._adopt(lay)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     def _info(self, job_id: str) -> JobInfo:
@@ -325,8 +331,9 @@ class Queue(_Base):
         (``cancelled``, or ``final_state='completed'`` when it finished first)."""
         self._check()
         _cancel.check_cancel_wait(wait_s)
-        res, k, self.layout = _lookup.cancel(self.client, self.keys, self.config, self.layout,
-                                             job_id)
+        res, k, lay = _lookup.cancel(self.client, self.keys, self.config, self.layout, job_id)
+        if lay is not self.layout:
+            self._adopt(lay)
         if res.cancelled:  # its unstarted dependencies no other job waits for (flow_cancel)
             call(lambda _r: drive(self.client, cascade(k, self.config, job_id,
                                                        {self.name: self.layout})))
@@ -468,8 +475,8 @@ class AsyncQueue(_Base):
 
     async def _check(self) -> None:
         if not self._shards_checked:
-            self.layout = await acall(lambda _retried: adrive(self.client, _shards.check_layout(
-                self.keys, self.config.shards)))
+            self._adopt(await acall(lambda _retried: adrive(self.client, _shards.check_layout(
+                self.keys, self.config.shards))))
             if self.config.search is not None:
                 await acall(lambda _retried: adrive(self.client, _search.declare(
                     self.keys, self.config)))
@@ -569,7 +576,9 @@ class AsyncQueue(_Base):
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
         await self._check()
-        h, self.layout = await _lookup.arecord(self.client, self.keys, self.layout, job_id)
+        h, lay = await _lookup.arecord(self.client, self.keys, self.layout, job_id)
+        if lay is not self.layout:  # (as Queue.get)
+            self._adopt(lay)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     async def _info(self, job_id: str) -> JobInfo:
@@ -593,8 +602,10 @@ class AsyncQueue(_Base):
             info = await self.get(job_id)
             return info.state if info is not None else ""
 
-        res, k, self.layout = await _lookup.acancel(self.client, self.keys, self.config,
-                                                    self.layout, job_id)
+        res, k, lay = await _lookup.acancel(self.client, self.keys, self.config, self.layout,
+                                            job_id)
+        if lay is not self.layout:
+            self._adopt(lay)
         if res.cancelled:  # (as Queue.cancel)
             await acall(lambda _r: adrive(self.client, cascade(k, self.config, job_id,
                                                                {self.name: self.layout})))
