@@ -31,7 +31,6 @@ from ._core.reshard import ReshardStatus
 from ._core.serverinfo import ServerInfo, adetect, detect
 from ._core.timeseries import Point
 from ._ops import browse as _browse
-from ._ops import flows as _flows
 from ._ops import groups as _groups
 from ._ops import operations as _ops
 from ._ops import reshard as _rs
@@ -146,8 +145,8 @@ class Admin:
         """One page of a job's flow: its dependencies (each with its state; ``blocked_by``:
         the pending ones) and the jobs waiting for it. Pass ``cursor`` back for the next page
         ('' on the last one). docs/workflows.md#looking-at-a-flow"""
-        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _flows.flow(
-            k, self.config.shards, job_id, cursor, limit)))
+        return drive(self.client, self.ops.by_id(queue, job_id, lambda k: self.ops.flow(
+            k, job_id, cursor, limit)))
 
     def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
         return drive(self.client, self.ops.by_id(queue, job_id, lambda k: _ops.requeue(
@@ -408,8 +407,8 @@ class AsyncAdmin:
     async def flow(self, queue: str, job_id: str, *, cursor: str | None = None,
                    limit: int = 100) -> FlowView:
         """As :meth:`Admin.flow`."""
-        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _flows.flow(
-            k, self.config.shards, job_id, cursor, limit)))
+        return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: self.ops.flow(
+            k, job_id, cursor, limit)))
 
     async def requeue(self, queue: str, job_id: str, *, who: str | None = None) -> str:
         return await self._run(queue, self.ops.by_id(queue, job_id, lambda k: _ops.requeue(

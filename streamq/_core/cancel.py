@@ -17,8 +17,9 @@ from .scripts import Arg
 
 
 def cancel_call(keys: Keys, cfg: QueueConfig, job_id: str) -> tuple[list[str], list[Arg]]:
+    """cancel.lua's keys and arguments. ``keys``: the keys of the shard that holds the job
+    (``locate.locate``: after a reshard it may be its home under an earlier count)."""
     check_job_id(job_id)
-    keys = keys.for_job(job_id, cfg.shards)
     return ([keys.job(job_id), keys.stream, keys.delayed, keys.stats, keys.events,
              *keys.group_keys, keys.levels, *keys.level_streams],
             [GROUP, job_id, cfg.events_arg, keys.cancel_channel, cfg.group_arg])

@@ -19,7 +19,8 @@ import attrs
 
 from .driver import Call, Cmd, Op, ok
 from .errors import InvalidArgument
-from .keys import Keys, check_job_id, check_queue_name
+from .keys import Keys, check_job_id, check_queue_name, shard_of
+from .locate import locate_refs, read_layouts
 
 Policy = Literal["fail", "continue", "ignore", "remove", "death"]
 POLICIES: dict[str, str] = {"fail": "f", "continue": "c", "ignore": "i", "remove": "r",
@@ -176,7 +177,18 @@ def _queue_keys(queue: str, prefix: str) -> Keys:
 
 def link_call(prefix: str, shards: Mapping[str, int], parent_key: str, parent_id: str,
               ref: JobRef, index: int) -> Call:
-    ck = _queue_keys(ref.queue, prefix).for_job(ref.job_id, shards[ref.queue])
+    """link.lua's call for an edge to ``ref`` in its home under ``shards[ref.queue]`` (a
+    dependency that may have been written before a reshard: ``link_at`` its located shard)."""
+    return link_at(prefix, shard_of(ref.job_id, shards[ref.queue]), parent_key, parent_id, ref,
+                   index)
+
+
+def link_at(prefix: str, shard: int, parent_key: str, parent_id: str, ref: JobRef, index: int
+            ) -> Call:
+    """link.lua's call for an edge to ``ref``, whose record is in ``shard`` of its queue
+    (``locate.locate_refs``)."""
+    ck = _queue_keys(ref.queue, prefix)
+    ck = ck if shard == 0 else ck.of_shard(shard)
     pk = f"{ck.parents(ref.job_id)} {ck.outbox} {ref.queue}"
     m = f"{POLICIES[ref.policy]}{index} {parent_key} {parent_id}"
     return Call("link", [ck.job(ref.job_id), ck.parents(ref.job_id), ck.outbox],
@@ -358,11 +370,14 @@ def repair(keys: Keys, shards: int | None, min_age_ms: int, cursors: dict[str, i
         codes = yield from apply([("", "", keys.job(p), p, "", b"") for p in empty])
         changed += sum(1 for c in codes if c > 0)
     if edges:
-        sh = yield from shard_counts(keys.prefix, (e[1].queue for e in edges),
-                                     {**({} if shards is None else {keys.queue: shards}),
-                                      **(known or {})})
-        _, n = yield from _link_many([link_call(keys.prefix, sh, keys.job(pid), pid, ref, idx)
-                                      for pid, ref, idx in edges], tolerant=True)
+        # a dependency written before a reshard is linked in its own shard (locate_refs)
+        lays = yield from read_layouts(keys.prefix, (e[1].queue for e in edges), counts={
+            **({} if shards is None else {keys.queue: shards}), **(known or {})})
+        at = yield from locate_refs(keys.prefix, lays, [(e[1].queue, e[1].job_id)
+                                                        for e in edges])
+        _, n = yield from _link_many([link_at(keys.prefix, s, keys.job(pid), pid, ref, idx)
+                                      for (pid, ref, idx), s in zip(edges, at, strict=True)],
+                                     tolerant=True)
         changed += n
     if changed:
         yield [Cmd.of("HINCRBY", keys.stats, "flow_repairs", changed)]

@@ -16,15 +16,15 @@ of the cancel (its retry) while the SET is kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
-
-import attrs
 
 from .cancel import cancel_call
 from .config import QueueConfig
 from .driver import Call, Cmd, Op, ok
-from .flow import shard_counts
 from .keys import Keys
+from .locate import locate_refs, read_layouts
+from .shards import Layout
 
 PAGE = 500
 """Pending dependencies read (and cancel calls sent) per round trip."""
@@ -36,11 +36,15 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def cascade(keys: Keys, cfg: QueueConfig, job_id: str) -> Op[list[tuple[str, str]]]:
-    """Walk a cancelled job's kept pending SET (see the module). ``keys``: any key set of its
-    queue. Returns the (queue, job id) of each dependency this call cancelled."""
-    todo = [(keys.for_job(job_id, cfg.shards), job_id)]
-    known = {keys.queue: cfg.shards}
+def cascade(keys: Keys, cfg: QueueConfig, job_id: str,
+            known: Mapping[str, Layout] | None = None) -> Op[list[tuple[str, str]]]:
+    """Walk a cancelled job's kept pending SET (see the module). ``keys``: the keys of the
+    shard that holds the job (``locate``); ``known``: layouts already read, by queue (the
+    others are read when a dependency of theirs is met: a dependency written before a
+    reshard is found in its own shard, ``locate_refs``). Returns the (queue, job id) of
+    each dependency this call cancelled."""
+    todo = [(keys, job_id)]
+    layouts = dict(known or {})
     done: list[tuple[str, str]] = []
     seen = 0
     while todo and seen < MAX_NODES:
@@ -60,19 +64,20 @@ def cascade(keys: Keys, cfg: QueueConfig, job_id: str) -> Op[list[tuple[str, str
                     edges.append((parts[1], parts[2], f"{parts[0]} {k.job(jid)} {jid}"))
             seen += len(edges)
             if edges:
-                known = yield from shard_counts(keys.prefix, (e[0] for e in edges), known)
+                layouts = yield from read_layouts(keys.prefix, (e[0] for e in edges), layouts)
+                shards = yield from locate_refs(keys.prefix, layouts,
+                                                [(e[0], e[1]) for e in edges])
                 calls: list[Cmd | Call] = []
-                for cq, cid, member in edges:
-                    ks, args = cancel_call(Keys(cq, keys.prefix),
-                                           attrs.evolve(cfg, shards=known[cq]), cid)
+                for (cq, cid, member), sh in zip(edges, shards, strict=True):
+                    ks, args = cancel_call(Keys(cq, keys.prefix, sh), cfg, cid)
                     calls.append(Call("cancel", ks, [*args, member]))
                 got = yield calls
-                for (cq, cid, _m), v in zip(edges, got, strict=True):
+                for (cq, cid, _m), sh, v in zip(edges, shards, got, strict=True):
                     code, was = (_s(x) for x in ok(v)[:2])
                     if code == "cancelled":
                         done.append((cq, cid))
                         if was == "waiting":
-                            todo.append((Keys(cq, keys.prefix).for_job(cid, known[cq]), cid))
+                            todo.append((Keys(cq, keys.prefix, sh), cid))
             if cur == 0 or seen >= MAX_NODES:
                 break
         if cur == 0:

@@ -354,7 +354,7 @@ def find_dead(keys: Keys, job_id: str, around_ms: int, window_ms: int = 5000
     lo, hi = max(0, around_ms - window_ms), around_ms + window_ms
     (raw,) = yield [Cmd.of("XRANGE", keys.dead, lo, hi, "COUNT", PAGE)]
     for e in ok(raw):
-        de = _dead_entry(e)
+        de = _dead_entry(e, keys.shard)
         if de.job_id == job_id:
             return de
     return None
@@ -549,7 +549,7 @@ def cancel(keys: Keys, cfg: QueueConfig, job_id: str, who: str) -> Op[CancelResu
     (r,) = yield [Call("cancel", ks, args)]
     res = parse_cancel(job_id, ok(r), retried=False)
     if res.cancelled:  # its unstarted dependencies no other job waits for (flow_cancel)
-        yield from cascade(keys, cfg, job_id)
+        yield from cascade(keys, cfg, job_id)  # (keys: the job's own shard, located)
     yield from audit(keys, cfg, who, "cancel", job_id,
                      "cancelled" if res.cancelled else "cancel requested (running)"
                      if res.code == "cancel_requested" else f"not cancelled: {res.reason}")

@@ -15,9 +15,11 @@ import attrs
 
 from .._core.driver import Call, Cmd, Op, ok
 from .._core.errors import InvalidArgument, JobNotFound
-from .._core.flow import OUTCOMES, shard_counts
+from .._core.flow import OUTCOMES
 from .._core.keys import Keys, check_job_id, parse_job_key
+from .._core.locate import locate_refs, read_layouts
 from .._core.model import record_state
+from .._core.shards import Layout
 
 _POLICY = {"f": "fail", "c": "continue", "i": "ignore", "r": "remove", "d": "death"}
 _PHASES = ("d", "r", "p")
@@ -116,9 +118,12 @@ def _states(reply: Any) -> str:
 
 
 def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit: int = 100,
-         known: Mapping[str, int] | None = None) -> Op[FlowView]:
-    """One page of ``job_id``'s flow. ``keys``: the job's own shard; ``shards``: its queue's
-    shard count. About ``limit`` edges a page (SSCAN/HSCAN counts are hints)."""
+         known: Mapping[str, Layout] | None = None) -> Op[FlowView]:
+    """One page of ``job_id``'s flow. ``keys``: the job's own shard (located); ``shards``: its
+    queue's shard count when none is stored; ``known``: layouts already read, by queue. About
+    ``limit`` edges a page (SSCAN/HSCAN counts are hints). Each dependency's record is read
+    in the shard that holds it (``locate_refs``: one written before a reshard may be in its
+    home under an earlier count); a waiting job's record key is in its edge."""
     check_job_id(job_id)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LIMIT:
         raise InvalidArgument(f"limit must be 1..{MAX_LIMIT}, got {limit!r}")
@@ -168,11 +173,13 @@ def flow(keys: Keys, shards: int, job_id: str, cursor: str | None = None, limit:
                                      parts[1], ""))
         if cur == 0:
             phase += 1
-    sh = yield from shard_counts(keys.prefix, {r[3] for r in rows if r[0] == "c"},
-                                 {keys.queue: shards, **(known or {})})
+    kids = [(r[3], r[4]) for r in rows if not r[5]]
+    lays = yield from read_layouts(keys.prefix, {q for q, _ in kids}, known,
+                                   {keys.queue: shards})
+    at = iter((yield from locate_refs(keys.prefix, lays, kids)))
     reads: list[Cmd | Call] = [
-        Cmd.of("HMGET", r[5] or Keys(r[3], keys.prefix).for_job(r[4], sh[r[3]]).job(r[4]),
-               "s", "state") for r in rows]
+        Cmd.of("HMGET", r[5] or Keys(r[3], keys.prefix, next(at)).job(r[4]), "s", "state")
+        for r in rows]
     got = (yield reads) if reads else []
     children: list[FlowEdge] = []
     parents: list[FlowEdge] = []

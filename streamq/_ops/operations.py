@@ -294,6 +294,10 @@ class DeadEntry:
     reason: str
     error_type: str
     at_ms: int
+    shard: int | None = None
+    """The shard whose dead stream holds the entry (as listed; None: the shard that holds the
+    job's record, or its current home): re-driven there (docs/scaling.md, "Calls by id
+    during and after a reshard")."""
 
 
 @attrs.frozen
@@ -311,11 +315,11 @@ class DeadFilter:
                 and (self.newer_than_s is None or age_s <= self.newer_than_s))
 
 
-def _dead_entry(raw: Any) -> DeadEntry:
+def _dead_entry(raw: Any, shard: int | None = None) -> DeadEntry:
     eid = _s(raw[0])
     f = _dict(raw[1] or [])
     return DeadEntry(eid, _s(f.get("job", b"")), _s(f.get("type", b"")),
-                     _s(f.get("reason", b"")), _s(f.get("etype", b"")), _entry_ms(eid))
+                     _s(f.get("reason", b"")), _s(f.get("etype", b"")), _entry_ms(eid), shard)
 
 
 def dead_list(keys: Keys, flt: DeadFilter, *, limit: int = 100, cursor: str | None = None,
@@ -335,7 +339,7 @@ def dead_list(keys: Keys, flt: DeadFilter, *, limit: int = 100, cursor: str | No
         page = ok(raw)
         for entry in page:
             cursor = _s(entry[0])
-            e = _dead_entry(entry)
+            e = _dead_entry(entry, keys.shard)
             if flt.match(e, now):
                 items.append(e)
                 if len(items) == limit:

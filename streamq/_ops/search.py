@@ -22,11 +22,13 @@ import attrs
 
 from .._core.driver import Call, Cmd, Op, Step, _s, ok
 from .._core.errors import InvalidSearch, SerializationError
-from .._core.keys import Keys, levels_in_use, queues_key, shard_of
+from .._core.keys import Keys, levels_in_use, queues_key
+from .._core.locate import homes, span
 from .._core.model import STATE_NAMES, _entry_ms, record_state
 from .._core.scripts import Arg
 from .._core.search import DECL_FIELDS, DECL_SINCE, error_match, error_text, field_value, word_spec
 from .._core.serde import JsonSerde, Serde
+from .._core.shards import LAYOUT_FIELDS, Layout, parse
 from . import search_words as _words
 from .search_model import Hit, SearchPage, SearchQuery, check_query, decode_cursor, encode_cursor
 
@@ -97,14 +99,14 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
         (names,) = yield [Cmd.of("SMEMBERS", queues_key(prefix))]
         queues = sorted(_s(n) for n in ok(names) or [])
     infos = yield [c for name in queues for c in (
-        Cmd.of("HGET", Keys(name, prefix).meta, "shards"),
+        Cmd.of("HMGET", Keys(name, prefix).meta, *LAYOUT_FIELDS),
         Cmd.of("HMGET", Keys(name, prefix).ix_decl, DECL_FIELDS, DECL_SINCE))]
-    shards: dict[str, int] = {}
+    lays: dict[str, Layout] = {}  # (a reshard: records in the homes of earlier counts too)
     decl: dict[str, dict[str, list[str]]] = {}
     since: dict[str, int | None] = {}
     for i, name in enumerate(queues):
         n, d = infos[2 * i], infos[2 * i + 1]
-        shards[name] = int(n) if n and not isinstance(n, Exception) else 1
+        lays[name] = parse(n) if isinstance(n, list) and n[0] is not None else Layout(1)
         fields_raw, since_raw = (d if isinstance(d, list) else [None, None])[:2]
         since[name] = int(since_raw) if since_raw else None
         try:
@@ -120,11 +122,12 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
     if source == "id":
         assert q.id is not None
         jid = q.id
-        found = yield [Cmd.of("HMGET", Keys(name, prefix, shard_of(jid, shards[name])).job(jid),
-                              "c", "e") for name in queues]
-        for name, rep in zip(queues, found, strict=True):
-            if isinstance(rep, list) and any(v is not None for v in rep):
-                sh = shard_of(jid, shards[name])
+        at = [(name, sh) for name in queues for sh in homes(lays[name], jid)]
+        found = yield [Cmd.of("HMGET", Keys(name, prefix, sh).job(jid), "c", "e")
+                       for name, sh in at]
+        for (name, sh), rep in zip(at, found, strict=True):
+            if isinstance(rep, list) and any(v is not None for v in rep) and not any(
+                    s.queue == name for s in srcs):  # (the first found in homes order)
                 ms = _ms(rep[0]) or _ms(_entry_ms(rep[1]))
                 s = _Src("l", name, sh, _label(name, sh), rec=Keys(name, prefix, sh).job(""))
                 s.buf = [(ms, s.label, jid, jid)]
@@ -134,7 +137,7 @@ def find(q: SearchQuery, *, prefix: str = "streamq", limit: int = 50,
         for name in queues:
             if source != "dead" and since[name] is None:
                 continue  # no index: nothing but an exact id finds its jobs
-            for sh in range(shards[name]):
+            for sh in range(span(lays[name])):
                 srcs.extend(_sources(q, source, name, Keys(name, prefix, sh), decl[name]))
         for s in srcs:
             s.rec = Keys(s.queue, prefix, s.shard).job("")

@@ -18,9 +18,11 @@ from typing import Any, TypeVar
 from .._core.config import QueueConfig
 from .._core.driver import Op
 from .._core.errors import InvalidArgument, UnknownQueue
-from .._core.keys import Keys, check_job_id, shard_keys, shard_of
+from .._core.keys import Keys, check_job_id, shard_keys
+from .._core.locate import locate, locate_many
 from .._core.shards import Layout, check_layout
 from . import browse as _browse
+from . import flows as _flows
 from . import operations as _ops
 from .operations import DeadEntry, DeadFilter, LevelStats, Page, QueueStats
 
@@ -153,30 +155,22 @@ def dead_list(parts: Sequence[Keys], flt: DeadFilter, *, limit: int = 100,
 
 def redrive(keys: Keys, cfg: QueueConfig, entries: Sequence[DeadEntry], who: str,
             layout: Layout | None = None) -> Op[dict[str, int]]:
-    """Each entry re-driven in the shard its job id hashes to (where it died): after a
-    reshard, the entries not found in the current home are looked for in the homes of the
-    earlier counts (``Layout.homes``), where they died."""
-    homes = (lambda j: (shard_of(j, cfg.shards),)) if layout is None else layout.homes
-    todo = list(entries)
+    """Each entry re-driven in the shard where it died: the one it was listed from
+    (``DeadEntry.shard``), else the one that holds its job's record (``locate``; ``layout``:
+    the queue's). A job back from an old shard of a reshard down runs there: workers read
+    every live shard (``Layout.live``) until it is drained."""
+    by: dict[int, list[DeadEntry]] = {}
+    unknown = [e for e in entries if e.shard is None]
+    found = yield from locate_many(keys, layout or Layout(cfg.shards),
+                                   [e.job_id or "-" for e in unknown])
+    at = {id(e): k.shard for e, k in zip(unknown, found, strict=True)}
+    for e in entries:
+        by.setdefault(e.shard if e.shard is not None else at[id(e)], []).append(e)
     total: dict[str, int] = {}
-    for depth in range(1 + (len(layout.prev) if layout is not None else 0)):
-        by: dict[int, list[DeadEntry]] = {}
-        for e in todo:
-            hs = homes(e.job_id)
-            if depth < len(hs):
-                by.setdefault(hs[depth], []).append(e)
-        todo = []
-        for shard, part in sorted(by.items()):
-            got = yield from _ops.redrive(keys.of_shard(shard), cfg, part, who, per_entry=True)
-            for e, res in zip(part, got, strict=True):
-                if res == "gone" and len(homes(e.job_id)) > depth + 1:
-                    todo.append(e)  # not dead here: in an earlier home (or re-driven before)
-                else:
-                    total[res] = total.get(res, 0) + 1
-        if not todo:
-            break
-    for _ in todo:
-        total["gone"] = total.get("gone", 0) + 1
+    for shard, part in sorted(by.items()):
+        got = yield from _ops.redrive(keys.of_shard(shard), cfg, part, who)
+        for name, v in got.items():
+            total[name] = total.get(name, 0) + v
     return total
 
 
@@ -243,8 +237,20 @@ class QueueOps:
                                                        self.layout(queue).read)))
 
     def by_id(self, queue: str, job_id: str, make: Callable[[Keys], Op[T]]) -> Op[T]:
+        """``make`` over the keys of the shard that holds the job: after a reshard, its home
+        under an earlier count when it was written before (``locate``: no command for an id
+        that never moved)."""
         check_job_id(job_id)
-        return self.guard(queue, lambda k: make(k.for_job(job_id, self.config.shards)))
+
+        def run(k: Keys) -> Op[T]:
+            at = yield from locate(k, self.layout(queue), job_id)
+            return (yield from make(at))
+        return self.guard(queue, run)
+
+    def flow(self, k: Keys, job_id: str, cursor: str | None, limit: int) -> Op[_flows.FlowView]:
+        """A job's flow view (``k``: its shard, located), with its queue's layout at hand."""
+        return _flows.flow(k, self.config.shards, job_id, cursor, limit,
+                           {k.queue: self.layout(k.queue)})
 
     def shard_keys(self, queue: str) -> Op[list[Keys]]:
         """Every shard's keys, after the stored shard count was checked."""

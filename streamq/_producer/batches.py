@@ -29,6 +29,7 @@ from .._core.driver import Call, Cmd, Op, adrive, drive, ok
 from .._core.errors import BatchClosed, InvalidArgument, JobNotFound
 from .._core.flow import JobRef, link, link_call, member, shard_counts
 from .._core.keys import Keys, check_job_id, shard_of
+from .._core.locate import locate
 from .._core.model import CancelResult, Job
 from .._core.retry import acall, call
 from .._core.shards import Layout
@@ -184,8 +185,7 @@ def add_to_batch(keys: Keys, cfg: QueueConfig, batch_id: str, specs: Sequence[Jo
     if not specs or not all(isinstance(s, JobSpec) for s in specs):
         raise InvalidArgument("Batch.add takes a non-empty list of JobSpec")
     specs = [_with_header(s, batch_id) for s in specs]
-    bcfg = yield from batch_config(keys, cfg, batch_id, layout)
-    bk = keys.for_job(batch_id, bcfg.shards)
+    bk = yield from locate(keys, layout or Layout(cfg.shards), batch_id)
     (r,) = yield [Cmd.of("HMGET", bk.job(batch_id), "s", "bc")]
     st, raw = ok(r)
     cbs = parse_bc(raw)
@@ -228,8 +228,7 @@ def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = Fal
                 layout: Layout | None = None) -> Op[bool]:
     """Close a batch: True when this call closed it, False when it was closed before (a
     retried call after a lost reply that finds it closed: True)."""
-    cfg = yield from batch_config(keys, cfg, batch_id, layout)
-    bk = keys.for_job(batch_id, cfg.shards)
+    bk = yield from locate(keys, layout or Layout(cfg.shards), batch_id)
     (r,) = yield [Call("batch_close", [bk.job(batch_id), bk.events],
                        [batch_id, cfg.serde.dumps(batch_id), cfg.events_arg])]
     code = _s(ok(r)[0])
@@ -240,8 +239,8 @@ def close_batch(keys: Keys, cfg: QueueConfig, batch_id: str, retried: bool = Fal
 
 def callbacks_of(keys: Keys, cfg: QueueConfig, batch_id: str, layout: Layout | None = None
                  ) -> Op[dict[str, str]]:
-    cfg = yield from batch_config(keys, cfg, batch_id, layout)
-    (r,) = yield [Cmd.of("HGET", keys.for_job(batch_id, cfg.shards).job(batch_id), "bc")]
+    bk = yield from locate(keys, layout or Layout(cfg.shards), batch_id)
+    (r,) = yield [Cmd.of("HGET", bk.job(batch_id), "bc")]
     return parse_bc(ok(r))
 
 

@@ -25,13 +25,14 @@ from .._core.flow import (
     DEPS_HEADER,
     JobRef,
     link,
-    link_call,
+    link_at,
     member,
     refs,
     shard_counts,
     wk_of,
 )
 from .._core.keys import DEFAULT_PRIORITY, Keys
+from .._core.locate import locate, locate_refs, read_layouts
 from .._core.model import EnqueueResult
 from .._core.shards import Layout
 from . import prepare as prod
@@ -204,7 +205,9 @@ def enqueue_waiting(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
                     ) -> Op[EnqueueResult]:
     """``enqueue(job_type, payload, depends_on=[...], **options)``. ``layout``: the queue's;
     with earlier shard counts (``Layout.prev``), an id that moved home in a reshard is looked
-    for in its old homes first (found: a duplicate, nothing written)."""
+    for in its old homes first (found: a duplicate, nothing written), and each dependency is
+    linked in the shard that holds it (one written before a reshard may be in its home under
+    an earlier count, ``locate_refs``)."""
     deps = refs(keys.queue, options.pop("depends_on"))
     p, _ = _prepared(keys, cfg, job_type, payload, options, True)
     if layout is not None and layout.prev:
@@ -214,11 +217,12 @@ def enqueue_waiting(keys: Keys, cfg: QueueConfig, job_type: str, payload: Any,
     (r,) = yield [wait_call(keys, cfg, p, deps)]
     result, mine = _waited(cfg, p.job_id, r)
     if mine:
-        sh = yield from shard_counts(keys.prefix, (d.queue for d in deps),
-                                     {keys.queue: cfg.shards})
-        pkey = keys.for_job(p.job_id, cfg.shards).job(p.job_id)
-        yield from link([link_call(keys.prefix, sh, pkey, p.job_id, d, i)
-                         for i, d in enumerate(deps)])
+        lays = yield from read_layouts(keys.prefix, (d.queue for d in deps),
+                                       {keys.queue: layout or Layout(cfg.shards)})
+        at = yield from locate_refs(keys.prefix, lays, [(d.queue, d.job_id) for d in deps])
+        pkey = keys.of_shard(p.shard).job(p.job_id)
+        yield from link([link_at(keys.prefix, s, pkey, p.job_id, d, i)
+                         for i, (d, s) in enumerate(zip(deps, at, strict=True))])
     return result
 
 
@@ -239,7 +243,10 @@ def _old_homes(keys: Keys, cfg: QueueConfig, prev: tuple[int, ...],
 def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str,
                  layout: Layout | None = None) -> Op[FlowResult]:
     """Every node of a flow: waiting ones, then the ones without dependencies, then edges.
-    ``layout``: see ``enqueue_waiting`` (the nodes of this queue are looked for)."""
+    ``layout``: see ``enqueue_waiting`` (the nodes of this queue are looked for in their old
+    homes). An edge to a node written now is linked in the shard it was written to; one to a
+    node that was there before (a repeat of the flow, possibly from before a reshard) in the
+    shard that holds it (``locate_refs``)."""
     prev = layout.prev if layout is not None else ()
     nodes = compile_flow(flow, keys.queue, flow_id)
     sh = yield from shard_counts(keys.prefix, (n.ref.queue for n in nodes),
@@ -279,18 +286,28 @@ def enqueue_flow(keys: Keys, cfg: QueueConfig, flow: Flow, flow_id: str,
                 for res in prod.parse_enqueue(cfgs[q], c, ok(v), retried=True)]
         for i, res in zip(idx, prod.in_order(batch, chunks, flat), strict=True):
             results[i] = res
+    # where each node's record is: written now -> its shard; a duplicate -> located
+    at = {(n.ref.queue, n.ref.job_id): preps[i].shard for i, (n, res) in
+          enumerate(zip(nodes, results, strict=True))
+          if res is not None and res.status != "duplicate"}
+    ask = sorted({(d.queue, d.job_id) for i in relink for d in nodes[i].deps} - at.keys())
+    if ask:
+        lays = yield from read_layouts(keys.prefix, (q for q, _ in ask),
+                                       {keys.queue: layout or Layout(cfg.shards)}, sh)
+        at.update(zip(ask, (yield from locate_refs(keys.prefix, lays, ask)), strict=True))
     links: list[Call] = []
     for i in relink:
         n = nodes[i]
-        pk = qkeys[n.ref.queue].for_job(n.ref.job_id, sh[n.ref.queue]).job(n.ref.job_id)
-        links.extend(link_call(keys.prefix, sh, pk, n.ref.job_id, d, j)
+        pk = qkeys[n.ref.queue].of_shard(preps[i].shard).job(n.ref.job_id)
+        links.extend(link_at(keys.prefix, at[(d.queue, d.job_id)], pk, n.ref.job_id, d, j)
                      for j, d in enumerate(n.deps))
     yield from link(links)
     return FlowResult([n.ref for n in nodes], [r for r in results if r is not None])
 
 
 def add_children(keys: Keys, cfg: QueueConfig, parent_id: str, specs: Sequence[JobSpec],
-                 policy: str, call_id: str) -> Op[list[JobRef]]:
+                 policy: str, call_id: str, layout: Layout | None = None
+                 ) -> Op[list[JobRef]]:
     """``Queue.add_children``: the running job ``parent_id`` takes ``specs`` as children
     (docs/workflows.md#dynamic-children). Its edges first (adopt.lua, in its slot), then the
     children (as ``enqueue_flow`` writes a group), then every edge in each child's slot
@@ -304,7 +321,8 @@ def add_children(keys: Keys, cfg: QueueConfig, parent_id: str, specs: Sequence[J
     flow_id = f"{parent_id}.{call_id}"
     nodes = compile_flow(Group(tuple(specs)), keys.queue, flow_id)
     kids = [JobRef(n.ref.queue, n.ref.job_id, policy) for n in nodes]  # type: ignore[arg-type]
-    pk = keys.for_job(parent_id, cfg.shards)
+    layout = layout or Layout(cfg.shards)
+    pk = yield from locate(keys, layout, parent_id)  # (written before a reshard: an old home)
     (lv,) = yield [Cmd.of("HGET", pk.job(parent_id), "p")]
     level = int(ok(lv) or DEFAULT_PRIORITY)
     (r,) = yield [Call("adopt", [pk.job(parent_id), pk.deps(parent_id),
@@ -319,10 +337,11 @@ def add_children(keys: Keys, cfg: QueueConfig, parent_id: str, specs: Sequence[J
             f"it is {(ok(r)[1] or b'').decode() or 'not found'}, not running"
         raise InvalidArgument(f"job {parent_id!r} cannot take children: {why}")
     base = int(ok(r)[1])
-    yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id)
-    sh = yield from shard_counts(keys.prefix, (k.queue for k in kids), {keys.queue: cfg.shards})
-    yield from link([link_call(keys.prefix, sh, pk.job(parent_id), parent_id, k, base + i)
-                     for i, k in enumerate(kids)])
+    yield from enqueue_flow(keys, cfg, Group(tuple(specs)), flow_id, layout)
+    lays = yield from read_layouts(keys.prefix, (k.queue for k in kids), {keys.queue: layout})
+    at = yield from locate_refs(keys.prefix, lays, [(k.queue, k.job_id) for k in kids])
+    yield from link([link_at(keys.prefix, s, pk.job(parent_id), parent_id, k, base + i)
+                     for i, (k, s) in enumerate(zip(kids, at, strict=True))])
     return kids
 
 

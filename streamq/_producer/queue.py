@@ -34,11 +34,12 @@ from .._core.errors import (
 from .._core.flow import DependencyResult, JobRef, results_page
 from .._core.flow_cancel import cascade
 from .._core.keys import Keys, check_job_id
+from .._core.locate import locate
 from .._core.model import TERMINAL, CancelResult, EnqueueResult, JobInfo
 from .._core.retry import acall, call, layout_changed
-from .._core.scripts import SCRIPTS
 from . import batches as _batches
 from . import flows as _flows
+from . import lookup as _lookup
 from . import prepare as prod
 from . import relayout, resend
 from .autobatch import AsyncBatcher, ShardedAsync, ShardedSync, SyncBatcher
@@ -125,9 +126,6 @@ class _Base:
         if lc is None:
             raise exc
         return lc
-
-    def _job_key(self, job_id: str) -> str:
-        return self.keys.for_job(job_id, self.config.shards).job(job_id)
 
     def _unknown_types(self, job_types: Sequence[Any]) -> set[str]:
         """With ``require_handler``: the job types not in the cached published set."""
@@ -264,8 +262,9 @@ class Queue(_Base):
         """From the handler of running job ``job_id``: enqueue ``children`` (JobSpec) as its
         dependencies; ``raise WaitForChildren()`` then waits for them (docs/workflows.md)."""
         cid = prod.new_job_id()[:12]  # (one per call: a retried call repeats it)
+        self._check()
         return call(lambda _r: self._drive_flow(_flows.add_children(
-            self.keys, self.config, check_job_id(job_id), children, policy, cid)))
+            self.keys, self.config, check_job_id(job_id), children, policy, cid, self.layout)))
 
     def batch(self, *, on_success: _flows.JobSpec | None = None,
               on_complete: _flows.JobSpec | None = None, on_death: _flows.JobSpec | None = None,
@@ -281,7 +280,9 @@ class Queue(_Base):
     def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                            ) -> tuple[int, list[DependencyResult]]:
         """One page of a job's dependency results: (next cursor, 0 at the end; results)."""
-        k = self.keys.for_job(check_job_id(job_id), self.config.shards)
+        self._check()
+        k = call(lambda _r: drive(self.client, locate(self.keys, self.layout,
+                                                      check_job_id(job_id))))
         return call(lambda _r: drive(self.client, results_page(
             k, job_id, self.config.serde, cursor, count)))
 
@@ -313,13 +314,9 @@ class Queue(_Base):
         """The job's record, or None when there is none (never enqueued, or expired)."""
         check_job_id(job_id)
         self._check()
-        key = self._job_key(job_id)
-        try:
-            h: Any = call(lambda _retried: self.client.hgetall(key))
-        except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            return None  # the key holds something else than a job record
+        h, lay = _lookup.record(self.client, self.keys, self.layout, job_id)
+        if lay is not self.layout:  # (a reshard since: found under the newer layout)
+            self._adopt(lay)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     def _info(self, job_id: str) -> JobInfo:
@@ -345,11 +342,12 @@ class Queue(_Base):
         (``cancelled``, or ``final_state='completed'`` when it finished first)."""
         self._check()
         _cancel.check_cancel_wait(wait_s)
-        keys, args = _cancel.cancel_call(self.keys, self.config, job_id)
-        res = call(lambda retried: _cancel.parse_cancel(
-            job_id, SCRIPTS["cancel"](self.client, keys, args), retried=retried))
+        res, k, lay = _lookup.cancel(self.client, self.keys, self.config, self.layout, job_id)
+        if lay is not self.layout:
+            self._adopt(lay)
         if res.cancelled:  # its unstarted dependencies no other job waits for (flow_cancel)
-            call(lambda _r: drive(self.client, cascade(self.keys, self.config, job_id)))
+            call(lambda _r: drive(self.client, cascade(k, self.config, job_id,
+                                                       {self.name: self.layout})))
 
         def state() -> str:
             info = self.get(job_id)
@@ -533,8 +531,9 @@ class AsyncQueue(_Base):
                            policy: str = "fail") -> list[JobRef]:
         """See ``Queue.add_children``."""
         cid = prod.new_job_id()[:12]
+        await self._check()
         return await acall(lambda _r: self._drive_flow(_flows.add_children(
-            self.keys, self.config, check_job_id(job_id), children, policy, cid)))
+            self.keys, self.config, check_job_id(job_id), children, policy, cid, self.layout)))
 
     async def batch(self, *, on_success: _flows.JobSpec | None = None,
                     on_complete: _flows.JobSpec | None = None,
@@ -550,7 +549,9 @@ class AsyncQueue(_Base):
     async def dependency_results(self, job_id: str, *, cursor: int = 0, count: int = 1000
                                  ) -> tuple[int, list[DependencyResult]]:
         """One page of a job's dependency results: see ``Queue.dependency_results``."""
-        k = self.keys.for_job(check_job_id(job_id), self.config.shards)
+        await self._check()
+        k = await acall(lambda _r: adrive(self.client, locate(self.keys, self.layout,
+                                                              check_job_id(job_id))))
         return await acall(lambda _r: adrive(self.client, results_page(
             k, job_id, self.config.serde, cursor, count)))
 
@@ -574,17 +575,9 @@ class AsyncQueue(_Base):
     async def get(self, job_id: str) -> JobInfo | None:
         check_job_id(job_id)
         await self._check()
-        key = self._job_key(job_id)
-
-        async def once(_retried: bool) -> Any:
-            return await self.client.hgetall(key)
-
-        try:
-            h = await acall(once)
-        except redis.exceptions.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            return None  # the key holds something else than a job record
+        h, lay = await _lookup.arecord(self.client, self.keys, self.layout, job_id)
+        if lay is not self.layout:  # (as Queue.get)
+            self._adopt(lay)
         return prod.to_info(self.keys, self.config, job_id, h) if h else None
 
     async def _info(self, job_id: str) -> JobInfo:
@@ -603,19 +596,18 @@ class AsyncQueue(_Base):
         """Cancel a job (see ``Queue.cancel``)."""
         await self._check()
         _cancel.check_cancel_wait(wait_s)
-        keys, args = _cancel.cancel_call(self.keys, self.config, job_id)
-
-        async def once(retried: bool) -> CancelResult:
-            reply = await SCRIPTS["cancel"].run_async(self.client, keys, args)
-            return _cancel.parse_cancel(job_id, reply, retried=retried)
 
         async def state() -> str:
             info = await self.get(job_id)
             return info.state if info is not None else ""
 
-        res = await acall(once)
+        res, k, lay = await _lookup.acancel(self.client, self.keys, self.config, self.layout,
+                                            job_id)
+        if lay is not self.layout:
+            self._adopt(lay)
         if res.cancelled:  # (as Queue.cancel)
-            await acall(lambda _r: adrive(self.client, cascade(self.keys, self.config, job_id)))
+            await acall(lambda _r: adrive(self.client, cascade(k, self.config, job_id,
+                                                               {self.name: self.layout})))
         return await _cancel.await_cancel(res, wait_s, state)
 
     async def enqueue_and_wait(self, job_type: str, payload: Any = None, *, timeout: float,
