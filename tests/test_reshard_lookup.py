@@ -384,7 +384,7 @@ def test_lookup_reads_the_layout_again_only_on_a_miss(url: str) -> None:
             step = next(op)
             while True:
                 steps.append(step)
-                reply = [q3.client.execute_command(*c.args) for c in step]  # type: ignore[union-attr]
+                reply = [q3.client.execute_command(*c.args) for c in step]  # type: ignore[no-untyped-call]
                 step = op.send(reply)
         except StopIteration as stop:
             k, rec, lay = stop.value
