@@ -13,7 +13,8 @@ shards spread as evenly as can be over the primaries: 12 shards = 4 per primary)
 with ``--jobs`` no-op jobs by ``enqueue_many`` (not measured), then drained by ``--workers``
 workers in this process, each of ``--concurrency``, no-op handler, ``block_ms=200``. The
 pairs of one run go one after the other in an order rotated per run (repetitions
-interleaved: a drift in the machine's load touches every pair alike). One server runs the
+interleaved: a drift in the machine's load touches every pair alike), after one warm-up
+drain per setup, not counted. One server runs the
 ``--one-shards`` counts (the unsharded queue alone by default), the clusters ``--shards``.
 
 Measured over the drain (from the workers' start to their stop, so the last settles count):
@@ -32,11 +33,14 @@ does not move with the machine's load, and where they went (inclusive instructio
 few server functions: the script calls, XREADGROUP, XAUTOCLAIM, cron, the cluster bus, ...).
 Time inside the servers is dilated (about 50x), so ``--dilate`` (default 50 with
 ``--callgrind``) stretches what the workers do per second by as much: ``block_ms``, the
-promotion and heartbeat intervals, the visibility timeout (the reclaim and renewal periods)
-and the held turn's lapse (``streamq._worker.slots.HOLD_MAX_S``). A server's own periodic
+promotion and heartbeat intervals, the visibility timeout (the reclaim and renewal periods),
+the prune and group-reconcile intervals, and the worker's module periods in ``_PERIODS``
+(the held turn's lapse, each fetch loop's levels read, ...). A server's own periodic
 work (cron, the cluster bus) is not stretched: it is counted apart as each node's idle
-instructions per second over a quiet second before the drain times the drain's length, and
-``instructions_per_job_net`` leaves it out.
+instructions per second over two quiet seconds before the drain times the drain's length;
+so is what the workers' start and stop cost (scripts loaded, groups made, the command table
+read: per worker, not per job), counted over a start and stop of as many workers on the
+still empty queue. ``instructions_per_job_net`` leaves both out.
 """
 
 from __future__ import annotations
@@ -198,7 +202,27 @@ def _wcfg(a: Any) -> WorkerConfig:
     d = a.dilate
     return WorkerConfig(concurrency=a.concurrency, block_ms=int(200 * d),
                         promote_interval_s=1.0 * d, heartbeat_interval_s=5.0 * d,
-                        visibility_timeout_s=30.0 * d, promote=not a.no_promote)
+                        visibility_timeout_s=30.0 * d, prune_interval_s=60.0 * d,
+                        group_reconcile_interval_s=30.0 * d, promote=not a.no_promote)
+
+
+_PERIODS = (("streamq._worker.slots", "HOLD_MAX_S"), ("streamq._worker.fetch", "_LEVELS_EVERY_S"),
+            ("streamq._worker.housekeeping", "SERIES_EVERY_S"),
+            ("streamq._worker.promote", "RESYNC_S"), ("streamq._worker.relay", "REPAIR_EVERY_S"))
+"""The worker's own periods (module constants) that ``--dilate`` stretches besides its
+config: the held turn's lapse, each fetch loop's levels read, the time series, the
+promotion resync, the relay's repair."""
+
+
+def _dilate(d: float) -> None:
+    import importlib
+    for module, name in _PERIODS:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:  # (an older streamq)
+            continue
+        if hasattr(mod, name):
+            setattr(mod, name, getattr(mod, name) * d)
 
 
 async def _drain(s: _Setup, name: str, cfg: QueueConfig, n: int, a: Any,
@@ -213,16 +237,31 @@ async def _drain(s: _Setup, name: str, cfg: QueueConfig, n: int, a: Any,
         if done[0] == n:
             finished.set()
 
-    ws = [Worker(s.url, [name], reg, _wcfg(a), cfg) for _ in range(a.workers)]
     nodes = s.ports + s.replicas
     idle: dict[int, float] = {}
-    await asyncio.to_thread(s.caught_up)  # (the replicas are done with the enqueue)
-    if cg is not None:  # each node's own periodic work per second, before the drain
+    startup = 0.0
+    if cg is not None:
+        # each node's own periodic work per second (no client), and what the workers' start
+        # and stop cost on the still empty queue (scripts loaded, groups made, the command
+        # table read, ...): per worker, not per job
         cg.start(nodes)
         t0 = time.perf_counter()
         await asyncio.sleep(2.0)
         quiet = cg.stop(nodes, funcs=False)
         idle = {p: quiet[p][0] / (time.perf_counter() - t0) for p in nodes}
+        cg.start(s.ports)
+        t0 = time.perf_counter()
+        empty = [Worker(s.url, [name], reg, _wcfg(a), cfg) for _ in range(a.workers)]
+        for w in empty:
+            await w.start()
+        for w in empty:
+            await w.stop()
+        up = cg.stop(s.ports, funcs=False)
+        startup = sum(up[p][0] - idle[p] * (time.perf_counter() - t0) for p in s.ports)
+    await asyncio.to_thread(_fill, s.url, name, cfg, n)
+    await asyncio.to_thread(s.caught_up)  # (the replicas are done with the enqueue)
+    ws = [Worker(s.url, [name], reg, _wcfg(a), cfg) for _ in range(a.workers)]
+    if cg is not None:
         cg.start(nodes)
     before = _counters(nodes)
     start, own0 = time.perf_counter(), time.process_time()
@@ -257,8 +296,9 @@ async def _drain(s: _Setup, name: str, cfg: QueueConfig, n: int, a: Any,
         out["instructions_per_job"] = sum(prim.values())
         out["instructions_per_job_per_node"] = sorted(prim.values(), reverse=True)
         out["idle_instructions_per_job"] = sum(idle[p] for p in s.ports) * elapsed / n
+        out["startup_instructions_per_job"] = startup / n
         out["instructions_per_job_net"] = (out["instructions_per_job"]
-                                           - out["idle_instructions_per_job"])
+                                           - out["idle_instructions_per_job"] - startup / n)
         out["drain_s"] = elapsed
         funcs: dict[str, float] = {}
         for p in s.ports:
@@ -270,13 +310,15 @@ async def _drain(s: _Setup, name: str, cfg: QueueConfig, n: int, a: Any,
     return out
 
 
+def _fill(url: str, name: str, cfg: QueueConfig, n: int) -> None:
+    with Queue.from_url(url, name, cfg) as q:
+        for i in range(0, n, 5000):
+            q.enqueue_many([{"type": "noop"} for _ in range(min(5000, n - i))])
+
+
 def run_one(s: _Setup, shards: int, a: Any, cg: _Callgrind | None = None) -> dict[str, Any]:
     cfg = QueueConfig(shards=shards)
-    name = _queue(s.cl, shards)
-    with Queue.from_url(s.url, name, cfg) as q:
-        for i in range(0, a.jobs, 5000):
-            q.enqueue_many([{"type": "noop"} for _ in range(min(5000, a.jobs - i))])
-    return asyncio.run(_drain(s, name, cfg, a.jobs, a, cg))
+    return asyncio.run(_drain(s, _queue(s.cl, shards), cfg, a.jobs, a, cg))
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -298,12 +340,13 @@ def _ratios(row: dict[str, Any], base: dict[str, Any], keys: tuple[str, ...]
     return {k: row[k] / base[k] for k in keys if k in row and base.get(k)}
 
 
-def _commit() -> str:
-    """The commit of the streamq package measured (PYTHONPATH may point at another tree)."""
+def _commit(*path: str) -> str:
+    """The checkout's commit, or with ``"."`` the last one that changed the streamq package
+    measured (PYTHONPATH may point at another tree)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=Path(streamq.__file__).parent
-                              ).stdout.strip()
+        return subprocess.run(["git", "log", "-1", "--format=%h", "HEAD", "--", *path],
+                              capture_output=True, text=True, check=True,
+                              cwd=Path(streamq.__file__).parent).stdout.strip() or "unknown"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -314,12 +357,8 @@ def _load() -> str:
 
 def measure(a: Any) -> dict[str, Any]:
     cg = _Callgrind() if a.callgrind else None
-    if a.dilate != 1:  # (the held turn's lapse: time in the servers runs slower)
-        try:
-            from streamq._worker import slots
-            slots.HOLD_MAX_S *= a.dilate
-        except ImportError:  # (a streamq from before the turns)
-            pass
+    if a.dilate != 1:
+        _dilate(a.dilate)
     kinds = a.setups.split(",")
     counts = {k: [int(x) for x in (a.one_shards if k == "one" else a.shards).split(",")]
               for k in kinds}
@@ -328,7 +367,8 @@ def measure(a: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {"settings": {
         "harness": "benchmarks/shard_bench.py", "argv": _argv(a), "jobs": a.jobs,
         "concurrency": a.concurrency, "workers": a.workers, "repeat": a.repeat,
-        "commit": _commit(), "callgrind": a.callgrind, "dilate": a.dilate,
+        "commit": _commit(), "streamq_commit": _commit("."),
+        "callgrind": a.callgrind, "dilate": a.dilate,
         "promote": not a.no_promote, "redis": _version(),
         "loadavg_before": _load(), "servers": "one redis-server; a 3-primary loopback cluster,"
         " no replicas; the same with one replica per primary; persistence off; workers in the"
@@ -336,6 +376,9 @@ def measure(a: Any) -> dict[str, Any]:
     binary = str(cg.binary) if cg is not None else None
     with contextlib.ExitStack() as stack:
         setups = {k: stack.enter_context(_Setup(k, binary, cg is not None)) for k in kinds}
+        for setup in setups.values():  # a warm-up drain, not counted: a server's and this
+            # process's first use (lazy allocations, the client's first command table, ...)
+            run_one(setup, 1, argparse.Namespace(**{**vars(a), "jobs": 1000}))
         for r in range(a.repeat):
             for kind, n in pairs[r % len(pairs):] + pairs[:r % len(pairs)]:
                 runs[kind, n].append(run_one(setups[kind], n, a, cg))
@@ -372,6 +415,7 @@ _LABEL = {"one": "one server", "cluster": "cluster", "replicas": "cluster + repl
 def markdown(doc: dict[str, Any]) -> str:
     s = doc["settings"]
     lines = [f"`python -m benchmarks.shard_bench {s['argv']}` at commit `{s['commit']}`"
+             f" (the streamq package as of `{s.get('streamq_commit', s['commit'])}`)"
              f" (Redis {s.get('redis', '?')}; load average {s['loadavg_before']} before,"
              f" {s['loadavg_after']} after; {s['workers']} worker(s) x {s['concurrency']},"
              f" {s['jobs']:,} no-op jobs, medians of {s['repeat']}).", "",
