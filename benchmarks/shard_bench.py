@@ -19,8 +19,8 @@ drain per setup, not counted. One server runs the
 
 Measured over the drain (from the workers' start to their stop, so the last settles count):
 Redis CPU (``INFO cpu`` user + sys, µs per job, of the primaries in all and per node, busiest
-first; the replicas' apart), script calls (``INFO commandstats``: EVALSHA + EVAL) and all
-commands per job (and per command name), the worker process's CPU per job
+first; the kernel's part apart; the replicas' apart), script calls (``INFO commandstats``:
+EVALSHA + EVAL) and all commands per job (and per command name), the worker process's CPU per job
 (``time.process_time``: the workers run in this process, and only they run during the
 drain) and jobs/s. Every figure is the median of ``--repeat`` runs; ``ratio_to_unsharded``
 divides a pair's medians by those of shards=1 of the same setup, ``ratio_to_one_server`` by
@@ -76,14 +76,15 @@ _FUNCS = ("call", "evalShaCommand", "xreadCommand", "xautoclaimCommand", "server
 """Server functions whose inclusive instructions per job a callgrind run reports."""
 
 
-def _counters(ports: list[int]) -> dict[int, tuple[float, dict[str, int]]]:
-    """Per server: (CPU s, calls per command name)."""
+def _counters(ports: list[int]) -> dict[int, tuple[float, float, dict[str, int]]]:
+    """Per server: (CPU s, of it in the kernel, calls per command name)."""
     out = {}
     for port in ports:
         with redis.Redis(port=port, protocol=2) as c:
             cpu: Any = c.info("cpu")
             stats: Any = c.info("commandstats")
             out[port] = (float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
+                         float(cpu["used_cpu_sys"]),
                          {k.removeprefix("cmdstat_"): int(v.get("calls", 0))
                           for k, v in stats.items()})
     return out
@@ -278,14 +279,15 @@ async def _drain(s: _Setup, name: str, cfg: QueueConfig, n: int, a: Any,
     cpu = {p: (after[p][0] - before[p][0]) * 1e6 / n for p in nodes}
     cmds: dict[str, float] = {}
     for p in s.ports:
-        for k, v in after[p][1].items():
-            cmds[k] = cmds.get(k, 0) + v - before[p][1].get(k, 0)
+        for k, v in after[p][2].items():
+            cmds[k] = cmds.get(k, 0) + v - before[p][2].get(k, 0)
     cmds["info"] = cmds.get("info", 0) - 2 * len(s.ports)  # (the counters' own INFOs)
     scripts = cmds.get("evalsha", 0) + cmds.get("eval", 0)
     out: dict[str, Any] = {
         "drain_jobs_s": n / drained, "worker_cpu_us_per_job": own * 1e6 / n,
         "redis_cpu_us_per_job": sum(cpu[p] for p in s.ports),
         "redis_cpu_us_per_job_per_node": sorted((cpu[p] for p in s.ports), reverse=True),
+        "redis_sys_cpu_us_per_job": sum(after[p][1] - before[p][1] for p in s.ports) * 1e6 / n,
         "script_calls_per_job": scripts / n, "commands_per_job": sum(cmds.values()) / n,
         "calls_per_job_by_command": {k: v / n for k, v in sorted(cmds.items()) if v}}
     if s.replicas:
@@ -420,13 +422,15 @@ def markdown(doc: dict[str, Any]) -> str:
              f" {s['loadavg_after']} after; {s['workers']} worker(s) x {s['concurrency']},"
              f" {s['jobs']:,} no-op jobs, medians of {s['repeat']}).", "",
              "| setup | shards | drain jobs/s | worker CPU µs/job | Redis CPU µs/job (per"
-             " primary) | replicas' CPU µs/job | jobs per script call | Redis CPU ÷ one"
+             " primary; kernel) | replicas' CPU µs/job | jobs per script call | Redis CPU ÷ one"
              " server | Redis CPU ÷ unsharded | worker CPU ÷ one server |",
              "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     kinds = [k for k in ("one", "cluster", "replicas") if k in doc]
     for kind in kinds:
         for n, r in doc[kind]["by_shards"].items():
             per = ", ".join(f"{v:.1f}" for v in r["redis_cpu_us_per_job_per_node"])
+            if "redis_sys_cpu_us_per_job" in r:
+                per += f"; kernel {r['redis_sys_cpu_us_per_job']:.1f}"
             one = doc[kind].get("ratio_to_one_server", {}).get(n, {})
             uns = doc[kind]["ratio_to_unsharded"][n]
             rep = r.get("replica_cpu_us_per_job")
