@@ -19,7 +19,8 @@ drain per setup, not counted. One server runs the
 
 Measured over the drain (from the workers' start to their stop, so the last settles count):
 Redis CPU (``INFO cpu`` user + sys, µs per job, of the primaries in all and per node, busiest
-first; the kernel's part apart; the replicas' apart), script calls (``INFO commandstats``:
+first; the kernel's part apart; the replicas' apart; the primaries' context switches per
+job, voluntary (wake-ups from epoll) and not), script calls (``INFO commandstats``:
 EVALSHA + EVAL) and all commands per job (and per command name), the worker process's CPU per job
 (``time.process_time``: the workers run in this process, and only they run during the
 drain) and jobs/s. Every figure is the median of ``--repeat`` runs; ``ratio_to_unsharded``
@@ -77,17 +78,31 @@ _FUNCS = ("call", "evalShaCommand", "xreadCommand", "xautoclaimCommand", "server
 
 
 def _counters(ports: list[int]) -> dict[int, tuple[float, float, dict[str, int]]]:
-    """Per server: (CPU s, of it in the kernel, calls per command name)."""
+    """Per server: (CPU s, of it in the kernel, calls per command name and the process's
+    context switches: ``~wakeups`` voluntary, ``~preempted`` not)."""
     out = {}
     for port in ports:
         with redis.Redis(port=port, protocol=2) as c:
             cpu: Any = c.info("cpu")
             stats: Any = c.info("commandstats")
+            server: Any = c.info("server")
+            calls = {k.removeprefix("cmdstat_"): int(v.get("calls", 0))
+                     for k, v in stats.items()}
+            calls.update(_switches(int(server["process_id"])))
             out[port] = (float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]),
-                         float(cpu["used_cpu_sys"]),
-                         {k.removeprefix("cmdstat_"): int(v.get("calls", 0))
-                          for k, v in stats.items()})
+                         float(cpu["used_cpu_sys"]), calls)
     return out
+
+
+def _switches(pid: int) -> dict[str, int]:
+    """A local server's context switches so far (none when /proc does not show it)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    found = dict(line.split(":", 1) for line in status.splitlines() if "ctxt_switches" in line)
+    return {"~wakeups": int(found.get("voluntary_ctxt_switches", "0")),
+            "~preempted": int(found.get("nonvoluntary_ctxt_switches", "0"))}
 
 
 class _Callgrind:
@@ -281,7 +296,8 @@ async def _drain(s: _Setup, name: str, cfg: QueueConfig, n: int, a: Any,
     for p in s.ports:
         for k, v in after[p][2].items():
             cmds[k] = cmds.get(k, 0) + v - before[p][2].get(k, 0)
-    cmds["info"] = cmds.get("info", 0) - 2 * len(s.ports)  # (the counters' own INFOs)
+    cmds["info"] = cmds.get("info", 0) - 3 * len(s.ports)  # (the counters' own INFOs)
+    switches = {k: cmds.pop(k) for k in ("~wakeups", "~preempted") if k in cmds}
     scripts = cmds.get("evalsha", 0) + cmds.get("eval", 0)
     out: dict[str, Any] = {
         "drain_jobs_s": n / drained, "worker_cpu_us_per_job": own * 1e6 / n,
@@ -289,6 +305,7 @@ async def _drain(s: _Setup, name: str, cfg: QueueConfig, n: int, a: Any,
         "redis_cpu_us_per_job_per_node": sorted((cpu[p] for p in s.ports), reverse=True),
         "redis_sys_cpu_us_per_job": sum(after[p][1] - before[p][1] for p in s.ports) * 1e6 / n,
         "script_calls_per_job": scripts / n, "commands_per_job": sum(cmds.values()) / n,
+        "redis_context_switches_per_job": {k: v / n for k, v in switches.items()},
         "calls_per_job_by_command": {k: v / n for k, v in sorted(cmds.items()) if v}}
     if s.replicas:
         out["replica_cpu_us_per_job"] = sum(cpu[p] for p in s.replicas)
@@ -431,6 +448,9 @@ def markdown(doc: dict[str, Any]) -> str:
             per = ", ".join(f"{v:.1f}" for v in r["redis_cpu_us_per_job_per_node"])
             if "redis_sys_cpu_us_per_job" in r:
                 per += f"; kernel {r['redis_sys_cpu_us_per_job']:.1f}"
+            wakeups = r.get("redis_context_switches_per_job", {}).get("~wakeups")
+            if wakeups is not None:
+                per += f"; {wakeups:.2f} wake-ups/job"
             one = doc[kind].get("ratio_to_one_server", {}).get(n, {})
             uns = doc[kind]["ratio_to_unsharded"][n]
             rep = r.get("replica_cpu_us_per_job")
