@@ -11,7 +11,8 @@ private 3-primary loopback cluster without replicas; ``replicas`` the same with 
 per primary. Each (setup, shard count) pair of a run gets a fresh queue (on a cluster its
 shards spread as evenly as can be over the primaries: 12 shards = 4 per primary), filled
 with ``--jobs`` no-op jobs by ``enqueue_many`` (not measured), then drained by ``--workers``
-workers in this process, each of ``--concurrency``, no-op handler, ``block_ms=200``. The
+workers in this process, each of ``--concurrency``, no-op handler, ``block_ms`` 200
+(``--block-ms``). The
 pairs of one run go one after the other in an order rotated per run (repetitions
 interleaved: a drift in the machine's load touches every pair alike), after one warm-up
 drain per setup, not counted. One server runs the
@@ -216,7 +217,7 @@ def _queue(cl: ClusterServer | None, shards: int) -> str:
 
 def _wcfg(a: Any) -> WorkerConfig:
     d = a.dilate
-    return WorkerConfig(concurrency=a.concurrency, block_ms=int(200 * d),
+    return WorkerConfig(concurrency=a.concurrency, block_ms=int(a.block_ms * d),
                         promote_interval_s=1.0 * d, heartbeat_interval_s=5.0 * d,
                         visibility_timeout_s=30.0 * d, prune_interval_s=60.0 * d,
                         group_reconcile_interval_s=30.0 * d, promote=not a.no_promote)
@@ -419,7 +420,8 @@ def measure(a: Any) -> dict[str, Any]:
 def _argv(a: Any) -> str:
     return (f"--jobs {a.jobs} --concurrency {a.concurrency} --workers {a.workers}"
             f" --shards {a.shards} --one-shards {a.one_shards} --setups {a.setups}"
-            f" --repeat {a.repeat}" + (" --callgrind" if a.callgrind else "")
+            f" --repeat {a.repeat} --block-ms {a.block_ms}"
+            + (" --callgrind" if a.callgrind else "")
             + f" --dilate {a.dilate:g}" + (" --no-promote" if a.no_promote else ""))
 
 
@@ -493,6 +495,7 @@ def main() -> None:
     ap.add_argument("--setups", default="one,cluster,replicas")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-promote", action="store_true", help="WorkerConfig(promote=False)")
+    ap.add_argument("--block-ms", type=int, default=200, help="WorkerConfig.block_ms")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", type=Path, help="also write the JSON figures here")
     ap.add_argument("--md", type=Path, help="also write the markdown tables here")
