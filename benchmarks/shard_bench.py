@@ -12,10 +12,9 @@ per primary. Each (setup, shard count) pair of a run gets a fresh queue (on a cl
 shards spread as evenly as can be over the primaries: 12 shards = 4 per primary), filled
 with ``--jobs`` no-op jobs by ``enqueue_many`` (not measured), then drained by ``--workers``
 workers in this process, each of ``--concurrency``, no-op handler, ``block_ms`` 200
-(``--block-ms``). The
-pairs of one run go one after the other in an order rotated per run (repetitions
-interleaved: a drift in the machine's load touches every pair alike), after one warm-up
-drain per setup, not counted. One server runs the
+(``--block-ms``). The pairs of one run go one after the other in an order rotated per run
+(repetitions interleaved: a drift in the machine's load touches every pair alike), after one
+warm-up drain per setup, not counted. One server runs the
 ``--one-shards`` counts (the unsharded queue alone by default), the clusters ``--shards``.
 
 Measured over the drain (from the workers' start to their stop, so the last settles count):
@@ -52,6 +51,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -395,6 +395,8 @@ def measure(a: Any) -> dict[str, Any]:
         " harness process, no-op handler; medians of the runs, repetitions interleaved"}}
     binary = str(cg.binary) if cg is not None else None
     with contextlib.ExitStack() as stack:
+        if cg is not None:  # (the servers stop first: the dumps' directory goes last)
+            stack.callback(shutil.rmtree, cg.dir, True)
         setups = {k: stack.enter_context(_Setup(k, binary, cg is not None)) for k in kinds}
         for setup in setups.values():  # a warm-up drain, not counted: a server's and this
             # process's first use (lazy allocations, the client's first command table, ...)
