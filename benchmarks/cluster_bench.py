@@ -1,6 +1,11 @@
 """Redis Cluster figures next to one server: bulk enqueue, drain, enqueue -> start latency,
 and how the Redis CPU of a drain splits over the primaries.
 
+The cluster table of issue 32 (one server; cluster unsharded and sharded; with and without
+replicas; native CPU and callgrind instructions) comes from ``benchmarks.shard_bench``, one
+harness for every setup; this one adds bulk enqueue and enqueue -> start latency over three
+unsharded queues, and is kept for them.
+
 ``python -m benchmarks.cluster_bench [--jobs 20000] [--concurrency 100] [--repeat 3] [--json]
 [--out FILE]``. A private 3-primary loopback cluster (no replicas: they would only add load on a
 small machine) and a private redis-server; three queues whose slots live on the three
