@@ -474,9 +474,10 @@ class Worker(Resharding, Fetching):
         self._leases.add(lease)
         if self._cancels is not None:  # its cancel already heard: it stops at once
             self._cancels.launched(lease)
-        # (the loop's create_task: asyncio.create_task's own frame is one more per job)
-        task = asyncio.get_running_loop().create_task(
-            self._run_job(qs, lease, attempt, data, times))
+        # (the loop's create_task: asyncio.create_task's own frame is one more per job; the
+        # loop passed on: get_running_loop makes a getpid system call, once per job here)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._run_job(qs, lease, attempt, data, times, loop))
         self._tasks.add(task)  # (the task takes itself out of both when it ends: _run_job)
         self._jobs[(qs.keys.tag, entry)] = task
         return task
@@ -484,8 +485,8 @@ class Worker(Resharding, Fetching):
     # ----------------------------------------------------------------- running
 
     async def _run_job(self, qs: QState, lease: Lease, attempt: int, data: bytes,
-                       times: tuple[int, int, int]) -> None:
-        me: Any = asyncio.current_task()
+                       times: tuple[int, int, int], loop: asyncio.AbstractEventLoop) -> None:
+        me: Any = asyncio.current_task(loop)  # (with its loop: no second getpid per job)
         tag = qs.keys.tag
         try:
             try:
