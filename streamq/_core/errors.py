@@ -84,16 +84,16 @@ class UnknownQueue(StreamqError, LookupError):
 
 
 class ShardCountMismatch(StreamqError):
-    """``QueueConfig.shards`` disagrees with the shard count stored with the queue. Nothing
-    was read or written: use the stored count, or move the jobs to a new queue (drain,
-    ``streamq forget``, recreate) to change it (docs/scaling.md#sharded-queues)."""
+    """``QueueConfig.shards`` disagrees with the shard count stored with the queue (and with
+    every earlier count a reshard keeps). Nothing was read or written: use the stored count;
+    change it with ``streamq reshard`` (docs/scaling.md#resharding)."""
 
     def __init__(self, queue: str, configured: int, stored: int) -> None:
         super().__init__(
             f"queue {queue!r} is stored with shards={stored}, but this object was configured"
             f" with shards={configured}: use QueueConfig(shards={stored}) (every producer,"
-            " worker, scheduler and admin of a queue must agree); to change the count, drain"
-            " the queue, `streamq forget` it and use it again with the new count")
+            " worker, scheduler and admin of a queue must agree); to change the count while it"
+            f" runs: `streamq reshard {queue} <count>`")
         self.queue = queue
         self.configured = configured
         self.stored = stored
