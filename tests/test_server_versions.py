@@ -98,9 +98,11 @@ def test_detected_paths_match_the_commands_the_server_has(r: redis.Redis) -> Non
     """Each newer path is detected exactly where the running server has its commands, on any
     leg: Redis 7.0, Redis 7.4 (HEXPIRE without HSETEX: no hash-field TTL path), Valkey 8.1
     and 9.1. A version bound named too early or too late in ``serverinfo`` fails here."""
+    client: Any = r  # execute_command is untyped
+
     def has(*names: str) -> bool:
         # "COMMAND INFO" as one word: redis-py's COMMAND callback cannot parse a nil entry
-        return all(entry is not None for entry in r.execute_command("COMMAND INFO", *names))
+        return all(entry is not None for entry in client.execute_command("COMMAND INFO", *names))
 
     info = detect(r)
     assert info.detected
