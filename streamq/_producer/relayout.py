@@ -15,9 +15,10 @@ refuses a call routed by another count with ``STREAMQ_LAYOUT <n>`` and writes no
    grouped by shard by the driver) and answers a job found there as enqueue.lua answers a
    duplicate; the old homes were frozen before the layout was published, so no record can
    appear there after the look;
-4. sends the rest again, as a retried call (a refused call wrote nothing, but an earlier
-   try of it, whose reply was lost, may have: a job found with this very body and options
-   answers 'queued', as a retry's does); at most ``ATTEMPTS`` rounds, then the jobs still
+4. sends the rest again; a refused call wrote nothing, so the resend is a retry only when
+   the caller's call was one (an earlier try of it, whose reply was lost, may have written
+   the job: then a job found with this very body and options answers 'queued', as a retry's
+   does; otherwise it answers 'duplicate'); at most ``ATTEMPTS`` rounds, then the jobs still
    refused get LayoutChanged.
 
 The same look runs before the first send of any job whose id moved home while ``Layout.prev``
@@ -259,7 +260,8 @@ def _again(keys: Keys, cfg: QueueConfig, layout: _shards.Layout, jobs: list[prod
         outs, todo = _each(keys, jobs, batches, got, outs)
         if not todo or rnd == ATTEMPTS - 1:
             break
-        retried = True
+        # a refused call wrote nothing: the next round is no more a retry than this one (a
+        # record found with this very body was written by another call: 'duplicate')
         layout = yield from follow(keys, cfg)
     final: list[Outcome] = []
     for x in outs:
