@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime as dt
+import itertools
 import json
 import os
 import random
@@ -52,7 +53,7 @@ from streamq._core.keys import shard_of
 from streamq._core.retry import transient as engine_transient
 
 from .common import HERE, LAPSED, max_attempts_of, transient
-from .reshard_soak import HIGH, LOW, Resharder, retire_old, two_homes
+from .reshard_soak import HIGH, LOW, Resharder, render_reshard, reshard_report
 from .verify import _EXEC_RE, read_ledger
 
 KINDS = ("instant", "slow", "once", "last", "fail")
@@ -130,7 +131,7 @@ class ClusterProducer(threading.Thread):
         ``duplicate``: dedup by id across reshards)."""
         self.order: list[str] = []
         self.resent = 0
-        self.not_duplicate: list[str] = []
+        self.not_duplicate: list[tuple[str, str, float, float]] = []
         self.stop = threading.Event()
         self.accepted: dict[str, dict[str, Any]] = {}
         self.errors: collections.Counter[str] = collections.Counter()
@@ -157,7 +158,7 @@ class ClusterProducer(threading.Thread):
 
     def send(self, q: Queue, batch: list[dict[str, Any]],
              old: list[dict[str, Any]] | None = None) -> None:
-        give_up = time.monotonic() + 180
+        give_up, t0 = time.monotonic() + 180, time.time()
         batch = [*batch, *(old or [])]
         while True:
             try:
@@ -178,8 +179,8 @@ class ClusterProducer(threading.Thread):
                 raise RuntimeError(f"job {res.job_id} not accepted: {res}")
             if spec["job_id"] in known:
                 self.resent += 1
-                if res.status != "duplicate":
-                    self.not_duplicate.append(f"{res.job_id}: {res.status}")
+                if res.status != "duplicate":  # (judged against the faults: reshard_soak.py)
+                    self.not_duplicate.append((res.job_id, res.status, t0, time.time()))
                 continue
             self.accepted[spec["job_id"]] = spec
             self.order.append(spec["job_id"])
@@ -376,7 +377,7 @@ class ClusterChaos:
                 raise RuntimeError("the producer failed") from producer.error
             report = self.check(producer)
             if self.resharder is not None:
-                self.reshard_report(report, producer)
+                reshard_report(self, report, producer)
         finally:
             if producer is not None:
                 producer.stop.set()
@@ -421,30 +422,6 @@ class ClusterChaos:
         return unclean
 
     # ------------------------------------------------------------------ checks
-
-    def reshard_report(self, report: dict[str, Any], producer: ClusterProducer) -> None:
-        """The ``--reshard`` checks (after ``check``: the records are read): dedup by id
-        exact, then the old shards deleted once their dead letters are purged."""
-        rs = self.resharder
-        assert rs is not None and self.cluster is not None
-        fails = report["failures"]
-        both = two_homes(self.cluster, self.queue, list(producer.accepted))
-        if both:
-            fails.append(f"ids with a record in both homes: {len(both)} (e.g. {both[:5]})")
-        if producer.not_duplicate:
-            fails.append(f"re-sent ids not answered duplicate: {len(producer.not_duplicate)}"
-                         f" (e.g. {producer.not_duplicate[:5]})")
-        self.retired = retire_old(self.cluster, self.queue, self.say)
-        fails += self.retired.pop("failures")
-        summary = rs.summary()
-        if not summary["reshards"] or not summary["abandoned"]:
-            fails.append(f"too few reshards for the checks: {summary}")
-        if summary["other_count_not_refused"]:
-            fails.append("a reshard to another count was not refused while one was begun")
-        report["reshard"] = {**summary, "resent_ids": producer.resent,
-                             "resent_not_duplicate": len(producer.not_duplicate),
-                             "ids_in_both_homes": len(both), "end": self.retired,
-                             "log": rs.events}
 
     def check(self, producer: ClusterProducer) -> dict[str, Any]:
         assert self.cluster is not None
@@ -496,14 +473,12 @@ class ClusterChaos:
             execs = sorted(led.starts.get(jid, []), key=lambda e: e["t"])
             jobs[kind]["executions"] += len(execs)
             runs = len({e["a"] for e in execs})
-            seen: dict[int, dict[str, Any]] = {}
-            for e in execs:  # an attempt number run again: only across a fault or a stall
-                if e["a"] in seen:
-                    twice[kind] += 1
-                    if not in_fault(seen[e["a"]]["t"], e["t"]):
-                        problem("ran twice without a fault between the runs", jid,
-                                [seen[e["a"]], e])
-                seen[e["a"]] = e
+            for prev, e in itertools.pairwise(execs):  # a run after one that did not end in
+                if led.ends.get(prev["x"], {}).get("o") == "retry":  # Retry: a duplicate,
+                    continue  # allowed only across a fault or a stall (a lapse, a hand-back)
+                twice[kind] += 1
+                if not in_fault(prev["t"], e["t"]):
+                    problem("ran again without a fault between the runs", jid, [prev, e])
             if info is None or info.state not in ("completed", "failed"):
                 lost.append(f"{jid}: {info.state if info else 'no record'}")
                 continue
@@ -611,17 +586,10 @@ def render_cluster(rep: dict[str, Any]) -> str:
                   or "none"),
               f"- groups: limit {g['limit']} per shard, at most {g['most_at_once']} ran at once,"
               f" {g['over_limit_outside_faults']} moments over it outside a fault",
-              f"- ran twice (same attempt, across a fault): {rep.get('ran_twice') or 'none'}",
+              f"- ran again (not after a Retry; across a fault): {rep.get('ran_twice') or 'none'}",
               f"- producer errors (sent again): {rep['producer_errors'] or 'none'}",
               f"- checks: {'all passed' if rep.get('ok') else 'FAILED'}"]
     if "reshard" in rep:
-        r = rep["reshard"]
-        lines[-1:-1] = [
-            f"- reshards {r['reshards']} (up {r['up']}, down {r['down']}), abandoned begins"
-            f" {r['abandoned']}, finished by: " + ", ".join(
-                f"{w} {n}" for w, n in r["abandoned_finished_by"].items()),
-            f"- ids re-sent {r['resent_ids']:,}, not answered duplicate"
-            f" {r['resent_not_duplicate']}, in both homes {r['ids_in_both_homes']}",
-            f"- end: {r['end']}"]
+        lines[-1:-1] = render_reshard(rep["reshard"])
     lines += [f"  - {f}" for f in rep["failures"]]
     return "\n".join(lines)

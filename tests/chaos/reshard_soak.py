@@ -257,3 +257,49 @@ def retire_old(cluster: ClusterServer, queue: str, say: Callable[[str], None],
     finally:
         admin.close()
     return out
+
+
+def reshard_report(chaos: Any, report: dict[str, Any], producer: Any) -> None:
+    """The ``--reshard`` checks (after ``check``: the records are read): dedup by id
+    exact, then the old shards deleted once their dead letters are purged."""
+    rs = chaos.resharder
+    assert rs is not None and chaos.cluster is not None
+    fails = report["failures"]
+    both = two_homes(chaos.cluster, chaos.queue, list(producer.accepted))
+    if both:
+        fails.append(f"ids with a record in both homes: {len(both)} (e.g. {both[:5]})")
+    # 'queued' for an id an earlier call wrote: only from a call retried after a lost reply
+    # (a job found with its own body is taken for the call's own earlier try), so only in a
+    # call that overlapped a fault
+    vt = chaos.o.visibility_s
+    windows = [(f["t"] - vt, f["t1"] + vt + 2) for f in chaos.faults]
+    odd = [n for n in producer.not_duplicate
+           if not any(a <= n[3] and b >= n[2] for a, b in windows)]
+    if odd:
+        fails.append(f"re-sent ids not answered duplicate outside a fault: {len(odd)}"
+                     f" (e.g. {odd[:5]})")
+    chaos.retired = retire_old(chaos.cluster, chaos.queue, chaos.say)
+    fails += chaos.retired.pop("failures")
+    summary = rs.summary()
+    if not summary["reshards"] or not summary["abandoned"]:
+        fails.append(f"too few reshards for the checks: {summary}")
+    if summary["other_count_not_refused"]:
+        fails.append("a reshard to another count was not refused while one was begun")
+    report["reshard"] = {**summary, "resent_ids": producer.resent,
+                         "resent_not_duplicate": len(producer.not_duplicate),
+                         "resent_not_duplicate_outside_faults": len(odd),
+                         "ids_in_both_homes": len(both), "end": chaos.retired,
+                         "log": rs.events}
+
+
+def render_reshard(r: dict[str, Any]) -> list[str]:
+    """The ``--reshard`` lines of the summary."""
+    return [f"- reshards {r['reshards']} (up {r['up']}, down {r['down']}; calls repeated"
+            f" after a fault {r['calls_repeated_after_a_fault']}), abandoned begins"
+            f" {r['abandoned']}, finished by: " + ", ".join(
+                f"{w} {n}" for w, n in r["abandoned_finished_by"].items())
+            + f"; the other count refused meanwhile {r['other_count_refused']}",
+            f"- ids re-sent {r['resent_ids']:,}, not answered duplicate"
+            f" {r['resent_not_duplicate']} ({r['resent_not_duplicate_outside_faults']} outside a"
+            f" fault), in both homes {r['ids_in_both_homes']}",
+            f"- end: {r['end']}"]
