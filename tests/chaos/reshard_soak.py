@@ -111,9 +111,9 @@ class Resharder(threading.Thread):
             return lay
         self.pending = None
         if lay.next is None and lay.epoch > ev["epoch"]:
-            ev["finished_by"] = "another process"
+            ev["finished_by"] = "a producer"
             ev["finished_t"] = time.time()
-            self.say(f"abandoned begin {ev['from']} -> {ev['to']} finished by another process")
+            self.say(f"abandoned begin {ev['from']} -> {ev['to']} finished by a producer")
             return lay
         other = ev["from"]
         if lay.next is not None and lay.next != lay.shards:
@@ -161,7 +161,7 @@ class Resharder(threading.Thread):
                 "abandoned": len(ab),
                 "abandoned_finished_by": {
                     w: sum(1 for e in ab if e.get("finished_by") == w)
-                    for w in ("another process", "the next reshard call", "nobody needed")},
+                    for w in ("a producer", "the next reshard call", "nobody needed")},
                 "other_count_refused": sum(1 for e in ab
                                            if e.get("refused_other") == "ReshardInProgress"),
                 "other_count_not_refused": sum(1 for e in ab
