@@ -42,7 +42,7 @@ def test_cluster_chaos_failover_and_slot_migration(tmp_path: Path) -> None:
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_cluster_chaos_with_a_reshard_up_and_down(tmp_path: Path) -> None:
-    """``--reshard``, bounded (about 80 s): 3 -> 6 begun and abandoned half-way (a producer
+    """``--reshard``, bounded (about 50 s): 3 -> 6 begun and abandoned half-way (a producer
     or the next call finishes it), then 6 -> 3, while a primary is killed, a slot migrates and
     workers are SIGKILLed; nothing lost, dedup by id exact, the old shards deleted at the end."""
     rep = run_cluster(ClusterOptions(minutes=0.6, seed=SEED, out=tmp_path / "chaos.json",
