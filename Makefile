@@ -182,10 +182,11 @@ soak: $(STAMP)
 # The cluster chaos run: a sharded, grouped, prioritised queue on a loopback Redis Cluster
 # (3 primaries, 3 replicas) while primaries are SIGKILLed (failover) and its slots migrate.
 # make soak-cluster MINUTES=10 SEED=7; the JSON report goes to .streamq/chaos-cluster.json.
+# RESHARD=1 reshards it 3 -> 6 -> 3 ... meanwhile (and SIGKILLs/SIGTERMs workers too).
 .PHONY: soak-cluster
 soak-cluster: $(STAMP)
 	$(PY) -m tests.chaos --cluster --minutes $(MINUTES) $(if $(SEED),--seed $(SEED)) \
-		--out .streamq/chaos-cluster.json
+		$(if $(RESHARD),--reshard) --out .streamq/chaos-cluster.json
 
 # The workflow chaos run: a 10,000 -> 1 fan-in, a 1,000-step chain across two sharded queues, a
 # random DAG of 2,000 nodes (fail / continue / ignore edges) and batches with callbacks on the

@@ -226,6 +226,45 @@ def _one(step: list[Any]) -> Any:
     return replies
 
 
+def frozen_not_published(client: Any, name: str, n: int) -> None:
+    """A reshard to ``n`` whose driver died after freezing every shard, before publishing."""
+    op = reshard.begin(Keys(name), n, W)
+    step = next(op)  # HMGET the layout
+    for _ in range(3):  # HSETNX next, the freeze, then it dies before TIME and the publish
+        step = op.send(drive(client, _one(step)))
+    op.close()
+    lay = drive(client, _shards.read(Keys(name)))
+    assert lay is not None and lay.next == n and lay.shards != n
+
+
+def test_an_id_sent_again_with_its_own_body_into_a_frozen_shard_is_a_duplicate(
+        where: tuple[str, Any]) -> None:
+    """An id an earlier call wrote, sent again with the very same body by a producer whose
+    call the reshard's freeze refuses, answers 'duplicate' whether its home moved or not: the
+    refused call wrote nothing, so its resend is no retry (found by the cluster chaos run's
+    --reshard: such ids answered 'queued', as a retry that finds its own job does)."""
+    url, cluster = where
+    name = fresh(cluster)
+    admin = sync_client(url)
+    stay = [j for j in (f"s-{i}" for i in range(100)) if shard_of(j, 3) == shard_of(j, 6)]
+    ids = [*moved(3, 6, 4, "m-"), *stay[:4]]
+    specs = [{"type": "t", "job_id": j, "payload": {"n": 1}} for j in ids]
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        assert {g.status for g in q.enqueue_many(specs)} == {"queued"}
+        frozen_not_published(admin, name, 6)
+        got = q.enqueue_many(specs)  # refused, the reshard finished, sent again
+        assert q.layout.shards == 6
+        assert [(g.job_id, g.status) for g in got] == [(j, "duplicate") for j in ids]
+        frozen_not_published(admin, name, 3)
+        for jid in (ids[0], stay[0]):  # lone calls, now routed by 6: refused again
+            assert q.enqueue("t", {"n": 1}, job_id=jid).status == "duplicate"
+        assert q.layout.shards == 3
+        for jid in ids:  # one record each, where the first call wrote it
+            assert at(admin, name, jid, 3)
+            assert shard_of(jid, 3) == shard_of(jid, 6) or not at(admin, name, jid, 6)
+    admin.close()
+
+
 def test_a_lone_enqueue_finishes_a_reshard_whose_driver_died(url: str, r: redis.Redis) -> None:
     name = fresh(None)
     keys = Keys(name)

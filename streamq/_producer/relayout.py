@@ -15,10 +15,11 @@ refuses a call routed by another count with ``STREAMQ_LAYOUT <n>`` and writes no
    grouped by shard by the driver) and answers a job found there as enqueue.lua answers a
    duplicate; the old homes were frozen before the layout was published, so no record can
    appear there after the look;
-4. sends the rest again, as a retried call (a refused call wrote nothing, but an earlier
-   try of it, whose reply was lost, may have: a job found with this very body and options
-   answers 'queued', as a retry's does); at most ``ATTEMPTS`` rounds, then the jobs still
-   refused get LayoutChanged.
+4. sends the rest again; a refused call wrote nothing, so the resend is a retry only when
+   the refused try was one (a try before it, whose reply was lost, may have written the job:
+   then a job found with this very body and options answers 'queued', as a retry's does;
+   otherwise an id some other call wrote answers 'duplicate', whatever its body); at most
+   ``ATTEMPTS`` rounds, then the jobs still refused get LayoutChanged.
 
 The same look runs before the first send of any job whose id moved home while ``Layout.prev``
 is not empty (the reshard's retention window), refused or not.
@@ -211,9 +212,25 @@ def enqueue(keys: Keys, cfg: QueueConfig, layout: _shards.Layout,
             return jobs, batches, got, layout
         outs, todo = _each(keys, jobs, batches, got)
         return (yield from _again(keys, cfg, (yield from follow(keys, cfg)), jobs, outs, todo,
-                                  True))
+                                  any(after_retry(o, keys) for o in got)))
     return (yield from _again(keys, cfg, layout, jobs, [None] * len(jobs),
                               list(range(len(jobs))), False))
+
+
+RETRIED = "_streamq_after_retry"
+"""Set on a refusal (resend.py) that answered a retried try: a try before it may have
+written the job, so the resend is a retry too (a job found with its body answers 'queued')."""
+
+
+def mark_retry(exc: BaseException, retried: bool) -> None:
+    if retried:
+        setattr(exc, RETRIED, True)
+
+
+def after_retry(o: object, keys: Keys) -> bool:
+    """Whether ``o`` is a refusal of a retried try (see RETRIED)."""
+    return isinstance(o, Exception) and bool(getattr(o, RETRIED, False)) \
+        and layout_changed(o, keys.queue) is not None
 
 
 def _each(keys: Keys, jobs: list[prod.Prepared], batches: Sequence[Sequence[prod.Prepared]],
@@ -259,7 +276,9 @@ def _again(keys: Keys, cfg: QueueConfig, layout: _shards.Layout, jobs: list[prod
         outs, todo = _each(keys, jobs, batches, got, outs)
         if not todo or rnd == ATTEMPTS - 1:
             break
-        retried = True
+        # a refused call wrote nothing: the next round is a retry only when a refused try was
+        # one (a try before it, whose reply was lost, may have written the job)
+        retried = any(after_retry(o, keys) for o in got)
         layout = yield from follow(keys, cfg)
     final: list[Outcome] = []
     for x in outs:

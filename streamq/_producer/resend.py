@@ -11,7 +11,7 @@ from .._core.keys import Keys
 from .._core.retry import acall, aeach, call, each, layout_changed
 from .._core.scripts import SCRIPTS
 from . import prepare as prod
-from .relayout import Outcome, Send
+from .relayout import Outcome, Send, mark_retry
 
 
 def lone(client: Any, keys: Keys, cfg: QueueConfig, barrier: str, need: Send
@@ -22,7 +22,11 @@ def lone(client: Any, keys: Keys, cfg: QueueConfig, barrier: str, need: Send
     for batch in need.batches:
         k, a = prod.enqueue_call(keys, cfg, batch, handoff=cfg.handoff)
 
-        def once(retried: bool, b: Any = batch, k: Any = k, a: Any = a) -> Any:
+        last = [need.retried]
+
+        def once(retried: bool, b: Any = batch, k: Any = k, a: Any = a,
+                 last: list[bool] = last) -> Any:
+            last[0] = retried or need.retried
             (reply,), (n,) = durable.run(SCRIPTS["enqueue"], client, [(k, a)], cfg,
                                          barrier)  # min_replicas: WAIT
             return prod.parse_enqueue(cfg, b, reply, retried=retried or need.retried), n
@@ -32,6 +36,7 @@ def lone(client: Any, keys: Keys, cfg: QueueConfig, barrier: str, need: Send
         except Exception as exc:
             if layout_changed(exc, keys.queue) is None:
                 raise
+            mark_retry(exc, last[0])
             outs.append(exc)
     return outs
 
@@ -43,7 +48,11 @@ async def alone(client: Any, keys: Keys, cfg: QueueConfig, barrier: str, need: S
     for batch in need.batches:
         k, a = prod.enqueue_call(keys, cfg, batch, handoff=cfg.handoff)
 
-        async def once(retried: bool, b: Any = batch, k: Any = k, a: Any = a) -> Any:
+        last = [need.retried]
+
+        async def once(retried: bool, b: Any = batch, k: Any = k, a: Any = a,
+                       last: list[bool] = last) -> Any:
+            last[0] = retried or need.retried
             (reply,), (n,) = await durable.arun(SCRIPTS["enqueue"], client, [(k, a)], cfg,
                                                 barrier)  # + WAIT
             return prod.parse_enqueue(cfg, b, reply, retried=retried or need.retried), n
@@ -53,6 +62,7 @@ async def alone(client: Any, keys: Keys, cfg: QueueConfig, barrier: str, need: S
         except Exception as exc:
             if layout_changed(exc, keys.queue) is None:
                 raise
+            mark_retry(exc, last[0])
             outs.append(exc)
     return outs
 
@@ -67,8 +77,8 @@ def many(client: Any, keys: Keys, cfg: QueueConfig, barrier: str, need: Send
     def once(todo: list[int], retried: bool) -> list[Outcome]:
         replies, acks = durable.run_each(SCRIPTS["enqueue"], client, [calls[i] for i in todo],
                                          cfg, barrier)
-        return prod.parsed_each(cfg, [batches[i] for i in todo], replies, acks,
-                                retried or need.retried)
+        return marked(prod.parsed_each(cfg, [batches[i] for i in todo], replies, acks,
+                                       retried or need.retried), retried or need.retried)
 
     return each(once, len(calls))
 
@@ -82,7 +92,16 @@ async def amany(client: Any, keys: Keys, cfg: QueueConfig, barrier: str, need: S
     async def once(todo: list[int], retried: bool) -> list[Outcome]:
         replies, acks = await durable.arun_each(SCRIPTS["enqueue"], client,
                                                 [calls[i] for i in todo], cfg, barrier)
-        return prod.parsed_each(cfg, [batches[i] for i in todo], replies, acks,
-                                retried or need.retried)
+        return marked(prod.parsed_each(cfg, [batches[i] for i in todo], replies, acks,
+                                       retried or need.retried), retried or need.retried)
 
     return await aeach(once, len(calls))
+
+
+def marked(outs: list[Outcome], retried: bool) -> list[Outcome]:
+    """The outcomes of one try, each error marked when the try was a retry (relayout.py's
+    RETRIED: a refusal then may follow a try that wrote)."""
+    for o in outs:
+        if isinstance(o, Exception):
+            mark_retry(o, retried)
+    return outs

@@ -38,6 +38,13 @@ def main(argv: list[str] | None = None) -> int:
                    " prioritised queue on a loopback Redis Cluster while primaries are"
                    " SIGKILLed (failover) and its slots migrated; --minutes, --seed, --out,"
                    " --workdir, --quiet apply")
+    p.add_argument("--reshard", action="store_true",
+                   help="with --cluster: reshard the queue 3 -> 6 -> 3 ... at random times"
+                   " (some begins abandoned half-way, finished by a producer or the next"
+                   " call) while workers are SIGKILLed and SIGTERMed too; ends on 3 shards and"
+                   " checks the old ones deleted (tests/chaos/reshard_soak.py)")
+    p.add_argument("--reshard-every", type=float, default=ClusterOptions.reshard_every_s,
+                   help="with --reshard: mean seconds between two reshards")
     p.add_argument("--flows", action="store_true",
                    help="with --cluster: the workflow run (tests/chaos/flows.py): a fan-in, a"
                    " chain, a random DAG with mixed edge policies and two batches with callbacks"
@@ -67,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         print(render_flows(rep))
     elif a.cluster:
         rep = run_cluster(ClusterOptions(minutes=a.minutes, seed=seed, out=a.out,
-                                         workdir=a.workdir, verbose=not a.quiet))
+                                         workdir=a.workdir, verbose=not a.quiet,
+                                         reshard=a.reshard,
+                                         reshard_every_s=a.reshard_every))
         print(render_cluster(rep))
     else:
         rep = run(opts)

@@ -21,10 +21,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime as dt
+import itertools
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,12 +39,21 @@ from typing import Any
 
 from redis.crc import key_slot
 
-from streamq import ALL_EVENTS, Keys, Queue, QueueConfig, ReplicationTimeout
+from streamq import (
+    ALL_EVENTS,
+    Keys,
+    LayoutChanged,
+    PartialEnqueueError,
+    Queue,
+    QueueConfig,
+    ReplicationTimeout,
+)
 from streamq._core.cluster_server import ClusterServer, wait_for
 from streamq._core.keys import shard_of
 from streamq._core.retry import transient as engine_transient
 
 from .common import HERE, LAPSED, max_attempts_of, transient
+from .reshard_soak import HIGH, LOW, Resharder, render_reshard, reshard_report
 from .verify import _EXEC_RE, read_ledger
 
 KINDS = ("instant", "slow", "once", "last", "fail")
@@ -51,6 +62,11 @@ SHARDS = 3
 GROUPS = 6
 GROUP_LIMIT = 3
 CLUSTER_FAULTS = ("kill_primary", "migrate_slot")
+WORKER_FAULTS = ("kill_worker", "term_worker")
+RESHARD_MENU = ("kill_primary", "migrate_slot", "kill_worker", "kill_primary", "migrate_slot",
+                "term_worker")
+"""The rotation with ``--reshard``: the primary kills and slot moves as often as without."""
+"""With ``--reshard``: a worker SIGKILLed, or SIGTERMed (a graceful stop), and replaced."""
 
 
 @dataclass
@@ -68,6 +84,16 @@ class ClusterOptions:
     """Mean time between the end of one fault and the start of the next."""
     drain_timeout_s: float = 180.0
     verbose: bool = True
+    reshard: bool = False
+    """Reshard the queue 3 -> 6 -> 3 ... during the fault phase (tests/chaos/reshard_soak.py);
+    workers are SIGKILLed and SIGTERMed too."""
+    reshard_every_s: float = 20.0
+    """Mean time between two reshards (each at a random time: 0.3-1.7 times it)."""
+    abandon_p: float = 0.35
+    reshard_turns: int = 0
+    """0: reshard until the fault phase ends; else this many turns, the first one a begin
+    abandoned half-way (the bounded run: 2, one reshard up and one down)."""
+    """The share of begins abandoned half-way (finished by a producer or the next call)."""
 
 
 def qconfig() -> QueueConfig:
@@ -96,10 +122,16 @@ class ClusterProducer(threading.Thread):
     moving, a replica that did not confirm) is sent again with the same ids until every job
     of it is written and confirmed: a ``duplicate`` then means ours, accepted earlier."""
 
-    def __init__(self, url: str, queue: str, rate: float, seed: int) -> None:
+    def __init__(self, url: str, queue: str, rate: float, seed: int, resend: int = 0) -> None:
         super().__init__(name="chaos-cluster-producer", daemon=True)
         self.url, self.queue, self.rate = url, queue, rate
         self.rng = random.Random(seed)
+        self.resend = resend
+        """Ids accepted by earlier calls sent again in each batch (each must answer
+        ``duplicate``: dedup by id across reshards)."""
+        self.order: list[str] = []
+        self.resent = 0
+        self.not_duplicate: list[tuple[str, str, float, float]] = []
         self.stop = threading.Event()
         self.accepted: dict[str, dict[str, Any]] = {}
         self.errors: collections.Counter[str] = collections.Counter()
@@ -115,30 +147,43 @@ class ClusterProducer(threading.Thread):
                     time.sleep(0.05)
                     continue
                 n = min(due - i, 200)
-                self.send(q, [job_spec(i + k, self.rng) for k in range(n)])
+                old = self.rng.sample(self.order, min(self.resend, len(self.order)))
+                self.send(q, [job_spec(i + k, self.rng) for k in range(n)],
+                          [self.accepted[j] for j in old])
                 i += n
         except BaseException as exc:  # noqa: BLE001 - reported by the harness
             self.error = exc
         finally:
             q.close()
 
-    def send(self, q: Queue, batch: list[dict[str, Any]]) -> None:
-        give_up = time.monotonic() + 180
+    def send(self, q: Queue, batch: list[dict[str, Any]],
+             old: list[dict[str, Any]] | None = None) -> None:
+        give_up, t0 = time.monotonic() + 180, time.time()
+        batch = [*batch, *(old or [])]
         while True:
             try:
                 results = q.enqueue_many(batch)
                 break
             except Exception as exc:
                 self.errors[type(exc).__name__] += 1
-                retry = isinstance(exc, ReplicationTimeout) or transient(exc) \
-                    or engine_transient(exc)
+                causes = [exc, *(exc.errors.values() if isinstance(exc, PartialEnqueueError)
+                                 else ())]
+                retry = any(isinstance(e, (ReplicationTimeout, LayoutChanged)) or transient(e)
+                            or engine_transient(e) for e in causes)
                 if time.monotonic() > give_up or not retry:
                     raise
                 time.sleep(0.2)
+        known = {s["job_id"] for s in old or ()}
         for spec, res in zip(batch, results, strict=True):
             if res.status not in ("queued", "duplicate"):
                 raise RuntimeError(f"job {res.job_id} not accepted: {res}")
+            if spec["job_id"] in known:
+                self.resent += 1
+                if res.status != "duplicate":  # (judged against the faults: reshard_soak.py)
+                    self.not_duplicate.append((res.job_id, res.status, t0, time.time()))
+                continue
             self.accepted[spec["job_id"]] = spec
+            self.order.append(spec["job_id"])
 
 
 @dataclass
@@ -155,6 +200,12 @@ class ClusterChaos:
     faults: list[dict[str, Any]] = field(default_factory=list)
     exits: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held by a primary kill around its replica sync and the kill, and by the resharder
+    around each call (a reshard's writes have no WAIT: a kill must not take one no replica
+    has yet)."""
+    resharder: Resharder | None = None
+    retired: dict[str, Any] = field(default_factory=dict)
 
     def say(self, msg: str) -> None:
         if self.o.verbose:
@@ -194,7 +245,8 @@ class ClusterChaos:
     # ------------------------------------------------------------------ faults
 
     def shard_slots(self) -> list[int]:
-        return [key_slot(Keys(self.queue, shard=i).stream.encode()) for i in range(SHARDS)]
+        n = HIGH if self.o.reshard else SHARDS
+        return [key_slot(Keys(self.queue, shard=i).stream.encode()) for i in range(n)]
 
     def synced(self) -> None:
         """Until every live replica has every write its primary had when this was called (a
@@ -218,12 +270,13 @@ class ClusterChaos:
     def kill_primary(self, rng: random.Random) -> dict[str, Any]:
         c = self.cluster
         assert c is not None
-        self.synced()
-        port = c.slot_owner(rng.choice(self.shard_slots()))
-        (replica,) = c.replicas_of(port)
-        ev: dict[str, Any] = {"kind": "kill_primary", "t": time.time(), "port": port,
-                              "replica": replica}
-        c.kill(port)
+        with self.lock:
+            self.synced()
+            port = c.slot_owner(rng.choice(self.shard_slots()))
+            (replica,) = c.replicas_of(port)
+            ev: dict[str, Any] = {"kind": "kill_primary", "t": time.time(), "port": port,
+                                  "replica": replica}
+            c.kill(port)
         c.wait_promoted(replica, timeout_s=60)
         ev["promoted_s"] = round(time.time() - ev["t"], 2)
         c.restart(port, timeout_s=60)  # back empty, as the new primary's replica
@@ -240,6 +293,22 @@ class ClusterChaos:
         ev: dict[str, Any] = {"kind": "migrate_slot", "t": time.time(), "slot": slot,
                               "from": src, "to": dst}
         ev["keys"] = c.migrate_slot(slot, dst, batch=20, pause_s=0.05)
+        ev["t1"] = time.time()
+        return ev
+
+    def stop_worker(self, rng: random.Random, kind: str) -> dict[str, Any]:
+        """SIGKILL (``kill_worker``) or SIGTERM (``term_worker``: a graceful stop) one
+        worker, then start another in its place."""
+        name = rng.choice(sorted(self.procs))
+        p = self.procs.pop(name)
+        ev: dict[str, Any] = {"kind": kind, "t": time.time(), "worker": name}
+        p.send_signal(signal.SIGKILL if kind == "kill_worker" else signal.SIGTERM)
+        try:
+            ev["rc"] = p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            ev["rc"] = f"killed after 60 s: {p.wait()}"
+        self.start_worker(f"{name.split('.')[0]}.{len(self.faults) + 1}")
         ev["t1"] = time.time()
         return ev
 
@@ -264,36 +333,56 @@ class ClusterChaos:
                 self.start_worker(f"w{k + 1}")
             beats = Keys(self.queue).workers  # every worker up before any fault
             wait_for(lambda: self._zcard(beats) >= self.o.workers, 60, "the workers are up")
-            producer = ClusterProducer(self.cluster.url, self.queue, self.o.rate, self.o.seed)
+            producer = ClusterProducer(self.cluster.url, self.queue, self.o.rate, self.o.seed,
+                                       resend=5 if self.o.reshard else 0)
             producer.start()
+            if self.o.reshard:
+                self.resharder = Resharder(self.cluster.url, self.queue, self.o.seed,
+                                           self.o.reshard_every_s, self.o.abandon_p, self.lock,
+                                           self.say, self.o.reshard_turns)
+                self.resharder.start()
             self.say(f"seed {self.o.seed}, queue {self.queue}, cluster {self.cluster.url},"
                      f" dir {self.dir}")
             t0 = time.time()
             end = t0 + self.o.minutes * 60
-            kinds = list(CLUSTER_FAULTS)
+            kinds = list(kinds_of(self.o))
             next_fault = t0 + 5
             while time.time() < end:
                 self.watch_workers()
                 if producer.error is not None:
                     raise RuntimeError("the producer failed") from producer.error
+                if self.resharder is not None and self.resharder.error is not None:
+                    raise RuntimeError("the resharder failed") from self.resharder.error
                 if time.time() >= next_fault:
                     kind = kinds[len(self.faults) % len(kinds)]
                     ev = self.kill_primary(rng) if kind == "kill_primary" \
-                        else self.migrate_slot(rng)
+                        else self.migrate_slot(rng) if kind == "migrate_slot" \
+                        else self.stop_worker(rng, kind)
                     self.faults.append(ev)
                     self.say(f"{kind} done in {ev['t1'] - ev['t']:.1f} s; accepted"
                              f" {len(producer.accepted)}")
                     next_fault = time.time() + rng.uniform(0.5, 1.5) * self.o.fault_every_s
                 time.sleep(0.1)
             self.timing["fault_phase_s"] = time.time() - t0
+            if self.resharder is not None:  # the last one down to 3, producers still sending
+                self.resharder.stop.set()
+                self.resharder.join(300)
+                if self.resharder.error is not None:
+                    raise RuntimeError("the resharder failed") from self.resharder.error
+                self.resharder.once(target=LOW, abandon=False)
+                time.sleep(3)
             producer.stop.set()
             producer.join(200)
             if producer.error is not None:
                 raise RuntimeError("the producer failed") from producer.error
             report = self.check(producer)
+            if self.resharder is not None:
+                reshard_report(self, report, producer)
         finally:
             if producer is not None:
                 producer.stop.set()
+            if self.resharder is not None:
+                self.resharder.stop.set()
             unclean = self.stop_workers()
             if self.cluster is not None:
                 self.cluster.close()
@@ -368,6 +457,7 @@ class ClusterChaos:
         jobs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         dead: collections.Counter[str] = collections.Counter()
         lost: list[str] = []
+        twice: collections.Counter[str] = collections.Counter()
 
         def problem(what: str, jid: str, detail: Any) -> None:
             problems[what] += 1
@@ -383,6 +473,12 @@ class ClusterChaos:
             execs = sorted(led.starts.get(jid, []), key=lambda e: e["t"])
             jobs[kind]["executions"] += len(execs)
             runs = len({e["a"] for e in execs})
+            for prev, e in itertools.pairwise(execs):  # a run after one that did not end in
+                if led.ends.get(prev["x"], {}).get("o") == "retry":  # Retry: a duplicate,
+                    continue  # allowed only across a fault or a stall (a lapse, a hand-back)
+                twice[kind] += 1
+                if not in_fault(prev["t"], e["t"]):
+                    problem("ran again without a fault between the runs", jid, [prev, e])
             if info is None or info.state not in ("completed", "failed"):
                 lost.append(f"{jid}: {info.state if info else 'no record'}")
                 continue
@@ -414,7 +510,9 @@ class ClusterChaos:
             failures.append(f"lost: {len(lost)} (e.g. {lost[:5]})")
         if self.exits:
             failures.append(f"workers exited on their own: {self.exits}")
-        missing = [k for k in CLUSTER_FAULTS if not any(f["kind"] == k for f in self.faults)]
+        menu = CLUSTER_FAULTS + (WORKER_FAULTS if self.o.reshard else ())
+        must = menu if len(self.faults) >= len(kinds_of(self.o)) else CLUSTER_FAULTS
+        missing = [k for k in must if not any(f["kind"] == k for f in self.faults)]
         if missing:
             failures.append(f"fault kinds never injected: {missing}")
         self.timing["check_s"] = time.time() - t0
@@ -426,8 +524,8 @@ class ClusterChaos:
                 "accepted": len(accepted), "lost": len(lost),
                 "jobs": {k: dict(jobs[k]) for k in KINDS},
                 "executions": sum(j["executions"] for j in jobs.values()),
-                "faults": {k: sum(1 for f in self.faults if f["kind"] == k)
-                           for k in CLUSTER_FAULTS},
+                "faults": {k: sum(1 for f in self.faults if f["kind"] == k) for k in menu},
+                "ran_twice": dict(twice),
                 "dead_letters": {"total": sum(dead.values()), "by_reason": dict(dead)},
                 "groups": group_report, "producer_errors": dict(producer.errors),
                 "startup_exits": self.startup_exits, "unexpected_exits": self.exits,
@@ -444,7 +542,10 @@ class ClusterChaos:
             if spec is None:
                 continue
             end = led.ends.get(x)
-            key = (spec["group"], shard_of(s["job"], SHARDS))
+            home = shard_of(s["job"], SHARDS)
+            if self.o.reshard and home != shard_of(s["job"], HIGH):
+                continue  # its shard depends on the layout it was written under: not counted
+            key = (spec["group"], home)  # (a lower bound of each moment's count: sound)
             marks[key] += [(s["t"], 1), ((end or s)["t"] + (0 if end else 5.0), -1)]
         worst, over = 0, 0
         for points in marks.values():
@@ -455,6 +556,10 @@ class ClusterChaos:
                 if n > GROUP_LIMIT and not in_fault(t - 0.5, t + 0.5):
                     over += 1
         return {"limit": GROUP_LIMIT, "most_at_once": worst, "over_limit_outside_faults": over}
+
+
+def kinds_of(o: ClusterOptions) -> tuple[str, ...]:
+    return RESHARD_MENU if o.reshard else CLUSTER_FAULTS
 
 
 def _ts(when: dt.datetime | None, default: float) -> float:
@@ -481,7 +586,10 @@ def render_cluster(rep: dict[str, Any]) -> str:
                   or "none"),
               f"- groups: limit {g['limit']} per shard, at most {g['most_at_once']} ran at once,"
               f" {g['over_limit_outside_faults']} moments over it outside a fault",
+              f"- ran again (not after a Retry; across a fault): {rep.get('ran_twice') or 'none'}",
               f"- producer errors (sent again): {rep['producer_errors'] or 'none'}",
               f"- checks: {'all passed' if rep.get('ok') else 'FAILED'}"]
+    if "reshard" in rep:
+        lines[-1:-1] = render_reshard(rep["reshard"])
     lines += [f"  - {f}" for f in rep["failures"]]
     return "\n".join(lines)

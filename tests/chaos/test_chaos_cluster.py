@@ -36,3 +36,27 @@ def test_cluster_chaos_failover_and_slot_migration(tmp_path: Path) -> None:
     assert all(why.startswith("lease lapsed") for why in dead), summary
     assert rep["groups"]["over_limit_outside_faults"] == 0, summary
     assert not rep["unexpected_exits"], summary + where
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+@pytest.mark.timeout(600)
+def test_cluster_chaos_with_a_reshard_up_and_down(tmp_path: Path) -> None:
+    """``--reshard``, bounded (about 50 s): 3 -> 6 begun and abandoned half-way (a producer
+    or the next call finishes it), then 6 -> 3, while a primary is killed, a slot migrates and
+    workers are SIGKILLed; nothing lost, dedup by id exact, the old shards deleted at the end."""
+    rep = run_cluster(ClusterOptions(minutes=0.6, seed=SEED, out=tmp_path / "chaos.json",
+                                     workdir=tmp_path / "run", verbose=False, reshard=True,
+                                     reshard_every_s=8.0, reshard_turns=2, fault_every_s=8.0))
+    summary = render_cluster(rep)
+    print("\n" + summary)
+    assert rep["ok"], summary + f"\n(logs and ledger in {tmp_path / 'run'})"
+    assert rep["lost"] == 0 and rep["accepted"] >= 1000, summary
+    r = rep["reshard"]
+    assert (r["abandoned"], r["down"]) == (1, 1), summary
+    assert sum(r["abandoned_finished_by"].values()) == 1, summary
+    assert r["resent_not_duplicate_outside_faults"] == r["ids_in_both_homes"] == 0, summary
+    assert r["resent_ids"] > 0, summary
+    end = r["end"]
+    assert end["after"]["live"] == end["after"]["shards"] == 3, summary
+    assert end["left_on_old_shards"] == 0, summary
