@@ -31,7 +31,7 @@ from .._core import shards as _shards
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.driver import adrive
-from .._core.keys import DEFAULT_PRIORITY, Keys
+from .._core.keys import DEFAULT_PRIORITY, PRIORITIES, Keys
 from .._core.retry import acall
 from .._core.sends import Kept
 from .._core.supervise import Outage, Supervised
@@ -253,8 +253,21 @@ class Resharding:
         client = self._client
         assert client is not None
         lay = await adrive(client, _shards.read(qs.keys))
-        if lay is None or qs.keys.shard < lay.read:
-            return False
+        if lay is None or qs.keys.shard < lay.shards:
+            return False  # a current shard: its group is made again
+        if lay.next is not None and qs.keys.shard < lay.next:
+            return False  # a shard of a reshard being published: its group is made now
+        if qs.keys.shard < lay.read:
+            # an old shard of a reshard down, still listed as live: finish deletes a drained
+            # one (retire.lua) before it sets 'live' (shard 0's meta, another slot), so a
+            # shard with none of its live-work keys left is retired; being frozen, it takes
+            # no new job (and one with any of them left is not: its group is made again)
+            k = qs.keys
+            left = await client.exists(*(k.stream_level(p) for p in PRIORITIES), k.delayed,
+                                       k.dead, k.group_wait, k.group_inflight, k.waiting,
+                                       k.outbox)
+            if left:
+                return False
         qs.retired = True  # this loop ends; the layout watch drops the rest
         for lane in qs.lanes.values():
             lane.retired = True

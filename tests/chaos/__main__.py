@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .cluster import ClusterOptions, render_cluster, run_cluster
 from .flows import LONG, FlowOptions, render_flows, run_flows
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a CI timeout, kill PID) unwinds like Ctrl-C: the harness stops what it started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if a.flows:
-        sizes = {k: max(2, int(v * a.scale)) for k, v in LONG.items()}
+        sizes: dict[str, Any] = {k: max(2, int(v * a.scale)) for k, v in LONG.items()}
         rep = run_flows(FlowOptions(minutes=a.minutes, seed=seed, out=a.out, workdir=a.workdir,
                                     verbose=not a.quiet, concurrency=a.concurrency,
                                     **sizes))

@@ -251,9 +251,11 @@ def retire_old(cluster: ClusterServer, queue: str, say: Callable[[str], None],
             out["failures"].append(f"layout at the end: {st.lines()}")
         time.sleep(3)  # the workers read the layout about every second: they stop there
         left = {i: leftover(cluster, queue, i) for i in range(LOW, HIGH)}
-        # a worker whose blocking read the delete cut (UNBLOCKED) may read the layout before
-        # finish set live = shards and make the lanes' groups again (empty streams); the
-        # next finish (workers: every minute while prev is kept) deletes them: run it now
+        # a worker whose blocking read the delete cut (UNBLOCKED) reads the layout before
+        # finish sets live = shards; it takes an old shard with no live-work key left for
+        # retired (worker/reshard.py) and makes no group again. Should one be made anyway
+        # (reported here), the next finish (workers: every minute while prev is kept)
+        # deletes it: run it now
         out["made_again_then_swept"] = {i: v for i, v in left.items() if v}
         if any(left.values()):
             admin.reshard_finish(queue)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ SEED = int(os.environ.get("STREAMQ_CHAOS_SEED", "20261129"))
 @pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_flows_under_worker_kills_stops_and_failover(tmp_path: Path) -> None:
-    sizes = {k: v // 10 for k, v in LONG.items()}
+    sizes: dict[str, Any] = {k: v // 10 for k, v in LONG.items()}
     # strand_slack_s: CI's machine may be loaded; 5 s + 10 s is still half the production
     # repair interval (30 s), and a stranded parent would never be released at all
     rep = run_flows(FlowOptions(minutes=0.75, seed=SEED, concurrency=4, out=tmp_path / "f.json",
