@@ -65,7 +65,8 @@ FLOOR_STAMP := $(FLOOR_VENV)/.installed-floor-$(FLOOR_SUM)
 FLOOR_TESTS ?= tests/test_queue.py tests/test_worker_leases.py tests/test_worker_outcomes.py \
 	tests/test_scheduler.py tests/test_cluster.py tests/test_cluster_fast.py \
 	tests/test_cluster_redirects.py tests/test_sentinel.py tests/test_pool.py \
-	tests/test_workflows.py tests/test_workflows_cluster.py
+	tests/test_workflows.py tests/test_workflows_cluster.py \
+	tests/test_cancel_running.py::test_cancel_running_jobs_of_a_sharded_queue
 
 $(FLOOR_STAMP): pyproject.toml .ci/floor-requirements.txt
 	test -x $(FLOOR_VENV)/bin/python || python3 -m venv $(FLOOR_VENV)

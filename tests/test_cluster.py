@@ -415,7 +415,26 @@ async def test_a_primary_killed_while_jobs_flow(redis_cluster: ClusterServer) ->
     ledger = Ledger()
     marks: dict[str, float] = {}
 
+    before: dict[str, Any] = {}
+
     def kill() -> None:
+        # the claim below is about asynchronous replication's last moments, so the replica
+        # must be streaming from the primary when it dies (not, say, still in a full resync
+        # after an earlier test's failover): wait until it has what the primary had just now
+        wanted = int(redis_cluster.info(primary, "replication")["master_repl_offset"])
+        end = time.monotonic() + 30
+
+        def replica_state() -> dict[str, Any]:
+            repl = redis_cluster.info(replica, "replication")
+            return {k: repl.get(k) for k in ("role", "master_link_status", "slave_repl_offset",
+                                             "master_sync_in_progress")}
+        while True:
+            before.update(replica_state(), wanted=wanted)
+            if (before["master_link_status"] == "up"
+                    and int(before["slave_repl_offset"] or 0) >= wanted):
+                break
+            assert time.monotonic() < end, f"the replica never caught up: {before}"
+            time.sleep(0.05)
         marks["kill"] = time.monotonic()
         redis_cluster.kill(primary)
         redis_cluster.wait_promoted(replica)
@@ -442,8 +461,15 @@ async def test_a_primary_killed_while_jobs_flow(redis_cluster: ClusterServer) ->
             def completed() -> bool:
                 return all((i := check_q.get(j)) is not None and i.state == "completed"
                            for j in must)
-            await eventually(lambda: set(ledger.ran) >= must, timeout_s=60,
-                             what="every job accepted outside the window to run")
+            try:
+                await eventually(lambda: set(ledger.ran) >= must, timeout_s=60,
+                                 what="every job accepted outside the window to run")
+            except AssertionError as exc:
+                missing = sorted(must - set(ledger.ran))
+                seen = {j: (i.state if (i := check_q.get(j)) is not None else None)
+                        for j in missing[:10]}
+                raise AssertionError(f"{exc}: {len(missing)} not run, e.g. {seen}; the replica"
+                                     f" before the kill: {before}; marks: {marks}") from None
             await eventually(lambda: asyncio.to_thread(completed), timeout_s=60,
                              what="every job accepted outside the window to complete")
             del w

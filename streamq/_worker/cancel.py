@@ -31,6 +31,9 @@ _RECENT_S = 30.0
 """A request for a job this worker does not run (yet) is remembered this long: a job whose
 start reply is still on its way when the message arrives is stopped as soon as it launches."""
 _BATCH = 1000
+_POLL_S = 1.0
+"""How often the running jobs' records are read for a cancel request when the client has no
+pub/sub (the async cluster client of redis-py before 8.0)."""
 
 
 def cancelled(lease: Lease) -> Finish:
@@ -81,6 +84,7 @@ class CancelWatch:
         self._leases = leases
         self._recent: dict[tuple[str, str], float] = {}
         self._checks: set[asyncio.Task[None]] = set()
+        self._polling = False
         self.loop = Supervised("cancel requests", log, outage=outage, max_backoff_s=1.0)
         ev_loop = asyncio.get_running_loop()
 
@@ -151,6 +155,15 @@ class CancelWatch:
                     interrupt(x)
 
     async def _listen(self) -> float:
+        if not hasattr(self.client, "pubsub"):
+            # redis-py before 8.0 has no async cluster pub/sub: ask the running jobs' records
+            # every second instead (the lease renewal reply tells of a request too)
+            if not self._polling:
+                self._polling = True
+                log.info("cancel requests: this redis-py has no cluster pub/sub; the records"
+                         " of running jobs are read every %.0f s instead", _POLL_S)
+            await self.check_running()
+            return _POLL_S
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         try:
             on = {*self._tags, *self._alive}
