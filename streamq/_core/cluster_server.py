@@ -204,6 +204,7 @@ class ClusterServer:
         # a manual failover that does not complete within cluster-mf-timeout (5 s) is
         # aborted by Redis without a word: ask again until the replica is a primary
         end = time.monotonic() + timeout_s
+        old = int(self.info(replica, "replication").get("master_port", 0))
         while True:
             with self.node(replica) as c:
                 c.execute_command("CLUSTER", "FAILOVER")
@@ -215,6 +216,16 @@ class ClusterServer:
             except RuntimeError:
                 if time.monotonic() > end:
                     raise
+        if old in self.procs and old not in self.down:
+            # the old primary learns it was replaced from gossip: until then it still says
+            # 'master' (wait_healthy checks only replicas' links), and a test that kills the
+            # new primary before it streams from it would find its data set stale
+            def demoted() -> bool:
+                repl = self.info(old, "replication")
+                return (repl.get("role") == "slave" and repl.get("master_link_status") == "up"
+                        and int(repl.get("master_port", 0)) == replica)
+            wait_for(demoted, max(1.0, end - time.monotonic()),
+                     f"node {old} to replicate from {replica}")
         self.wait_healthy(timeout_s)
 
     def slot_owner(self, slot: int) -> int:
