@@ -18,11 +18,9 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from helpers import eventually, fast
 
 from schedulers import Scheduler, SchedulerConfig
@@ -37,15 +35,6 @@ from streamq.admin import Admin, AsyncAdmin
 
 TESTS = Path(__file__).parent
 ACCEPTED = ("queued", "scheduled")
-
-
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
-    if request.param == "standalone":
-        yield request.getfixturevalue("url"), None
-    else:
-        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
-        yield cluster.url, cluster
 
 
 def fresh(cluster: ClusterServer | None) -> str:
