@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import eventually, fast
 
 from schedulers import Scheduler, SchedulerConfig
@@ -38,7 +39,9 @@ from streamq._core import reshard
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.conn import sync_client
 from streamq._core.driver import _send, drive
+from streamq._core.errors import ReplicationTimeout
 from streamq._core.keys import Keys, shard_keys, shard_of
+from streamq._core.server import RedisServer
 from streamq._core.shards import read as read_layout
 from streamq.admin import Admin, AsyncAdmin
 
@@ -346,6 +349,57 @@ async def test_a_retired_shard_keeps_no_search_index(
         assert [h.shard for h in admin.find(name, id=ids[0]).items] == [2]
     finally:
         admin.close()
+
+
+async def test_a_reshard_waits_for_replicas_as_a_producer_does() -> None:
+    """With ``min_replicas`` the admin's reshard and finish end with a barrier and WAIT, as an
+    enqueue does: one server has no replica, so each call raises the producer's typed error
+    (ReplicationTimeout) while its writes stand on the primary, and a repeat (which writes
+    nothing) raises it again; with 0 (the default) no WAIT is sent at all."""
+    server = RedisServer().start()
+    name = fresh(None)
+    strict = QueueConfig(shards=3, min_replicas=1, min_replicas_timeout_ms=50)
+    plain = Admin.from_url(server.url, QueueConfig(shards=3))
+    admin = Admin.from_url(server.url, strict)
+    aadmin = AsyncAdmin.from_url(server.url, strict)
+    client: Any = plain.client
+
+    def waits() -> int:
+        stats: Any = client.info("commandstats")
+        return int(stats.get("cmdstat_wait", {}).get("calls", 0))
+
+    try:
+        with Queue.from_url(server.url, name, QueueConfig(shards=3)) as q:
+            q.enqueue("work", job_id="x")
+        assert plain.reshard(name, 2).shards == 2
+        assert plain.reshard_finish(name).done
+        assert waits() == 0  # min_replicas 0: nothing waits
+        with pytest.raises(ReplicationTimeout) as got:
+            admin.reshard(name, 4)
+        assert (got.value.job_ids, got.value.replicas, got.value.wanted) == ([], 0, 1)
+        assert f"the reshard of queue {name!r} to 4 shards" in str(got.value)
+        assert waits() == 1
+        st = plain.reshard_status(name)
+        assert (st.shards, st.epoch) == (4, 2)  # written on the primary all the same
+        with pytest.raises(ReplicationTimeout):
+            admin.reshard(name, 4)  # a repeat writes nothing: the barrier still waits
+        with pytest.raises(ReplicationTimeout):
+            await aadmin.reshard(name, 4)
+        with pytest.raises(ReplicationTimeout):
+            admin.reshard_finish(name)
+        with pytest.raises(ReplicationTimeout):
+            await aadmin.reshard_finish(name)
+        assert waits() == 5 and plain.reshard_status(name).epoch == 2
+        out = await asyncio.to_thread(cli, server.url, "reshard", name, "4",
+                                      "--min-replicas", "1")
+        assert out.returncode != 0 and "confirmed by 0 of 1 replica(s)" in out.stderr
+        out = await asyncio.to_thread(cli, server.url, "reshard", name, "4")
+        assert out.returncode == 0 and waits() == 6
+    finally:
+        plain.close()
+        admin.close()
+        await aadmin.close()
+        server.close()
 
 
 async def test_the_async_admin_reshards_too(url: str) -> None:
