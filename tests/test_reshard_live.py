@@ -402,6 +402,30 @@ async def test_a_reshard_waits_for_replicas_as_a_producer_does() -> None:
         server.close()
 
 
+@pytest.mark.cluster
+async def test_a_reshard_on_the_cluster_waits_on_each_node(redis_cluster: ClusterServer
+                                                            ) -> None:
+    """On the cluster (one replica per primary) the reshard's barriers go to the slots of
+    its shards, every primary, and each node's WAIT counts its replica: one asked is
+    confirmed, two asked raise ReplicationTimeout saying one confirmed."""
+    url, name = redis_cluster.url, fresh(redis_cluster)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("work", job_id="x")
+    one = AsyncAdmin.from_url(url, QueueConfig(shards=3, min_replicas=1,
+                                               min_replicas_timeout_ms=5000))
+    two = Admin.from_url(url, QueueConfig(shards=3, min_replicas=2, min_replicas_timeout_ms=50))
+    try:
+        assert (await one.reshard(name, 6)).shards == 6
+        with pytest.raises(ReplicationTimeout) as told:
+            two.reshard(name, 3)
+        assert (told.value.replicas, told.value.wanted) == (1, 2)
+        assert (await one.reshard_status(name)).shards == 3
+        assert (await one.reshard_finish(name)).done  # (the old shards held nothing)
+    finally:
+        await one.close()
+        two.close()
+
+
 async def test_the_async_admin_reshards_too(url: str) -> None:
     name = fresh(None)
     with Queue.from_url(url, name, QueueConfig(shards=2)) as q:
