@@ -4,6 +4,7 @@
     python -m benchmarks.search_bench [--jobs 200000] [--dead 20000] [--reps 40] [--url ...]
     python -m benchmarks.search_bench --jobs 1000000 --dead 100000   # the issue's scale
     python -m benchmarks.search_bench --smoke                        # tiny, seconds
+    python -m benchmarks.search_bench --script-cost 20000   # one-job calls: script us per call
     ... --out benchmarks/results/search_1m.json                        # the rows as JSON
 
 Cost: ``jobs`` jobs are enqueued with ``enqueue_many`` (calls of 1,000), then ``jobs / 20``
@@ -81,6 +82,22 @@ def load(url: str, client: redis.Redis, name: str, cfg: QueueConfig, n: int) -> 
     return {"redis_cpu_us_per_job": cpu / n * 1e6, "wall_us_per_job": wall / n * 1e6,
             "bytes_per_job": mem / n, "single_redis_cpu_us": cpu1 / ones * 1e6,
             "single_wall_us": wall1 / ones * 1e6}
+
+
+def script_cost(url: str, client: redis.Redis, n: int) -> dict[str, float]:
+    """``n`` one-job enqueue calls into the search queue (after 2,000 to warm up its
+    indexes): the enqueue script's own Redis time per call (INFO commandstats, EVALSHA's
+    usec_per_call), steadier than INFO cpu, which counts the whole server."""
+    rnd = random.Random(7)
+    with Queue.from_url(url, "bench-script", config=SEARCH) as q:
+        for i in range(2000 + n):
+            if i == 2000:
+                client.config_resetstat()
+            spec = _spec(i, rnd)
+            q.enqueue(spec.pop("type"), spec.pop("payload"), **spec)
+    st: Any = client.info("commandstats")
+    return {"calls": st["cmdstat_evalsha"]["calls"],
+            "script_us_per_call": st["cmdstat_evalsha"]["usec_per_call"]}
 
 
 async def dead_letters(url: str, name: str, n: int) -> float:
@@ -184,6 +201,9 @@ def main() -> None:
     p.add_argument("--url", default=None)
     p.add_argument("--smoke", action="store_true", help="2,000 jobs, 200 dead, 3 reps")
     p.add_argument("--out", default=None, help="write every figure to this JSON file")
+    p.add_argument("--script-cost", type=int, default=0, metavar="N",
+                   help="only this: N one-job enqueue calls with search, the script's Redis"
+                        " time per call (commandstats)")
     args = p.parse_args()
     logging.getLogger("streamq").setLevel(logging.CRITICAL)  # (the dead letters' warnings)
     if args.smoke:
@@ -193,6 +213,9 @@ def main() -> None:
     url = args.url or server.url  # type: ignore[union-attr]
     client = redis.Redis.from_url(url, protocol=2)
     try:
+        if args.script_cost:
+            print(json.dumps(script_cost(url, client, args.script_cost)), flush=True)
+            return
         plain = load(url, client, "bench-plain", QueueConfig(), args.jobs)
         searched = load(url, client, "bench-search", SEARCH, args.jobs)
         cost = {"jobs": args.jobs, "plain": {k: round(v, 2) for k, v in plain.items()},

@@ -241,7 +241,9 @@ class Admin:
         a repeat after a lost reply or a dead driver finishes the same reshard; raises
         ReshardInProgress while another count is being published). Old shards drain and
         are deleted by the workers (``reshard_finish``; docs/scaling.md#resharding)."""
-        return drive(self.client, _rs.begin(self._k(queue), self.config, shards))
+        k = self._k(queue)
+        return _rs.replicated(self.client, self.config, k, drive(self.client, _rs.begin(
+            k, self.config, shards)))
 
     def reshard_status(self, queue: str) -> ReshardStatus:
         """The layout, and what each old shard of a reshard down still holds."""
@@ -249,7 +251,8 @@ class Admin:
 
     def reshard_finish(self, queue: str) -> ReshardStatus:
         """Delete the drained old shards now (workers do it about every 5 s); safe to repeat."""
-        return drive(self.client, _rs.finish(self._k(queue)))
+        k = self._k(queue)  # (with min_replicas: a barrier and WAIT, as after an enqueue)
+        return _rs.replicated(self.client, self.config, k, drive(self.client, _rs.finish(k)))
 
     def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
         return drive(self.client, self.ops.concat(queue, None, lambda k: _ops.prune(
@@ -507,13 +510,17 @@ class AsyncAdmin:
 
     async def reshard(self, queue: str, shards: int) -> ReshardStatus:
         """``Admin.reshard`` (docs/scaling.md#resharding)."""
-        return await self._run(queue, _rs.begin(self._k(queue), self.config, shards))
+        k = self._k(queue)
+        return await _rs.areplicated(await self.client_for(queue), self.config, k,
+                                     await self._run(queue, _rs.begin(k, self.config, shards)))
 
     async def reshard_status(self, queue: str) -> ReshardStatus:
         return await self._run(queue, _rs.status(self._k(queue), self.config))
 
     async def reshard_finish(self, queue: str) -> ReshardStatus:
-        return await self._run(queue, _rs.finish(self._k(queue)))
+        k = self._k(queue)
+        return await _rs.areplicated(await self.client_for(queue), self.config, k,
+                                     await self._run(queue, _rs.finish(k)))
 
     async def prune(self, queue: str, dead_after_s: float = 600.0) -> list[str]:
         return await self._run(queue, self.ops.concat(queue, None, lambda k: _ops.prune(

@@ -69,6 +69,17 @@ def cluster_url(redis_cluster: ClusterServer) -> str:
     return redis_cluster.url
 
 
+@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
+def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
+    """(url, cluster or None): the test runs twice, on the session's one server and on its
+    Redis Cluster (marked ``cluster``)."""
+    if request.param == "standalone":
+        yield request.getfixturevalue("url"), None
+    else:
+        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
+        yield cluster.url, cluster
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local Spark session for every test that needs one (a second builder in another

@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -393,15 +392,6 @@ async def test_cli_and_admin_cancel_a_running_job(url: str, qname: str) -> None:
         q.close()
         admin.close()
         await aadmin.close()
-
-
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
-    if request.param == "standalone":
-        yield request.getfixturevalue("url"), None
-    else:
-        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
-        yield cluster.url, cluster
 
 
 async def test_cancel_running_jobs_of_a_sharded_queue(

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,26 +25,28 @@ import pytest
 from helpers import eventually, fast
 
 from schedulers import Scheduler, SchedulerConfig
-from streamq import Fail, Job, Queue, QueueConfig, Registry, ReshardStatus, Worker
+from streamq import (
+    Fail,
+    Job,
+    Queue,
+    QueueConfig,
+    Registry,
+    ReshardStatus,
+    SearchConfig,
+    Worker,
+)
 from streamq._core import reshard
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.conn import sync_client
 from streamq._core.driver import _send, drive
+from streamq._core.errors import ReplicationTimeout
 from streamq._core.keys import Keys, shard_keys, shard_of
+from streamq._core.server import RedisServer
 from streamq._core.shards import read as read_layout
 from streamq.admin import Admin, AsyncAdmin
 
 TESTS = Path(__file__).parent
 ACCEPTED = ("queued", "scheduled")
-
-
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
-    if request.param == "standalone":
-        yield request.getfixturevalue("url"), None
-    else:
-        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
-        yield cluster.url, cluster
 
 
 def fresh(cluster: ClusterServer | None) -> str:
@@ -302,6 +303,127 @@ async def test_an_old_shard_with_work_is_kept_until_it_is_gone(url: str) -> None
         assert client.exists(Keys(name, shard=shard_of(held[0], 2)).job(held[0]))
     finally:
         admin.close()
+
+
+async def test_a_retired_shard_keeps_no_search_index(
+        where: tuple[str, ClusterServer | None], monkeypatch: Any) -> None:
+    """A queue with search on, resharded down: the retired shard's type, group and field
+    indexes (names no other key lists: read from its index registry, in pages) go with it,
+    so nothing of it is left but its 'lay' holder (and job records, which expire)."""
+    url, cluster = where
+    monkeypatch.setattr(reshard, "IX_PAGE", 3)  # several registry pages per retired shard
+    name = fresh(cluster)
+    cfg = QueueConfig(shards=3, search=SearchConfig(fields={"work": ["customer"]}))
+    ids = [j for j in (f"ix-{i}" for i in range(200)) if shard_of(j, 3) == 2][:12]
+    admin = Admin.from_url(url, cfg)
+    client: Any = admin.client
+    try:
+        with Queue.from_url(url, name, cfg) as q:
+            for n, jid in enumerate(ids):
+                q.enqueue("work" if n % 3 else "other", {"customer": f"c{n % 5}"},
+                          job_id=jid, group=f"g{n % 4}")
+        k2 = Keys(name, shard=2)
+        made = set(leftover(client, name, 2))
+        assert {k2.ix_group("g3"), k2.ix_field("work", "customer", "c4"), k2.ix_type("other"),
+                k2.ix_all, k2.ix_keys} <= made
+        # a type index written by the previous release (no registry then): found by the job
+        # types the workers published
+        assert client.zrem(k2.ix_keys, k2.ix_type("other")) == 1
+        reg = Registry()
+        ran: set[str] = set()
+
+        @reg.handler("work")
+        @reg.handler("other")
+        async def work(job: Job) -> None:
+            ran.add(job.id)
+
+        st = admin.reshard(name, 2)
+        assert (st.shards, st.live) == (2, 3)
+        async with Worker(url, [name], reg, fast(), cfg):
+            await eventually(lambda: ran == set(ids), 30, "the old shard's jobs ran")
+            await eventually(lambda: admin.reshard_finish(name).done, 30, "old shard gone")
+        assert leftover(client, name, 2) == [k2.stats]
+        assert client.hgetall(k2.stats) == {b"lay": b"2"}
+        # records stay until they expire: found by id
+        assert admin.job(name, ids[0]) is not None
+        assert [h.shard for h in admin.find(name, id=ids[0]).items] == [2]
+    finally:
+        admin.close()
+
+
+async def test_a_reshard_waits_for_replicas_as_a_producer_does() -> None:
+    """With ``min_replicas`` the admin's reshard and finish end with a barrier and WAIT, as an
+    enqueue does: one server has no replica, so each call raises the producer's typed error
+    (ReplicationTimeout) while its writes stand on the primary, and a repeat (which writes
+    nothing) raises it again; with 0 (the default) no WAIT is sent at all."""
+    server = RedisServer().start()
+    name = fresh(None)
+    strict = QueueConfig(shards=3, min_replicas=1, min_replicas_timeout_ms=50)
+    plain = Admin.from_url(server.url, QueueConfig(shards=3))
+    admin = Admin.from_url(server.url, strict)
+    aadmin = AsyncAdmin.from_url(server.url, strict)
+    client: Any = plain.client
+
+    def waits() -> int:
+        stats: Any = client.info("commandstats")
+        return int(stats.get("cmdstat_wait", {}).get("calls", 0))
+
+    try:
+        with Queue.from_url(server.url, name, QueueConfig(shards=3)) as q:
+            q.enqueue("work", job_id="x")
+        assert plain.reshard(name, 2).shards == 2
+        assert plain.reshard_finish(name).done
+        assert waits() == 0  # min_replicas 0: nothing waits
+        with pytest.raises(ReplicationTimeout) as got:
+            admin.reshard(name, 4)
+        assert (got.value.job_ids, got.value.replicas, got.value.wanted) == ([], 0, 1)
+        assert f"the reshard of queue {name!r} to 4 shards" in str(got.value)
+        assert waits() == 1
+        st = plain.reshard_status(name)
+        assert (st.shards, st.epoch) == (4, 2)  # written on the primary all the same
+        with pytest.raises(ReplicationTimeout):
+            admin.reshard(name, 4)  # a repeat writes nothing: the barrier still waits
+        with pytest.raises(ReplicationTimeout):
+            await aadmin.reshard(name, 4)
+        with pytest.raises(ReplicationTimeout):
+            admin.reshard_finish(name)
+        with pytest.raises(ReplicationTimeout):
+            await aadmin.reshard_finish(name)
+        assert waits() == 5 and plain.reshard_status(name).epoch == 2
+        out = await asyncio.to_thread(cli, server.url, "reshard", name, "4",
+                                      "--min-replicas", "1")
+        assert out.returncode != 0 and "confirmed by 0 of 1 replica(s)" in out.stderr
+        out = await asyncio.to_thread(cli, server.url, "reshard", name, "4")
+        assert out.returncode == 0 and waits() == 6
+    finally:
+        plain.close()
+        admin.close()
+        await aadmin.close()
+        server.close()
+
+
+@pytest.mark.cluster
+async def test_a_reshard_on_the_cluster_waits_on_each_node(redis_cluster: ClusterServer
+                                                            ) -> None:
+    """On the cluster (one replica per primary) the reshard's barriers go to the slots of
+    its shards, every primary, and each node's WAIT counts its replica: one asked is
+    confirmed, two asked raise ReplicationTimeout saying one confirmed."""
+    url, name = redis_cluster.url, fresh(redis_cluster)
+    with Queue.from_url(url, name, QueueConfig(shards=3)) as q:
+        q.enqueue("work", job_id="x")
+    one = AsyncAdmin.from_url(url, QueueConfig(shards=3, min_replicas=1,
+                                               min_replicas_timeout_ms=5000))
+    two = Admin.from_url(url, QueueConfig(shards=3, min_replicas=2, min_replicas_timeout_ms=50))
+    try:
+        assert (await one.reshard(name, 6)).shards == 6
+        with pytest.raises(ReplicationTimeout) as told:
+            two.reshard(name, 3)
+        assert (told.value.replicas, told.value.wanted) == (1, 2)
+        assert (await one.reshard_status(name)).shards == 3
+        assert (await one.reshard_finish(name)).done  # (the old shards held nothing)
+    finally:
+        await one.close()
+        two.close()
 
 
 async def test_the_async_admin_reshards_too(url: str) -> None:

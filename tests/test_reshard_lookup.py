@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
 
@@ -46,16 +45,6 @@ from streamq._producer.flows import _prepared, wait_call
 from streamq.admin import Admin, AsyncAdmin
 
 C3, C6 = QueueConfig(shards=3), QueueConfig(shards=6)
-
-
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
-    """(url, cluster or None): one server, or the session's Redis Cluster."""
-    if request.param == "standalone":
-        yield request.getfixturevalue("url"), None
-    else:
-        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
-        yield cluster.url, cluster
 
 
 def moved(tag: str, a: int = 3, b: int = 6, *, to: int | None = None) -> str:

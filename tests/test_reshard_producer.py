@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -44,16 +43,6 @@ from streamq._producer import prepare as prod
 
 W = 3600
 """The reshard's retention window (s)."""
-
-
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
-    """(url, cluster or None): one server, or the session's Redis Cluster."""
-    if request.param == "standalone":
-        yield request.getfixturevalue("url"), None
-    else:
-        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
-        yield cluster.url, cluster
 
 
 def fresh(cluster: ClusterServer | None, shards: int = 6) -> str:

@@ -236,6 +236,28 @@ def test_a_lagging_replica_times_the_wait_out_even_for_a_duplicate(
         assert later.enqueue("echo", job_id="lagged").status == "duplicate"  # confirmed now
 
 
+def test_a_reshard_waits_for_the_replica(surl: str, qname: str) -> None:
+    """``Admin.reshard`` / ``reshard_finish`` with ``min_replicas``: the replica confirms the
+    reshard's writes, so the call answers; asked for two, it raises ReplicationTimeout naming
+    the one that confirmed (the reshard stands on the primary)."""
+    with Queue.from_url(surl, qname, QueueConfig(shards=2)) as q:
+        q.enqueue("echo", job_id="x")
+    one = Admin.from_url(surl, QueueConfig(shards=2, min_replicas=1,
+                                           min_replicas_timeout_ms=5000))
+    two = Admin.from_url(surl, QueueConfig(shards=2, min_replicas=2,
+                                           min_replicas_timeout_ms=50))
+    try:
+        assert one.reshard(qname, 3).shards == 3
+        assert one.reshard_finish(qname).done
+        with pytest.raises(ReplicationTimeout) as told:
+            two.reshard(qname, 2)
+        assert (told.value.replicas, told.value.wanted) == (1, 2)
+        assert one.reshard_status(qname).shards == 2
+    finally:
+        one.close()
+        two.close()
+
+
 async def test_a_worker_whose_wait_times_out_warns_and_goes_on(
         surl: str, qname: str, caplog: pytest.LogCaptureFixture) -> None:
     Queue.from_url(surl, qname).enqueue_many([{"type": "echo", "payload": i}

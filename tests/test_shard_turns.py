@@ -132,15 +132,6 @@ async def test_a_cancelled_wait_passes_the_turn_on() -> None:
 # ------------------------------------------------------------------------- on a real server
 
 
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
-    if request.param == "standalone":
-        yield request.getfixturevalue("url"), None
-    else:
-        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
-        yield cluster.url, cluster
-
-
 def fresh(cluster: ClusterServer | None, shards: int) -> str:
     while True:
         name = f"st-{uuid.uuid4().hex[:10]}"

@@ -18,7 +18,6 @@ import sys
 import urllib.parse
 import uuid
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -44,16 +43,6 @@ from streamq._core.keys import MAX_SHARDS, shard_keys, shard_of
 from streamq._core.shards import LAYOUT_FIELDS
 from streamq._core.shards import check as check_shards
 from streamq.admin import Admin
-
-
-@pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])
-def where(request: pytest.FixtureRequest) -> Iterator[tuple[str, ClusterServer | None]]:
-    """(url, cluster or None): one server, or the session's Redis Cluster."""
-    if request.param == "standalone":
-        yield request.getfixturevalue("url"), None
-    else:
-        cluster: ClusterServer = request.getfixturevalue("redis_cluster")
-        yield cluster.url, cluster
 
 
 def fresh(cluster: ClusterServer | None, shards: int) -> str:

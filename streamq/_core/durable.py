@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from redis.exceptions import (
@@ -491,14 +491,22 @@ def drive_confirmed(client: Any, op: Op[T], config: QueueConfig, barrier: str
     out = drive(client, _noting(op, seen))
     if not seen:
         return out, config.min_replicas
+    return out, replicated(client, config, seen, barrier)
+
+
+def replicated(client: Any, config: QueueConfig, keys: Iterable[str], barrier: str) -> int:
+    """Write a barrier and WAIT (``config.min_replicas``, its timeout): the fewest replicas
+    that confirmed everything the primaries of ``keys`` had written by then, whoever wrote
+    it (on one server: a PUBLISH on ``barrier`` then WAIT on its connection; on a cluster: a
+    keyed barrier in each slot of ``keys`` and a WAIT per node)."""
     if is_cluster(client):
-        cmds, tail = _confirm_cmds(config, seen, barrier)
+        cmds, tail = _confirm_cmds(config, set(keys), barrier)
         got, tails = nodes.run_tailed(client, cmds, tail, each=True)
-        return out, _fewest(got, tails)
+        return _fewest(got, tails)
     pipe = client.pipeline(transaction=False)
     for cmd in _wait_cmds(config, barrier):
         pipe.execute_command(*cmd)
-    return out, int(pipe.execute()[-1])
+    return int(pipe.execute()[-1])
 
 
 async def adrive_confirmed(client: Any, op: Op[T], config: QueueConfig, barrier: str
@@ -510,14 +518,20 @@ async def adrive_confirmed(client: Any, op: Op[T], config: QueueConfig, barrier:
     out = await adrive(client, _noting(op, seen))
     if not seen:
         return out, config.min_replicas
+    return out, await areplicated(client, config, seen, barrier)
+
+
+async def areplicated(client: Any, config: QueueConfig, keys: Iterable[str], barrier: str
+                      ) -> int:
+    """:func:`replicated` for an asyncio client."""
     if is_cluster(client):
-        cmds, tail = _confirm_cmds(config, seen, barrier)
+        cmds, tail = _confirm_cmds(config, set(keys), barrier)
         got, tails = await nodes.arun_tailed(client, cmds, tail, each=True)
-        return out, _fewest(got, tails)
+        return _fewest(got, tails)
     pipe = client.pipeline(transaction=False)
     for cmd in _wait_cmds(config, barrier):
         pipe.execute_command(*cmd)
-    return out, int((await pipe.execute())[-1])
+    return int((await pipe.execute())[-1])
 
 
 def confirm_ids(config: QueueConfig, acked: int | None, job_ids: list[str],

@@ -127,16 +127,20 @@ class ReplicationTimeout(StreamqError):
     """With ``QueueConfig.min_replicas``: fewer replicas than asked confirmed an enqueue in
     time. The jobs ARE written on the primary (``results`` says how each was answered); they
     can be lost only if that primary dies before replicating them. Enqueueing them again with
-    the same job ids is safe (dedup answers ``duplicate`` for those that survived)."""
+    the same job ids is safe (dedup answers ``duplicate`` for those that survived). Raised
+    by ``Admin.reshard`` / ``reshard_finish`` too (``job_ids`` empty, ``what`` names the
+    reshard): the layout stands on the primary, and repeating the call is safe."""
 
     def __init__(self, job_ids: list[str], replicas: int, wanted: int, timeout_ms: int,
-                 results: list[Any] | None = None) -> None:
+                 results: list[Any] | None = None, *, what: str | None = None) -> None:
         shown = ", ".join(repr(j) for j in job_ids[:5]) + (" …" if len(job_ids) > 5 else "")
         super().__init__(
             f"{len(job_ids)} job(s) ({shown}) written on the primary but confirmed by"
             f" {replicas} of {wanted} replica(s) within {timeout_ms} ms: they are lost only if"
             " the primary dies before replicating them; enqueueing them again with the same"
-            " job ids is safe")
+            " job ids is safe" if what is None else
+            f"{what} written on the primary but confirmed by {replicas} of {wanted}"
+            f" replica(s) within {timeout_ms} ms: repeating it is safe")
         self.job_ids = job_ids
         self.replicas = replicas
         self.wanted = wanted

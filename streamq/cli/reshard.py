@@ -8,7 +8,10 @@ import argparse
 import time
 from typing import Any
 
+import attrs
+
 from .._core.errors import InvalidArgument
+from ..admin import Admin
 from .common import Ctx, _duration
 
 WAIT_EVERY_S = 1.0
@@ -18,6 +21,8 @@ def cmd_reshard(ctx: Ctx) -> None:
     a = ctx.args
     queue = ctx.queue(a.queue)
     admin = ctx.admin
+    if a.min_replicas:  # a barrier and WAIT after its writes, as a producer's (ReplicationTimeout)
+        admin = Admin(admin.client, attrs.evolve(ctx.config, min_replicas=a.min_replicas))
     if a.count is None and not (a.status or a.wait):
         raise InvalidArgument("reshard needs a shard count N (or --status, --wait)")
     st = admin.reshard(queue, a.count) if a.count is not None else admin.reshard_status(queue)
@@ -45,3 +50,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="wait until the old shards are drained and deleted")
     p.add_argument("--timeout", type=_duration, default=600.0, metavar="DURATION",
                    help="--wait at most this long (default 10m)")
+    p.add_argument("--min-replicas", type=int, default=0, metavar="N",
+                   help="WAIT until N replicas have the reshard's writes (up to 1 s; fails"
+                        " when fewer confirm: run it again); default 0, no WAIT")
