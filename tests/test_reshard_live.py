@@ -25,16 +25,7 @@ import pytest
 from helpers import eventually, fast
 
 from schedulers import Scheduler, SchedulerConfig
-from streamq import (
-    Fail,
-    Job,
-    Queue,
-    QueueConfig,
-    Registry,
-    ReshardStatus,
-    SearchConfig,
-    Worker,
-)
+from streamq import Fail, Job, Queue, QueueConfig, Registry, ReshardStatus, Worker
 from streamq._core import reshard
 from streamq._core.cluster_server import ClusterServer
 from streamq._core.conn import sync_client
@@ -301,52 +292,6 @@ async def test_an_old_shard_with_work_is_kept_until_it_is_gone(url: str) -> None
             assert q.enqueue("work", job_id=held[0]).status == "queued"
         assert leftover(client, name, 2) == [Keys(name, shard=2).stats]
         assert client.exists(Keys(name, shard=shard_of(held[0], 2)).job(held[0]))
-    finally:
-        admin.close()
-
-
-async def test_a_retired_shard_keeps_no_search_index(
-        where: tuple[str, ClusterServer | None], monkeypatch: Any) -> None:
-    """A queue with search on, resharded down: the retired shard's type, group and field
-    indexes (names no other key lists: read from its index registry, in pages) go with it,
-    so nothing of it is left but its 'lay' holder (and job records, which expire)."""
-    url, cluster = where
-    monkeypatch.setattr(reshard, "IX_PAGE", 3)  # several registry pages per retired shard
-    name = fresh(cluster)
-    cfg = QueueConfig(shards=3, search=SearchConfig(fields={"work": ["customer"]}))
-    ids = [j for j in (f"ix-{i}" for i in range(200)) if shard_of(j, 3) == 2][:12]
-    admin = Admin.from_url(url, cfg)
-    client: Any = admin.client
-    try:
-        with Queue.from_url(url, name, cfg) as q:
-            for n, jid in enumerate(ids):
-                q.enqueue("work" if n % 3 else "other", {"customer": f"c{n % 5}"},
-                          job_id=jid, group=f"g{n % 4}")
-        k2 = Keys(name, shard=2)
-        made = set(leftover(client, name, 2))
-        assert {k2.ix_group("g3"), k2.ix_field("work", "customer", "c4"), k2.ix_type("other"),
-                k2.ix_all, k2.ix_keys} <= made
-        # a type index written by the previous release (no registry then): found by the job
-        # types the workers published
-        assert client.zrem(k2.ix_keys, k2.ix_type("other")) == 1
-        reg = Registry()
-        ran: set[str] = set()
-
-        @reg.handler("work")
-        @reg.handler("other")
-        async def work(job: Job) -> None:
-            ran.add(job.id)
-
-        st = admin.reshard(name, 2)
-        assert (st.shards, st.live) == (2, 3)
-        async with Worker(url, [name], reg, fast(), cfg):
-            await eventually(lambda: ran == set(ids), 30, "the old shard's jobs ran")
-            await eventually(lambda: admin.reshard_finish(name).done, 30, "old shard gone")
-        assert leftover(client, name, 2) == [k2.stats]
-        assert client.hgetall(k2.stats) == {b"lay": b"2"}
-        # records stay until they expire: found by id
-        assert admin.job(name, ids[0]) is not None
-        assert [h.shard for h in admin.find(name, id=ids[0]).items] == [2]
     finally:
         admin.close()
 

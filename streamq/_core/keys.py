@@ -372,13 +372,6 @@ class Keys:
         with ``ix_all``."""
         return f"{self.base}:ix:ids"
 
-    @property
-    def ix_keys(self) -> str:
-        """ZSET: the names of the shard's type, group and field indexes -> when each was last
-        written (ms; trimmed with ``ix_all``), so a reshard's retire deletes them all without a
-        SCAN (their names hold groups and field values no other key lists)."""
-        return f"{self.base}:ix:keys"
-
     def ix_type(self, job_type: str) -> str:
         """ZSET: ids of one job type -> enqueue ms."""
         return f"{self.base}:ix:t:{job_type}"

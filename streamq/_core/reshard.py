@@ -19,10 +19,8 @@
     1. retires each old-only shard (``shards <= i < live``, and the shards of earlier
        counts above ``shards`` while ``prev`` is kept: a repeat deletes what a late writer
        left) that holds no live work, with ``retire.lua``: the check and the delete of one
-       shard in one script, so a job that arrives meanwhile is never deleted; its search
-       indexes go too (the names in its index registry, ``Keys.ix_keys``, a page per call);
-       job records stay until they expire, and the shard's ``lay`` stays (stale producers
-       are refused);
+       shard in one script, so a job that arrives meanwhile is never deleted; job records
+       stay until they expire, and the shard's ``lay`` stays (stale producers are refused);
     2. when every old-only shard is retired, sets ``live = shards`` (``relayout.lua``, only
        on the layout it read: a reshard begun meanwhile keeps its live shards);
     3. when server time has passed ``prev_until``, drops ``prev`` and ``prev_until``.
@@ -38,7 +36,6 @@ whose id moved home first looks in its old homes (dedup by id stays exact).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 
@@ -135,9 +132,8 @@ def other_keys(k: Keys, consumers: list[str], types: list[str], inboxes: Sequenc
                ) -> list[str]:
     """The shard's other non-record keys (deleted by retire.lua besides ``live_work_keys``
     and ``stats``): its workers' per-consumer keys, the hand-off inboxes its tickets name
-    (by token prefix; an inbox without a ticket expires within a minute) and the type index
-    of each job type the queue's workers published (an index written before the index
-    registry, ``Keys.ix_keys``, which ``retire`` reads for the rest, existed)."""
+    (by token prefix; an inbox without a ticket expires within a minute) and its job types'
+    search index too."""
     out = [k.tickets, k.rate, k.levels, k.events, k.lease_seq, k.paused, k.workers, k.types,
            k.series_minutes, k.series_hours, k.group_index, k.group_config, k.group_tat,
            k.group_parked, k.recent, k.ix_all, k.ix_ids, k.ix_ew, k.ix_ewl]
@@ -160,73 +156,38 @@ def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-IX_PAGE = 1000
-"""Index key names read from a shard's index registry per retire.lua call."""
-IX_PAGES = 100
-"""Registry pages one ``retire`` goes through per shard (the next ``finish`` goes on)."""
-
-
-def _indexes(k: Keys, page: list[Any]) -> list[str]:
-    """The names in a page of ``k``'s index registry that are this shard's index keys (a
-    name written by hand elsewhere is passed over: it may be in another slot)."""
-    mine = f"{k.base}:ix:"
-    return [n for n in map(_s, page) if n.startswith(mine) and n != k.ix_keys]
-
-
 def retire(keys: Keys, shards: range, count: int) -> Op[list[Retired]]:
     """Retire each of ``shards`` that holds no live work (retire.lua), one step for all;
-    ``count``: the layout's shard count (a shard frozen for another count is kept). The
-    shard's search indexes go in the same calls: the names its index registry holds
-    (``Keys.ix_keys``, read in pages of ``IX_PAGE``, each page deleted by a retire.lua call
-    that checks the shard again), and the type index of each job type the workers
-    published (shard 0's ``types``)."""
+    ``count``: the layout's shard count (a shard frozen for another count is kept)."""
     if not shards:
         return []
     parts = [keys.of_shard(i) for i in shards]
+    # the job types published by workers (shard 0's types HASH) name the type indexes
     reads = yield [Cmd.of("HKEYS", keys.of_shard(0).types), *(
         c for k in parts for c in (Cmd.of("ZRANGE", k.workers, 0, -1),
-                                   Cmd.of("ZRANGE", k.tickets, 0, -1),
-                                   Cmd.of("ZRANGE", k.ix_keys, 0, IX_PAGE - 1)))]
+                                   Cmd.of("ZRANGE", k.tickets, 0, -1)))]
     types = sorted(_s(t) for t in ok(reads[0]))
     calls: list[Cmd | Call] = []
-    pages: list[list[Any]] = []
     for n, k in enumerate(parts):
-        consumers = sorted(_s(c) for c in ok(reads[1 + 3 * n]))
+        consumers = sorted(_s(c) for c in ok(reads[1 + 2 * n]))
         # a ticket: '<record key prefix>|<inbox key>|<token prefix>|...' (ticket.lua)
-        tickets = [_s(t).split("|") for t in ok(reads[2 + 3 * n])]
+        tickets = [_s(t).split("|") for t in ok(reads[2 + 2 * n])]
         inboxes = sorted({t[2] for t in tickets if len(t) > 2 and t[2].isalnum()})
-        pages.append(ok(reads[3 + 3 * n]))
-        ix = _indexes(k, pages[-1])
         live = live_work_keys(k)
-        calls.append(Call("retire", [*live, k.stats, *other_keys(k, consumers, types, inboxes),
-                                     k.ix_keys, *ix], [GROUP, len(live), count, len(ix)]))
+        calls.append(Call("retire", [*live, k.stats,
+                                     *other_keys(k, consumers, types, inboxes)],
+                          [GROUP, len(live), count]))
     replies = yield calls
     out = []
-    more: list[Keys] = []  # retired, and their registry page was full: read the next one
-    for k, r, page in zip(parts, replies, pages, strict=True):
+    for k, r in zip(parts, replies, strict=True):
         r = ok(r)
         if _s(r[0]) == "retired":
             out.append(Retired(k.shard, True))
-            if len(page) >= IX_PAGE and _indexes(k, page):
-                more.append(k)
         elif _s(r[0]) == "moved":  # a reshard begun since froze it: not ours to delete
             out.append(Retired(k.shard, False, k.stats, 0))
         else:
             live = live_work_keys(k)
             out.append(Retired(k.shard, False, live[int(r[1]) - 1], int(r[2])))
-    for _ in range(IX_PAGES - 1):
-        if not more:
-            break
-        got = yield [Cmd.of("ZRANGE", k.ix_keys, 0, IX_PAGE - 1) for k in more]
-        pages = [ok(g) for g in got]
-        step: list[Cmd | Call] = []
-        for k, page in zip(more, pages, strict=True):
-            ix, live = _indexes(k, page), live_work_keys(k)
-            step.append(Call("retire", [*live, k.stats, k.ix_keys, *ix],
-                             [GROUP, len(live), count, len(ix)]))
-        replies = yield step
-        more = [k for k, r, page in zip(more, replies, pages, strict=True)
-                if _s(ok(r)[0]) == "retired" and len(page) >= IX_PAGE and _indexes(k, page)]
     return out
 
 

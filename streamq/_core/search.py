@@ -76,9 +76,9 @@ def parts(keys: Keys, cfg: QueueConfig, batch: Sequence[Any]) -> tuple[list[str]
                 v = field_value(payload, name)
                 if v is not None:
                     by.setdefault(keys.ix_field(t, name, v), []).append(i)
-    args: list[Arg] = [retention_ms(cfg), f"A {every}", f"L {every}", "R",
+    args: list[Arg] = [retention_ms(cfg), f"A {every}", f"L {every}",
                        *(f"T {' '.join(map(str, ix))}" for ix in by.values())]
-    return [keys.ix_all, keys.ix_ids, keys.ix_keys, *by], args
+    return [keys.ix_all, keys.ix_ids, *by], args
 
 
 def section(keys: Keys, cfg: QueueConfig, batch: Sequence[Any], k: list[str],

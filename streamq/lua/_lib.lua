@@ -523,10 +523,7 @@ end
 -- caller already knows the record does not exist (enqueue.lua's batch check).
 -- Search indexes (docs/search.md; enqueue.lua's and wait.lua's search sections): IX =
 -- {ret = retention ms, {key, spec}, ...}, spec '<A|L|T> <i> <i> ...' (A: the time index,
--- always first; L: the id-prefix index, score 0; T: a type, group or field index) or 'R'
--- (the shard's index registry: each T index written is added to it by name, scored now, so
--- a reshard's retire finds every index key of a shard without a SCAN; trimmed like A);
--- id_of(i)
+-- always first; L: the id-prefix index, score 0; T: a type, group or field index); id_of(i)
 -- is the id of the call's i-th job when it was accepted, else nil (nothing written for it);
 -- a second value true: add the id only where it is not yet (ZADD NX).
 -- The oldest 100 + 2n entries past the retention leave A and L (and the T indexes written,
@@ -535,11 +532,9 @@ end
 local function ix_write(IX, now, n, id_of)
   local cut = now - IX.ret
   local aged = false
-  local reg, names = nil, {}
   for j = 1, #IX do
     local key, spec = IX[j][1], IX[j][2]
     local kind = ssub(spec, 1, 1)
-    if kind == 'R' then reg = key end
     local z, zn = {}, {}
     for tok in string.gmatch(ssub(spec, 3), '%d+') do
       local id, nx = id_of(tonumber(tok))
@@ -565,18 +560,7 @@ local function ix_write(IX, now, n, id_of)
     if z[1] or zn[1] then
       if z[1] then rpcall('ZADD', key, unpack(z)) end
       rpcall('PEXPIRE', key, IX.ret)
-      if kind == 'T' then
-        names[#names + 1] = now
-        names[#names + 1] = key
-      end
     end
-  end
-  if reg and names[1] then
-    if aged then rpcall('ZREMRANGEBYSCORE', reg, '-inf', '(' .. cut) end
-    for i = 1, #names, 1000 do  -- (unpack is capped at ~8,000 values: ZADD in slices)
-      rpcall('ZADD', reg, unpack(names, i, math.min(i + 999, #names)))
-    end
-    rpcall('PEXPIRE', reg, IX.ret)
   end
 end
 

@@ -70,9 +70,7 @@
 --           this shard (Keys.ix_*), ARGV[#ARGV-S] the retention ms, ARGV[#ARGV-S+j] that
 --           index's kind and the jobs of the call it takes: '<A|L|T> <i> <i> ...' (A: the
 --           time index, always first; L: the id-prefix index, score 0; T: a type, group or
---           field index), or 'R' for the shard's index registry (Keys.ix_keys: the name of
---           each T index written goes in, scored now, trimmed like A; a reshard's retire
---           reads it). Each job this call accepts (queued or scheduled: never a
+--           field index). Each job this call accepts (queued or scheduled: never a
 --           duplicate, a refused or a folded one, so a repeat writes nothing new; a
 --           debounce/keep_last fold adds the job it replaced to the indexes it is not in yet,
 --           ZADD NX) is added

@@ -15,22 +15,14 @@
 -- KEYS[1 .. ARGV[2]]  the live-work keys (every level's ready stream, delayed ZSET, dead
 --                     STREAM, group wait and in-flight ZSETs, workflow waiting ZSET, outbox)
 -- KEYS[ARGV[2] + 1]   stats HASH (emptied but for its 'lay' field)
--- KEYS[ARGV[2] + 2 ..] the shard's other non-record keys (all deleted), and with ARGV[4] = m
---                     > 0: KEYS[#KEYS - m] the shard's search index registry (ZSET,
---                     Keys.ix_keys: index key names), then m index keys read from it
+-- KEYS[ARGV[2] + 2 ..] the shard's other non-record keys (all deleted)
 -- ARGV[1]   consumer group name (its pending count is checked on each STREAM)
 -- ARGV[2]   how many live-work keys come first
 -- ARGV[3]   the shard count of the layout the caller read: a shard whose 'lay' names another
 --           count was frozen by a reshard begun since (it may be one of its shards): kept
--- ARGV[4]   (optional, default 0) m: the last m KEYS are index keys the registry names: each
---           is deleted and its name removed from the registry, which is kept while it names
---           more (the caller reads it in pages; an empty ZSET is gone); with m = 0 every key
---           after the stats HASH is deleted
 -- Returns {'retired', keys deleted}, {'busy', index of the first non-empty key, its size}, or
 -- {'moved', 0, the shard's 'lay'}
 local group, nlive = ARGV[1], tonumber(ARGV[2])
-local m = tonumber(ARGV[4]) or 0
-local reg = m > 0 and #KEYS - m or 0  -- (the registry's position: kept, its names removed)
 local stats = KEYS[nlive + 1]
 local lay = rcall('HGET', stats, 'lay')
 if lay and lay ~= ARGV[3] then return {'moved', 0, tonumber(lay) or 0} end
@@ -60,10 +52,7 @@ for i = 1, nlive do
 end
 local deleted = 0
 for i = 1, #KEYS do
-  if i ~= nlive + 1 and i ~= reg then deleted = deleted + rcall('DEL', KEYS[i]) end
-end
-for i = reg + 1, reg > 0 and #KEYS or 0, 1000 do  -- (unpack is capped: ZREM in slices)
-  rpcall('ZREM', KEYS[reg], unpack(KEYS, i, math.min(i + 999, #KEYS)))
+  if i ~= nlive + 1 then deleted = deleted + rcall('DEL', KEYS[i]) end
 end
 rcall('DEL', stats)
 if lay then rcall('HSET', stats, 'lay', lay) end

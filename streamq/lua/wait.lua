@@ -31,7 +31,7 @@
 -- ARGV[14..] the dependencies: '<policy><index> <queue> <job id>' each
 -- KEYS[6..5+S] (S >= 0; docs/search.md, QueueConfig.search) the shard's search index ZSETs
 --           the job goes in; then the last S + 1 ARGV (after the dependencies) are the
---           retention ms and each index's spec '<A|L|T> 1' or 'R' (_lib.lua's ix_write). Written
+--           retention ms and each index's spec '<A|L|T> 1' (_lib.lua's ix_write). Written
 --           only with a new record: a repeat writes nothing new.
 -- Returns {'waiting'} or {'duplicate', state, result, error, mine}.
 local jobkey, deps, waiting, events, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
