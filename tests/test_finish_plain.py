@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import redis
 from helpers import field, finish, start_entries, started, state
 
@@ -25,12 +26,31 @@ def _group(r: redis.Redis, q: Queue) -> None:
 def test_a_plain_started_record_is_marked_and_completes(r: redis.Redis, q: Queue) -> None:
     _group(r, q)
     entry, token = started(r, q, "j1")
-    assert r.hget(q.keys.job("j1"), "z") == b"1"
+    assert r.hget(q.keys.job("j1"), "z") == b""  # (the default result TTL)
     assert finish(r, q, "j1", entry, token, "ok") == [b"completed"]
     assert q.result("j1") == 42
     assert 0 < r.ttl(q.keys.job("j1")) <= 86400
     # a repeat (lost reply) answers the same
     assert finish(r, q, "j1", entry, token, "ok") == [b"completed"]
+
+
+@pytest.mark.parametrize("ttl", [0, 600])
+def test_the_mark_carries_the_result_ttl(r: redis.Redis, q: Queue, ttl: int) -> None:
+    """'z' holds the record's 'x', which finish.lua then does not read: a fire-and-forget
+    job's record is deleted on completion, another TTL is applied."""
+    _group(r, q)
+    q.enqueue("x", job_id="j1", result_ttl=ttl)
+    r.xreadgroup(GROUP, "c1", {q.keys.stream: ">"}, count=10)
+    raw: Any = r.xrange(q.keys.stream)
+    entry = raw[-1][0].decode()
+    assert start_entries(r, q.keys, "c1", [(entry, "j1")], token="t1")[0] == b"run"
+    assert r.hget(q.keys.job("j1"), "z") == str(ttl).encode()
+    assert finish(r, q, "j1", entry, "t1", "ok") == [b"completed"]
+    if ttl == 0:
+        assert not r.exists(q.keys.job("j1"))
+    else:
+        assert 0 < r.ttl(q.keys.job("j1")) <= ttl
+        assert q.result("j1") == 42
 
 
 def test_a_cancel_while_running_unmarks_the_record_and_ends_it_cancelled(
@@ -70,7 +90,7 @@ def test_a_dependency_linked_while_running_releases_its_parent(r: redis.Redis, q
     _group(r, q)
     for child in ("c1", "c2"):
         entry, token = started(r, q, child)
-        assert r.hget(q.keys.job(child), "z") == b"1"
+        assert r.hget(q.keys.job(child), "z") == b""
         if child == "c2":
             r.hdel(q.keys.job(child), "z")  # (started by an older release)
         q.enqueue("collect", job_id=f"p-{child}", depends_on=[child])

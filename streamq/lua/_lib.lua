@@ -743,10 +743,10 @@ end
 
 -- start_entry's read: rec_t(jobkey, true, START_F) as one HGETALL (a short reply, no search
 -- per name). canon: entry is as Redis writes ids; 'e' equal to it (either form): r[2] = entry.
--- 16: any of 'notify', 'pk', 'wk' (with cx, g, dk: finish.lua's rare fields); 17: 'z'.
+-- 16: any of 'notify', 'pk', 'wk' (with cx, g, dk: finish.lua's rare fields); 17: 'z'; 18: 'x'.
 local START_AT = {s = 1, e = 2, n = 3, max_attempts = 4, deadline = 5, b = 6, c = 7, k = 8,
                   o = 9, op = 10, env = 11, cx = 12, g = 13, gw = 14, dk = 15, notify = 16,
-                  pk = 16, wk = 16, z = 17}
+                  pk = 16, wk = 16, z = 17, x = 18}
                   -- (names_at(START_F), then the names only the 'z' flag needs)
 local PAD = {'00', '0', ''}
 local MS_NUM = {}  -- tonumber of each entry time met in this script call (a batch shares few)
@@ -755,7 +755,7 @@ local function start_rec(jobkey, entry, canon)
   if h.err then return h end
   local at = START_AT
   local r = {false, false, false, false, false, false, false, false, false, false, false, false,
-             false, false, false, false, false}
+             false, false, false, false, false, false}
   for i = 1, #h, 2 do
     local j = at[h[i]]
     if j then r[j] = h[i + 1] end
@@ -909,11 +909,11 @@ local function start_entry(c, jobkey, entry, id, token, owned)
   end
   attempts = attempts + 1
   -- 'z' (docs/key-layout.md): the record holds none of 'notify', 'cx', 'g', 'dk', 'pk', 'wk',
-  -- so finish.lua reads 3 fields, not 9; whatever writes one of them later (cancel.lua,
-  -- link.lua, link_many.lua, adopt.lua) removes it
+  -- and 'z' is its 'x' ('' = absent), so finish.lua reads 3 fields, not 9; whatever writes one
+  -- of the six later (cancel.lua, link.lua, link_many.lua, adopt.lua) removes it
   if plain then
     rcall('HSET', jobkey, 's', 'a', 'n', nstr(attempts), 'k', token, 'o', c.consumer, 'a',
-      nstr(now), 'z', '1')
+      nstr(now), 'z', r[18] or '')
   else
     rcall('HSET', jobkey, 's', 'a', 'n', nstr(attempts), 'k', token, 'o', c.consumer, 'a',
       nstr(now))

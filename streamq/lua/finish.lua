@@ -118,19 +118,21 @@ for i = 1, n do
   local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   local jobkey = KEYS[5 + i]
   -- rec_t(jobkey, false, NAMES) inlined for a layout-2 record (literal names, no unpack).
-  -- 'z' (start_entry's flag): none of the six rare fields is there, so they are not read;
-  -- without it (a record started by an older release, or one that has any of them) they are
-  local r = rpcall('HMGET', jobkey, 's', 'k', 'x', 'z')
+  -- 'z' (start_entry's flag, docs/key-layout.md): none of the six rare fields is there, and
+  -- 'z' holds 'x' ('' = absent), so they are not read; without it (a record started by an
+  -- older release, or one that has any of them) 'x' and the six are read as before
+  local r = rpcall('HMGET', jobkey, 's', 'k', 'z')
   if not r.err then
     local v = r[1]
     if v then
       r[1] = state_of(v)
-      r[3] = r[3] or DEFAULT_TTL
-      if r[4] then
-        r[4] = false
+      local z = r[3]
+      if z then
+        if z == '' then r[3] = DEFAULT_TTL end
       else
-        local q = rcall('HMGET', jobkey, 'notify', 'cx', 'g', 'dk', 'pk', 'wk')
-        r[4], r[5], r[6], r[7], r[8], r[9] = q[1], q[2], q[3], q[4], q[5], q[6]
+        local q = rcall('HMGET', jobkey, 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk')
+        r[3], r[4], r[5], r[6], r[7], r[8], r[9] = q[1] or DEFAULT_TTL, q[2], q[3], q[4], q[5],
+          q[6], q[7]
       end
     else  -- layout 1, or no record
       NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk'}
