@@ -140,3 +140,17 @@ def test_an_older_producers_link_unmarks_the_running_child(r: redis.Redis, q: Qu
     assert SCRIPTS[call.script](r, call.keys, call.args)[0] == b"linked"
     assert r.hget(q.keys.job("c1"), "pk") is not None
     assert r.hget(q.keys.job("c1"), "z") is None
+
+
+def test_a_record_with_a_long_value_is_not_marked(r: redis.Redis, q: Queue) -> None:
+    """A record with a value over 64 bytes is a hashtable, where one more field costs memory
+    for the record's life: it is not marked, and settles as before."""
+    _group(r, q)
+    q.enqueue("x", {"pad": "p" * 200}, job_id="big")
+    r.xreadgroup(GROUP, "c1", {q.keys.stream: ">"}, count=10)
+    raw: Any = r.xrange(q.keys.stream)
+    entry = raw[-1][0].decode()
+    assert start_entries(r, q.keys, "c1", [(entry, "big")], token="t1")[0] == b"run"
+    assert r.hget(q.keys.job("big"), "z") is None
+    assert finish(r, q, "big", entry, "t1", "ok") == [b"completed"]
+    assert q.result("big") == 42
