@@ -12,7 +12,7 @@ from streamq import Job, Queue, Registry, Worker
 from streamq._core.config import QueueConfig
 from streamq._core.keys import GROUP, Keys
 from streamq._core.scripts import SCRIPTS
-from streamq._worker.fetch import claim_call, claim_rows
+from streamq._worker.fetch import claim_call
 from streamq.admin import Admin
 
 
@@ -163,32 +163,3 @@ async def test_idle_worker_starts_a_job_then_drains_by_claims(url: str, qname: s
             q.enqueue_many([{"type": "t", "job_id": f"b{i}"} for i in range(300)])
             await eventually(lambda: len(done) == 301, what="the backlog")
             assert w.stats.started == 301
-
-
-def test_compact_rows_read_as_the_full_ones(r: redis.Redis, qname: str, url: str) -> None:
-    """The worker's compact rows (claim.lua's header: 'run' as 1, the call's own token as 0)
-    read through claim_rows as the full rows do, a malformed entry and a job whose record is
-    gone among them (they take no token, or one: the numbering of the rest must match)."""
-    rows = []
-    for compact in (False, True):
-        k = Keys(f"{qname}-{compact}")
-        with Queue.from_url(url, k.queue) as q:
-            q.enqueue("t", {"i": 0}, job_id="j0")
-            r.xadd(k.stream, {"no-id": "x"})  # malformed: dead-lettered, no token
-            q.enqueue("t", {"i": 1}, job_id="j1")
-            q.enqueue("t", {"i": 2}, job_id="gone")
-            r.delete(k.job("gone"))  # its record is missing: dead-lettered, a token spent
-            q.enqueue("t", {"i": 3}, job_id="j3", deadline=3600.0)
-        r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-        reply = SCRIPTS["claim"](r, *claim_call(k, "c1", QueueConfig(), "pfx", 30, 10,
-                                                compact=compact))
-        if compact:
-            assert reply[4 + 3] == 1 and reply[4 + 4] == 0  # (a compact row)
-        got = [(lv, jid, code, tok, att, data, times[0] > 0)
-               for lv, _e, jid, code, tok, att, data, times in claim_rows(reply, "pfx", 30)]
-        assert [g[2] for g in got] == ["run", "dead", "run", "dead", "run"]
-        assert [r.hget(k.job(j), "k") for j in ("j0", "j1", "j3")] == [b"pfx1e", b"pfx1f",
-                                                                          b"pfx21"]
-        rows.append(got)
-    assert rows[0] == rows[1]
-    assert [g[3] for g in rows[1] if g[2] == "run"] == ["pfx1e", "pfx1f", "pfx21"]

@@ -317,7 +317,7 @@ class Fetching(HandOff):
         streams = [qs.lanes[p].keys.stream for p in order]
         reply = await SCRIPTS["claim"].run_async(client, *claim_call(
             qs.keys, self.consumer, self.queue_config, self._token_prefix, first, n, streams,
-            self._shares(qs, n), compact=True))
+            self._shares(qs, n)))
         status, missing, allowed, wait_ms = reply[:_CLAIM_HEAD]
         if status == b"paused":
             qs.paused = True  # seen before the flag poll: stop fetching at once
@@ -335,14 +335,17 @@ class Fetching(HandOff):
         if got < int(allowed):  # fewer than the rate allowed: the streams are drained
             qs.idle = True
         launched = 0
-        for level, eid, jid, code, token, attempt, data, times in claim_rows(
-                reply, self._token_prefix, first):
-            if code != "run":
-                if code == "paused":
+        for i in range(_CLAIM_HEAD, len(reply), _CLAIM_WIDTH):
+            (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
+             age_ms) = reply[i:i + _CLAIM_WIDTH]
+            if code != b"run":
+                if code == b"paused":
                     qs.paused = True
                 continue
             launched += 1
-            self._launch(qs.lanes[order[level - 1]], eid, jid, token, attempt, data, times)
+            self._launch(qs.lanes[order[int(level) - 1]], eid.decode(), jid.decode(),
+                         token.decode(), int(attempt), data,
+                         (int(deadline), int(wait_ms), int(age_ms)))
         if launched:
             self.stats.started += launched
         self._release(n - launched)
@@ -505,43 +508,15 @@ def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[st
 
 
 def claim_call(k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str, first: int, n: int,
-               streams: Sequence[str] | None = None, shares: Sequence[int] | None = None,
-               compact: bool = False) -> tuple[list[str], list[Any]]:
+               streams: Sequence[str] | None = None, shares: Sequence[int] | None = None
+               ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of one claim.lua call: up to n entries, tokens from number first on,
     from the level streams given (in reading order; default: the shard's default level)
-    with their shares of n. ``compact``: the reply's compact rows (claim.lua's header; read
-    them with ``claim_rows``)."""
+    with their shares of n."""
     streams = [k.stream] if streams is None else list(streams)
     shares = [n] if shares is None else list(shares)
     keys = [k.dead, k.stats, k.events, k.paused, k.rate, *streams, *k.group_keys]
     args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
                        k.job(""), token_prefix, first, n, *cfg.rate_args(k.shard), *shares,
                        cfg.group_arg]
-    if compact:
-        args.append(1)
     return keys, args
-
-
-ClaimRow = tuple[int, str, str, str, str, int, bytes, tuple[int, int, int]]
-"""level, stream entry id, job id, code, token, attempt, data or reason, (deadline ms,
-ms in the stream, age ms)."""
-
-
-def claim_rows(reply: Sequence[Any], token_prefix: str, first: int) -> list[ClaimRow]:
-    """The entries of a claim.lua reply, either form: a compact row's code 1 is 'run' and its
-    token 0 the one the call chose (token_prefix + hex(first + k), k counting the rows with a
-    job id, as claim.lua numbers them)."""
-    rows: list[ClaimRow] = []
-    k = first
-    for i in range(_CLAIM_HEAD, len(reply), _CLAIM_WIDTH):
-        (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
-         age_ms) = reply[i:i + _CLAIM_WIDTH]
-        mine = f"{token_prefix}{k:x}"
-        if jid:
-            k += 1
-        rows.append((int(level), eid.decode(), jid.decode(),
-                     "run" if code == 1 else code.decode(),
-                     mine if token == 0 and code == 1 else
-                     token.decode() if isinstance(token, bytes) else str(token),
-                     int(attempt), data, (int(deadline), int(wait_ms), int(age_ms))))
-    return rows

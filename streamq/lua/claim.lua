@@ -39,10 +39,6 @@
 -- ARGV[11]  rate limit: tolerance in µs
 -- ARGV[11+l] level l's share of N
 -- ARGV[12+L] group defaults (QueueConfig.group_arg)
--- ARGV[13+L] (optional) '1': compact rows (the worker's fetch): a started entry's code is the
---           number 1 instead of 'run', and its token the number 0 when it is the token this
---           call chose for it ('<token prefix><hex(first + k)>', k counting the rows with a
---           job id): two numbers instead of two strings per job in the reply
 -- Returns a flat array: status ('ok' | 'paused' | 'limited': the rate allows no start now),
 --           levels without the consumer group (their numbers, comma separated; '' = none),
 --           how many entries the rate allowed to read (N without a limit), ms until the
@@ -72,7 +68,6 @@ end
 local levels = #KEYS - 16
 c.gkeys, c.gat, c.gspec = KEYS, 6 + levels, ARGV[12 + levels]
 local out = {'ok', '', n, 0}
-local compact = ARGV[13 + levels] == '1'
 -- A job id must be UTF-8 (as the worker decodes ids of entries it reads itself)
 local function utf8_ok(s)
   if sfind(s, '^[\1-\127%z]*$') then return true end  -- ASCII (one anchored pass)
@@ -148,14 +143,8 @@ local function read(l, want)
       next_token = next_token + 1
       local code, tok, attempt, data, deadline, wait, age = start_entry(c, prefix .. id, entry,
         id, token, true)
-      out[k + 1] = l; out[k + 2] = entry; out[k + 3] = id
-      if compact and code == 'run' then
-        out[k + 4] = 1
-        if tok == token then out[k + 5] = 0 else out[k + 5] = tok end
-      else
-        out[k + 4] = code; out[k + 5] = tok
-      end
-      out[k + 6] = attempt; out[k + 7] = data
+      out[k + 1] = l; out[k + 2] = entry; out[k + 3] = id; out[k + 4] = code
+      out[k + 5] = tok; out[k + 6] = attempt; out[k + 7] = data
       out[k + 8] = deadline; out[k + 9] = wait; out[k + 10] = age
     end
   end
