@@ -79,8 +79,7 @@ def test_the_compact_form_settles_as_the_full_one(r: redis.Redis, url: str, qnam
             data = [b"1", b""] if outcome == "ok" else [b'{"type": "E"}'] * 2
             extra, etype = (0, "") if outcome == "ok" else (1000, "E")
             out = _call(r, q, jobs, outcome, data, extra, etype, compact)
-            done: Any = 1 if compact else b"completed"  # (the compact form's reply)
-            want = [done] * 2 if outcome == "ok" else [b"retrying"] * 2
+            want = [b"completed"] * 2 if outcome == "ok" else [b"retrying"] * 2
             assert out[:2] == want
             # a repeat (lost reply) answers the same and writes nothing more
             assert _call(r, q, jobs, outcome, data, extra, etype, compact)[:2] == want

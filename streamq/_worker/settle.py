@@ -188,8 +188,7 @@ class Settler:
         types = qs.job_types
         by_type: dict[str, int] = {}
         for b, state in zip(batch, reply, strict=True):
-            if state == 1 or state == b"completed":  # the common case (1: the compact
-                # form's), counted once per batch (and type)
+            if state == b"completed":  # the common case, counted once per batch (and type)
                 completed += 1
                 if types:  # (metrics recorded: by job type)
                     jtype = types.pop(b[1], "?")

@@ -46,8 +46,7 @@
 --           same outcome, delay ms or reason, and error type: each is sent once, not per job):
 --           ARGV[7], ARGV[8], ARGV[9] that outcome, delay or reason, error type; then
 --           ARGV[10 + 4*(i-1) ..] per attempt i: job id, stream entry id, lease token, data.
---           Below, '7 + 7*N' (the first argument after the attempts) is then 10 + 4*N, and
---           the reply's 'completed' is the number 1.
+--           Below, '7 + 7*N' (the first argument after the attempts) is then 10 + 4*N.
 -- ARGV[7 + 7*N] group defaults (QueueConfig.group_arg), with the group keys
 -- KEYS[17+N] (optional, after the group keys) the caller's finish marker HASH
 --           (Keys.finished): field 't' = the lease tokens (space-separated) of the
@@ -289,11 +288,6 @@ count(stats, 'rate_limited', limited)
 count(stats, 'cancelled', cancelled)
 count(stats, 'failed', failed)
 count(stats, 'lease_lost', lost)
-if c_out then  -- the compact form answers 'completed' as the number 1 (a shorter reply)
-  for i = 1, n do
-    if out[i] == 'completed' then out[i] = 1 end
-  end
-end
 if FLOW_TO then
   for _, v in ipairs(FLOW_TO.rows) do out[#out + 1] = v end
 end
