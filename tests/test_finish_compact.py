@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import start_entries
+from helpers import start_entries, state
 
 from streamq import Queue, QueueConfig
 from streamq._core.keys import GROUP
@@ -89,3 +89,40 @@ def test_the_compact_form_settles_as_the_full_one(r: redis.Redis, url: str, qnam
         # the group's slot freed and its next job admitted (ARGV[T]); the recent list kept
         # to its length (ARGV[T + 1])
         assert seen[1]["inflight"] == 1 and seen[1]["recent"] == 1
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_the_compact_form_hands_a_released_job_to_its_caller(r: redis.Redis, url: str,
+                                                             qname: str, compact: bool) -> None:
+    """The hand-off arguments after the attempts (ARGV[T + 2 ..]) are read at the compact
+    form's offset: the parent both dependencies release is started for the caller."""
+    with Queue.from_url(url, qname) as q:
+        k = q.keys
+        r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+        jobs = []
+        for j in ("a", "b"):
+            q.enqueue("x", job_id=j)
+            r.xreadgroup(GROUP, "c1", {k.stream: ">"}, count=10)
+            raw: Any = r.xrange(k.stream)
+            entry = raw[-1][0].decode()
+            assert start_entries(r, k, "c1", [(entry, j)], token=f"tok-{j}")[0] == b"run"
+            jobs.append((j, entry, f"tok-{j}"))
+        q.enqueue("x", job_id="p", depends_on=["a", "b"])
+        keys = [k.stream, k.delayed, k.dead, k.stats, k.events, *(k.job(j) for j, _, _ in jobs),
+                *k.group_keys, k.finished("c1"), k.recent]
+        args: list[Any] = [GROUP, "1000", 3600, 1000, ""]
+        if compact:
+            args += [-2, "ok", 0, ""]
+            for j, e, t in jobs:
+                args += [j, e, t, b""]
+        else:
+            args.append(2)
+            for j, e, t in jobs:
+                args += [j, e, t, "ok", b"", 0, ""]
+        args += [QueueConfig().group_arg, 100, "c1", k.job(""), "pfx-", 4]
+        out = SCRIPTS["finish"](r, keys, args)
+        assert out[:2] == [b"completed", b"completed"]
+        row = out[2:]
+        assert len(row) == 10 and row[1] == b"p" and row[2] == b"run"
+        assert row[3].startswith(b"pfx-h")
+        assert r.hget(k.job("p"), "k") == row[3] and state(q, "p") == "active"
