@@ -140,9 +140,18 @@ class Settler:
         keys = [*call.keys, *[job + b[0] for b in batch], *call.group_keys, call.marker,
                 call.recent]
         # (a settled grouped job frees its group's slot: the group keys)
-        args: list[Any] = [*call.args, len(batch)]
-        for b in batch:
-            args.extend(b)
+        args: list[Any] = [*call.args]
+        _, _, _, o, _, x, e = batch[0] if batch else ("", "", "", "", b"", 0, "")
+        if len(batch) > 1 and all(b[3] == o and b[5] == x and b[6] == e for b in batch):
+            # finish.lua's compact form: the outcome, delay or reason and error type every
+            # attempt shares, once (a batch of successes: 4 arguments per job, not 7)
+            args.extend((-len(batch), o, x, e))
+            for b in batch:
+                args.extend((b[0], b[1], b[2], b[4]))
+        else:
+            args.append(len(batch))
+            for b in batch:
+                args.extend(b)
         args.extend((call.group_arg, RECENT_KEEP))
         hand = self.hand_args(qs) if self.hand_args is not None else []
         args.extend(hand)

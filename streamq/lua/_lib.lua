@@ -743,9 +743,13 @@ end
 
 -- start_entry's read: rec_t(jobkey, true, START_F) as one HGETALL (a short reply, no search
 -- per name). canon: entry is as Redis writes ids; 'e' equal to it (either form): r[2] = entry.
+-- 16: any of 'notify', 'pk', 'wk' (with cx, g, dk: finish.lua's rare fields); 17: 'z'; 18: 'x';
+-- 19: any of the fields that are usually over 64 bytes (a failed attempt's, a handler's)
 local START_AT = {s = 1, e = 2, n = 3, max_attempts = 4, deadline = 5, b = 6, c = 7, k = 8,
-                  o = 9, op = 10, env = 11, cx = 12, g = 13, gw = 14, dk = 15}
-                  -- (names_at(START_F))
+                  o = 9, op = 10, env = 11, cx = 12, g = 13, gw = 14, dk = 15, notify = 16,
+                  pk = 16, wk = 16, z = 17, x = 18, error = 19, errors = 19, logs = 19,
+                  progress = 19}
+                  -- (names_at(START_F), then the names only the 'z' flag needs)
 local PAD = {'00', '0', ''}
 local MS_NUM = {}  -- tonumber of each entry time met in this script call (a batch shares few)
 local function start_rec(jobkey, entry, canon)
@@ -753,7 +757,7 @@ local function start_rec(jobkey, entry, canon)
   if h.err then return h end
   local at = START_AT
   local r = {false, false, false, false, false, false, false, false, false, false, false, false,
-             false, false, false}
+             false, false, false, false, false, false, false}
   for i = 1, #h, 2 do
     local j = at[h[i]]
     if j then r[j] = h[i + 1] end
@@ -774,7 +778,13 @@ local function start_rec(jobkey, entry, canon)
   end
   r[1], r[2] = state_of(s), ems and entry or dec_entry(e)
   if not r[7] then r[7] = ems or entry_ms(e) end
-  return r, ems
+  -- plain (start_entry's 'z'): none of finish.lua's rare fields, and a record that is likely
+  -- a listpack (no value over 64 bytes, hash-max-listpack-value's default): in a hashtable
+  -- one more field costs ~50-180 bytes for the record's life (its entry, and the table's
+  -- doubling), while finish.lua's HMGET there finds each field without a scan anyway
+  local b, op = r[6], r[10]
+  return r, ems, not (r[12] or r[13] or r[15] or r[16] or r[19]) and b and #b <= 64
+    and not (op and #op > 64)
 end
 
 -- Start one delivered stream entry (start.lua, claim.lua). c is the call's context: stream
@@ -794,7 +804,8 @@ end
 -- refuses is handed back like a paused one (code 'limited', the reason: ms to wait).
 local function start_entry(c, jobkey, entry, id, token, owned)
   local stream, now = c.stream, c.now
-  local r, state, ems  -- ems: the ms of entry, once r[2] is known to be entry
+  local r, state, ems, plain  -- ems: the ms of entry, once r[2] is known to be entry; plain:
+  -- a layout-2 record without any of finish.lua's rare fields (the 'z' flag, below)
   local canon = owned  -- entry as Redis writes ids ('<ms>-<seq>', no leading zeros)
   if not owned then
     -- Only the consumer whose pending list holds the entry may start it: a stale delivery
@@ -805,7 +816,7 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     end
     canon = owner[1][1] == entry
   end
-  r, ems = start_rec(jobkey, entry, canon)
+  r, ems, plain = start_rec(jobkey, entry, canon)
   state = r[1]
   local G = c.G
   if not G and c.gat and (r[13] or r[14]) then  -- (enqueue.lua's hand-off: made when needed)
@@ -905,8 +916,17 @@ local function start_entry(c, jobkey, entry, id, token, owned)
     return 'skip', 0, attempts, held, 0, 0, 0
   end
   attempts = attempts + 1
-  rcall('HSET', jobkey, 's', 'a', 'n', nstr(attempts), 'k', token, 'o', c.consumer, 'a',
-    nstr(now))
+  -- 'z' (docs/key-layout.md): the record holds none of 'notify', 'cx', 'g', 'dk', 'pk', 'wk',
+  -- and 'z' is its 'x' ('' = absent), so finish.lua reads 3 fields, not 9; whatever writes one
+  -- of the six later (cancel.lua, link.lua, link_many.lua, adopt.lua) removes it
+  if plain then
+    rcall('HSET', jobkey, 's', 'a', 'n', nstr(attempts), 'k', token, 'o', c.consumer, 'a',
+      nstr(now), 'z', r[18] or '')
+  else
+    rcall('HSET', jobkey, 's', 'a', 'n', nstr(attempts), 'k', token, 'o', c.consumer, 'a',
+      nstr(now))
+    if r[17] then rcall('HDEL', jobkey, 'z') end  -- (written by an earlier start)
+  end
   if r[15] then lib_cold().dedup_end(r[15], jobkey, id, true, now) end  -- (docs/dedup.md)
   if state == 'active' then
     c.reclaimed = c.reclaimed + 1

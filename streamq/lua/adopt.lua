@@ -54,7 +54,10 @@ local base = tonumber(f[3])
 if not base then base = rcall('HLEN', dres) + rcall('SCARD', deps) end
 kept[#kept] = call .. ' ' .. base
 rcall('HSET', jobkey, 'wn', base + n, 'wa', table.concat(kept, ' '))
-if not batch then rcall('HSETNX', jobkey, 'wk', wk) end
+if not batch then
+  rcall('HSETNX', jobkey, 'wk', wk)
+  rcall('HDEL', jobkey, 'z')  -- (finish.lua reads 'wk' again: _lib.lua's start_entry)
+end
 for i = 1, n do
   local pol, rest = string.match(ARGV[2 + i], '^(%S+) (.*)$')
   rcall('SADD', deps, pol .. (base + i - 1) .. ' ' .. rest)

@@ -63,6 +63,7 @@ if state == 'active' and channel ~= '' then
   if not r[5] then
     local now = now_ms()
     rcall('HSET', jobkey, 'cx', now)
+    rcall('HDEL', jobkey, 'z')  -- (finish.lua reads 'cx' again: _lib.lua's start_entry)
     emit(events, events_maxlen, id, 'cancel_requested', now, '')
   end
   rcall('PUBLISH', channel, id)

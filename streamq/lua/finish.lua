@@ -42,6 +42,11 @@
 --           handler for a requested cancel. Once a cancel was requested ('cx' in the record,
 --           cancel.lua) every outcome but 'ok' ends the job 'cancelled' (never retried, never
 --           dead-lettered); 'ok' wins when it arrives (the job finished first).
+-- ARGV[6] = -N, the compact form (_worker/settle.py, when every attempt of the call has the
+--           same outcome, delay ms or reason, and error type: each is sent once, not per job):
+--           ARGV[7], ARGV[8], ARGV[9] that outcome, delay or reason, error type; then
+--           ARGV[10 + 4*(i-1) ..] per attempt i: job id, stream entry id, lease token, data.
+--           Below, '7 + 7*N' (the first argument after the attempts) is then 10 + 4*N.
 -- ARGV[7 + 7*N] group defaults (QueueConfig.group_arg), with the group keys
 -- KEYS[17+N] (optional, after the group keys) the caller's finish marker HASH
 --           (Keys.finished): field 't' = the lease tokens (space-separated) of the
@@ -80,6 +85,13 @@ local stream, delayed, dead, stats, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
 local group, events_maxlen, dead_ttl, dead_maxlen, wake =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local n = tonumber(ARGV[6])
+local A0, S = 7, 7  -- the first attempt's first argument, arguments per attempt
+local c_out, c_extra, c_etype = nil, nil, nil  -- the compact form's shared values
+if n < 0 then
+  n, A0, S = -n, 10, 4
+  c_out, c_extra, c_etype = ARGV[7], ARGV[8], ARGV[9]
+end
+local T = A0 + S * n  -- the first argument after the attempts ('7 + 7*N' in the header)
 local now = now_ms()
 DD_DELAYED, DD_WAKE = delayed, wake  -- (a keep_last job's end makes its follow-up due)
 local out = {}
@@ -96,7 +108,7 @@ local ff, ff_new = nil, false  -- tokens for the marker; whether this call delet
 local recent = KEYS[18 + n]
 local done_ids = recent and {} or nil  -- ids this call completed (for the recent list)
 local MARKED = nil  -- ' <token> <token> ... ': the marker, read when a record is missing
-if ARGV[12 + 7 * n] then FLOW_AT = 9 + 7 * n end  -- the caller takes jobs this call
+if ARGV[T + 5] then FLOW_AT = T + 2 end  -- the caller takes jobs this call
 -- releases (_flow.lua's flow_to)
 -- Whether the caller's last call completed this token's fire-and-forget job (deleted its
 -- record): a repeat of that call. The token is kept for the marker this call may write.
@@ -113,17 +125,32 @@ local function marked(token)
   return true
 end
 for i = 1, n do
-  local b = 7 + 7 * (i - 1)
-  local id, entry, token, outcome = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local data, extra, etype = ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
+  local b = A0 + S * (i - 1)
+  local id, entry, token = ARGV[b], ARGV[b + 1], ARGV[b + 2]
+  local outcome, data, extra, etype
+  if c_out then
+    outcome, data, extra, etype = c_out, ARGV[b + 3], c_extra, c_etype
+  else
+    outcome, data, extra, etype = ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
+  end
   local jobkey = KEYS[5 + i]
-  -- rec_t(jobkey, false, NAMES) inlined for a layout-2 record (literal names, no unpack)
-  local r = rpcall('HMGET', jobkey, 's', 'k', 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk')
+  -- rec_t(jobkey, false, NAMES) inlined for a layout-2 record (literal names, no unpack).
+  -- 'z' (start_entry's flag, docs/key-layout.md): none of the six rare fields is there, and
+  -- 'z' holds 'x' ('' = absent), so they are not read; without it (a record started by an
+  -- older release, or one that has any of them) 'x' and the six are read as before
+  local r = rpcall('HMGET', jobkey, 's', 'k', 'z')
   if not r.err then
     local v = r[1]
     if v then
       r[1] = state_of(v)
-      r[3] = r[3] or DEFAULT_TTL
+      local z = r[3]
+      if z then
+        if z == '' then r[3] = DEFAULT_TTL end
+      else
+        local q = rcall('HMGET', jobkey, 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk')
+        r[3], r[4], r[5], r[6], r[7], r[8], r[9] = q[1] or DEFAULT_TTL, q[2], q[3], q[4], q[5],
+          q[6], q[7]
+      end
     else  -- layout 1, or no record
       NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk'}
       r = lib_cold().rec_t(jobkey, false, NAMES)
@@ -175,7 +202,7 @@ for i = 1, n do
     elseif outcome == 'later' or outcome == 'later_group' then
       C.put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
       if outcome == 'later_group' and r[6] then
-        if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
+        if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[T]), true end
         if G then C.g_hold(G, r[6], now + tonumber(extra)) end
       end
       limited = limited + 1
@@ -232,7 +259,7 @@ for i = 1, n do
       end
     end
     if r[6] then
-      if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[7 + 7 * n]), true end
+      if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[T]), true end
       if G then lib_groups().g_release(G, r[6], id, stream, now) end
     end
   end
@@ -252,7 +279,7 @@ if done_ids and #done_ids > 0 then  -- (a repeated call completes nothing new: n
   -- (errors ignored: the outcomes are written, and an ACL rule of an earlier release without
   -- +lpush/+ltrim must not turn every completion into an error that a repeat answers 'lost')
   rpcall('LPUSH', recent, unpack(pushed))
-  rpcall('LTRIM', recent, 0, (tonumber(ARGV[8 + 7 * n]) or 100) - 1)
+  rpcall('LTRIM', recent, 0, (tonumber(ARGV[T + 1]) or 100) - 1)
 end
 count(stats, 'completed', completed)
 count(stats, 'retried', retried)

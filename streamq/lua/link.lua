@@ -25,6 +25,7 @@ elseif state == 'cancelled' then value = 'x'
 else
   rcall('SADD', parents, member)
   rcall('HSET', jobkey, 'pk', pk)
+  rcall('HDEL', jobkey, 'z')  -- (finish.lua reads 'pk' again: _lib.lua's start_entry)
   v1_restore()
   return {'linked', state}
 end

@@ -37,6 +37,7 @@ for i = 1, (#KEYS - 1) / 2 do
   if not value then
     rcall('SADD', parents, member)
     rcall('HSET', jobkey, 'pk', pk)
+    rcall('HDEL', jobkey, 'z')  -- (finish.lua reads 'pk' again: _lib.lua's start_entry)
     out[i] = {'linked', state}
   else
     local pi, prec, pid = string.match(member, '^(%S+) (%S+) (%S+)$')
