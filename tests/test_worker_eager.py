@@ -159,3 +159,28 @@ async def test_contextvars_set_in_a_handler_do_not_leak(url: str, q: Queue) -> N
         assert _seen.get() == ""
     assert all(state(q, i) == "completed" for i in ids)
     assert set(saw.values()) == {""}  # no job saw another's value
+
+
+async def test_contextvars_do_not_reach_a_job_handed_over_by_a_settling_call(
+        url: str, qname: str) -> None:
+    """A chain's next step is started for this worker by its dependency's finish.lua and
+    launched from that job's own settling call: it still starts from a clean context."""
+    from helpers import fast
+
+    from streamq import JobSpec, Worker, chain
+
+    reg = Registry()
+    saw: dict[str, str] = {}
+
+    @reg.handler("step")
+    async def step(job: Job) -> None:
+        saw[job.id] = _seen.get()
+        _seen.set(job.id)
+
+    async with Worker(url, [qname], reg, fast(concurrency=1)) as w:
+        with Queue.from_url(url, qname) as q:
+            await asyncio.sleep(0.2)  # idle: the steps after the first are handed over
+            q.enqueue_flow(chain(*(JobSpec("step") for _ in range(6))), flow_id="f")
+            await eventually(lambda: finished(q, "f.5"), 30.0, "chain done")
+        assert w.stats.handed_over >= 1
+    assert saw == {f"f.{i}": "" for i in range(6)}

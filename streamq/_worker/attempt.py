@@ -179,8 +179,8 @@ class Attempts:
                 if spec.is_async and pool is None:  # (a pool child is told: pool.py)
                     lease.task = task
                 timeout = spec.timeout_s or self.config.default_timeout_s
-                _last_exc.set(None)
-                _deliberate.set(False)
+                # (_last_exc and _deliberate are at their defaults: each attempt runs in a
+                # fresh copy of the worker's context, Worker._start_jobs)
                 try:
                     try:
                         if pool is not None:  # a child process; the timeout is a hard limit

@@ -112,12 +112,12 @@ class Carrier:
         self.task: asyncio.Task[None] = loop.create_task(self._carry)
 
     def run_first_step(self, loop: asyncio.AbstractEventLoop,
-                       coro: Coroutine[Any, Any, None]) -> bool:
-        """Run the first step of ``coro`` as this carrier's task, in a copy of the current
-        context; True when the job waits (this carrier adopted it: it is the job's task
-        now), False when it ended. An error raised out of the coroutine is the caller's.
-        No task may be current (the caller leaves its own for the batch: worker.py)."""
-        ctx = contextvars.copy_context()
+                       coro: Coroutine[Any, Any, None], ctx: contextvars.Context) -> bool:
+        """Run the first step of ``coro`` as this carrier's task, in ``ctx`` (the job's own
+        context: a copy, as a task would take); True when the job waits (this carrier
+        adopted it: it is the job's task now), False when it ended. An error raised out of
+        the coroutine is the caller's. No task may be current (the caller leaves its own for
+        the batch: worker.py)."""
         task = self.task
         enter_task(loop, task)
         try:

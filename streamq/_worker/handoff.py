@@ -228,7 +228,9 @@ class HandOff:
                 self.stats.handed_over += launched
         finally:
             self._settle_slots(reserved, launched)
-            self._start_jobs()
+            if launched:  # their first steps once the call that released them is over (as
+                # tasks of their own would start): a lone one then sends its own outcome
+                asyncio.get_running_loop().call_soon(self._start_jobs)
 
     async def _let_handed_settle(self, qs: QState) -> None:
         """A job was just handed over: before this loop posts its next ticket, let that

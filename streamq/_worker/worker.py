@@ -8,6 +8,7 @@ retried; only ``stop()`` ends them. ``health()`` says how long ago each last mad
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import itertools
@@ -102,6 +103,9 @@ class Worker(Resharding, Fetching):
         """Jobs of the batch being started whose first step runs after this one's."""
         self._carrier: Carrier | None = None
         """The parked task the next job that has to wait runs in (eager.py)."""
+        self._job_ctx = contextvars.copy_context()
+        """What each job's context is a copy of: the context ``start()`` ran in, so that
+        nothing a handler sets reaches another job (one started from its settling call)."""
         self._loops: list[asyncio.Task[None]] = []
         self._flushers: list[asyncio.Task[None]] = []
         self._running = False
@@ -241,6 +245,7 @@ class Worker(Resharding, Fetching):
         self._progress = self._attempts.progress = Progress(client, self.queue_config,
                                                             self._outage)
         self._token_prefix = secrets.token_hex(5)  # a start of an earlier run is not ours
+        self._job_ctx = contextvars.copy_context()
         for qs in queues:
             self._prepare(qs)
         for qs in self._qs.values():
@@ -500,7 +505,8 @@ class Worker(Resharding, Fetching):
         if not EAGER:  # (an interpreter without asyncio's _enter_task: a task per job)
             for qs, lease, attempt, data, times in todo:
                 self._track(qs, lease, loop.create_task(
-                    self._run_job(qs, lease, attempt, data, times, loop)), tasks)
+                    self._run_job(qs, lease, attempt, data, times, loop),
+                    context=self._job_ctx.copy()), tasks)
             return
         outer = asyncio.current_task(loop)  # (a fetch or settling loop's; set back below)
         if outer is not None:
@@ -515,7 +521,8 @@ class Worker(Resharding, Fetching):
                     carrier = self._carrier = Carrier(loop)
                 try:
                     waits = carrier.run_first_step(
-                        loop, self._run_job(qs, lease, attempt, data, times, loop))
+                        loop, self._run_job(qs, lease, attempt, data, times, loop),
+                        self._job_ctx.copy())
                 except Exception:  # (a bug of ours: as a task's exception would, logged)
                     log.exception("job %s: internal error", lease.job_id)
                     continue
