@@ -184,3 +184,27 @@ async def test_contextvars_do_not_reach_a_job_handed_over_by_a_settling_call(
             await eventually(lambda: finished(q, "f.5"), 30.0, "chain done")
         assert w.stats.handed_over >= 1
     assert saw == {f"f.{i}": "" for i in range(6)}
+
+
+async def test_a_job_that_cancels_its_own_task_and_ends_spoils_no_later_job(
+        url: str, q: Queue) -> None:
+    reg = Registry()
+
+    @reg.handler("self_cancel")
+    async def self_cancel(job: Job) -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # its own task, then it returns without awaiting: it still completes
+        return 1
+
+    @reg.handler("wait")
+    async def wait(job: Job) -> int:
+        await asyncio.sleep(0.01)
+        return 2
+
+    ids = [x.job_id for x in q.enqueue_many([{"type": "self_cancel"}, {"type": "wait"},
+                                             {"type": "self_cancel"}, {"type": "wait"},
+                                             {"type": "wait"}])]
+    async with running(url, q.name, reg, concurrency=8):
+        await eventually(lambda: finished(q, *ids), what="jobs to finish")
+    assert [q.result(i) for i in ids] == [1, 2, 1, 2, 2]

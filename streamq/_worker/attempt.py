@@ -108,12 +108,13 @@ class Attempts:
         deadline_ms, wait_ms, age_ms = times
         ident = (lease.job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
+        metering = tel.metering()  # (asked once per job)
 
         try:  # a bare body (every envelope option at its default) needs no Envelope
             plain = plain_body(data, serde)
             env = envelope_from_data(lease.job_id, data, serde) if plain is None else None
         except (SerializationError, RecursionError) as exc:
-            if tel.metering():
+            if metering:
                 self._begin(qs, lease.entry, "?", wait_ms)
             return self._dead(qs, ident, attempt, "MalformedEnvelope", str(exc)[:500],
                               "malformed envelope")
@@ -127,7 +128,7 @@ class Attempts:
             jtype, payload, version, env_attempts = env.type, env.payload, env.version, \
                 env.max_attempts
             idem, headers, carrier = env.idempotency_key or env.id, env.headers, env.trace
-        if tel.metering():  # (one call a job without a metrics SDK)
+        if metering:
             self._begin(qs, lease.entry, jtype, wait_ms)
         if env is not None and env.id != lease.job_id:  # never another job's id (idempotency)
             return self._dead(qs, ident, attempt, "MalformedEnvelope",
@@ -222,7 +223,7 @@ class Attempts:
             tel.JOB.reset(token)
             ran_s = time.perf_counter() - started
             if item is not None:
-                if tel.metering():  # (the queue wait was recorded at the start: _begin)
+                if metering:  # (the queue wait was recorded at the start: _begin)
                     labels = tel.outcome_attrs(queue, jtype, item[3])
                     tel.DURATION.record(ran_s, labels)
                     tel.END_TO_END.record(age_ms / 1000 + ran_s, labels)

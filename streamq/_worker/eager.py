@@ -27,27 +27,24 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextvars
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-_enter = getattr(asyncio.tasks, "_enter_task", None)
-_leave = getattr(asyncio.tasks, "_leave_task", None)
-AVAILABLE = _enter is not None and _leave is not None
+
+def _missing(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    raise RuntimeError("asyncio has no _enter_task/_leave_task here")  # (AVAILABLE is False)
+
+
+enter_task: Callable[[asyncio.AbstractEventLoop, asyncio.Task[Any]], None] = getattr(
+    asyncio.tasks, "_enter_task", _missing)
+"""Make a task the loop's current task (none may be current)."""
+leave_task: Callable[[asyncio.AbstractEventLoop, asyncio.Task[Any]], None] = getattr(
+    asyncio.tasks, "_leave_task", _missing)
+"""The loop's current task is current no longer."""
+AVAILABLE = enter_task is not _missing and leave_task is not _missing
 """The interpreter lets a task be entered as the current one (CPython 3.11-3.13 do)."""
 
 _DONE: Any = object()
-
-
-def enter_task(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-    """Make ``task`` the loop's current task (none may be current)."""
-    assert _enter is not None
-    _enter(loop, task)
-
-
-def leave_task(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-    """``task`` (the current one) is current no longer."""
-    assert _leave is not None
-    _leave(loop, task)
 
 
 class _Carry(collections.abc.Coroutine[Any, None, None]):
@@ -131,8 +128,10 @@ class Carrier:
 
     @property
     def spoilt(self) -> bool:
-        """A job cancelled this (parked) carrier and ended: it cannot carry another one."""
-        return self.task.cancelling() > 0 or self.task.done()
+        """Cancelled (by a job that ended without waiting, or by whoever kept a reference
+        to it) or over: it cannot carry a job."""
+        task = self.task
+        return task.cancelling() > 0 or task.done()
 
     def drop(self) -> None:
         """The worker stops: the parked carrier ends (it carries nothing)."""
