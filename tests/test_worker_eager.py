@@ -208,3 +208,37 @@ async def test_a_job_that_cancels_its_own_task_and_ends_spoils_no_later_job(
     async with running(url, q.name, reg, concurrency=8):
         await eventually(lambda: finished(q, *ids), what="jobs to finish")
     assert [q.result(i) for i in ids] == [1, 2, 1, 2, 2]
+
+
+async def test_without_enter_task_each_job_gets_a_task_as_before(
+        url: str, q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interpreter without asyncio's _enter_task: the worker makes a task per job."""
+    from streamq._worker import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "EAGER", False)
+    reg = Registry()
+    made: list[str] = []
+
+    @reg.handler("mixed")
+    async def mixed(job: Job) -> int:
+        _seen.set(job.id)
+        if job.payload:
+            await asyncio.sleep(0.01)
+        return int(job.payload)
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        made.append(getattr(coro, "__qualname__", type(coro).__name__))
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    ids = [x.job_id for x in q.enqueue_many([{"type": "mixed", "payload": i % 2}
+                                             for i in range(20)])]
+    loop = asyncio.get_running_loop()
+    loop.set_task_factory(factory)
+    try:
+        async with running(url, q.name, reg, concurrency=5):
+            await eventually(lambda: finished(q, *ids), what="jobs to finish")
+    finally:
+        loop.set_task_factory(None)
+    assert [q.result(i) for i in ids] == [i % 2 for i in range(20)]
+    assert sum("_run_job" in m for m in made) == 20 and "_Carry" not in made
+    assert _seen.get() == ""
