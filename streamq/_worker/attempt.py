@@ -165,7 +165,7 @@ class Attempts:
                            self.config.trace_parent, self.server) if tel.tracing() else None
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
                              "attempt": attempt, "trace_id": span.trace_id if span is not None
-                             else tel.carrier_trace_id(carrier)})
+                             else tel.carrier_trace_id(carrier) if carrier else ""})
         running = self.in_flight.by_queue
         running[queue] = running.get(queue, 0) + 1
         started = time.perf_counter()
@@ -199,8 +199,9 @@ class Attempts:
                             raise  # the worker stops, or interrupt(): a handler's own fails it
                         item = self._failed(spec, job, ident, attempt, max_attempts, exc,
                                             timeout)
-                    else:
-                        item = self._succeeded(spec, ident, attempt, max_attempts, result)
+                    else:  # (None is not stored: finish.lua reads b'' back as None)
+                        item = (*ident, "ok", b"", 0, "") if result is None else \
+                            self._succeeded(spec, ident, attempt, max_attempts, result)
                 except asyncio.CancelledError:
                     if not lease.interrupted or task is None:
                         raise  # the worker is stopping: hand the job back
