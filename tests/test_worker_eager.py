@@ -64,6 +64,8 @@ async def test_a_job_that_awaits_runs_on_in_its_own_task(url: str, q: Queue) -> 
     async with running(url, q.name, reg, concurrency=10) as w:
         await eventually(lambda: finished(q, *ids), what="jobs to finish")
         loops = set(w._loops)
+    await asyncio.sleep(0)  # (the parked carrier's cancel from stop() runs)
+    assert not [t for t in asyncio.all_tasks() if type(t.get_coro()).__name__ == "_Carry"]
     assert all(q.result(i) == "ok" for i in ids)
     befores = {id(b) for b, _a in tasks.values()}
     assert len(befores) == 30  # each job its own task, the same before and after its await

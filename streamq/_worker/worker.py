@@ -357,9 +357,6 @@ class Worker(Resharding, Fetching):
             task.cancel()
         await asyncio.gather(*leftover, return_exceptions=True)
         self._sweep_tasks()
-        if self._carrier is not None:  # the parked carrier carries nothing
-            self._carrier.drop()
-            self._carrier = None
         self._settling = False  # flushers settle what is buffered, then end
         for qs in self._qs.values():
             qs.flush.set()
@@ -368,6 +365,9 @@ class Worker(Resharding, Fetching):
             t.cancel()
         await asyncio.gather(*self._flushers, return_exceptions=True)
         self._flushers.clear()
+        if self._carrier is not None:  # (after the last settling call: nothing starts now)
+            self._carrier.drop()  # the parked carrier carries nothing
+            self._carrier = None
         for qs in self._qs.values():  # the settling connections
             await qs.settles.release(self._client)
         tel.unregister_gauges(self)
