@@ -108,12 +108,13 @@ class Attempts:
         deadline_ms, wait_ms, age_ms = times
         ident = (lease.job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
+        metering = tel.metering()  # (asked once per job)
 
         try:  # a bare body (every envelope option at its default) needs no Envelope
             plain = plain_body(data, serde)
             env = envelope_from_data(lease.job_id, data, serde) if plain is None else None
         except (SerializationError, RecursionError) as exc:
-            if tel.metering():
+            if metering:
                 self._begin(qs, lease.entry, "?", wait_ms)
             return self._dead(qs, ident, attempt, "MalformedEnvelope", str(exc)[:500],
                               "malformed envelope")
@@ -127,7 +128,7 @@ class Attempts:
             jtype, payload, version, env_attempts = env.type, env.payload, env.version, \
                 env.max_attempts
             idem, headers, carrier = env.idempotency_key or env.id, env.headers, env.trace
-        if tel.metering():  # (one call a job without a metrics SDK)
+        if metering:
             self._begin(qs, lease.entry, jtype, wait_ms)
         if env is not None and env.id != lease.job_id:  # never another job's id (idempotency)
             return self._dead(qs, ident, attempt, "MalformedEnvelope",
@@ -164,7 +165,7 @@ class Attempts:
                            self.config.trace_parent, self.server) if tel.tracing() else None
         token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
                              "attempt": attempt, "trace_id": span.trace_id if span is not None
-                             else tel.carrier_trace_id(carrier)})
+                             else tel.carrier_trace_id(carrier) if carrier else ""})
         running = self.in_flight.by_queue
         running[queue] = running.get(queue, 0) + 1
         started = time.perf_counter()
@@ -179,8 +180,8 @@ class Attempts:
                 if spec.is_async and pool is None:  # (a pool child is told: pool.py)
                     lease.task = task
                 timeout = spec.timeout_s or self.config.default_timeout_s
-                _last_exc.set(None)
-                _deliberate.set(False)
+                # (_last_exc and _deliberate are at their defaults: each attempt runs in a
+                # fresh copy of the worker's context, Worker._start_jobs)
                 try:
                     try:
                         if pool is not None:  # a child process; the timeout is a hard limit
@@ -198,8 +199,9 @@ class Attempts:
                             raise  # the worker stops, or interrupt(): a handler's own fails it
                         item = self._failed(spec, job, ident, attempt, max_attempts, exc,
                                             timeout)
-                    else:
-                        item = self._succeeded(spec, ident, attempt, max_attempts, result)
+                    else:  # (None is not stored: finish.lua reads b'' back as None)
+                        item = (*ident, "ok", b"", 0, "") if result is None else \
+                            self._succeeded(spec, ident, attempt, max_attempts, result)
                 except asyncio.CancelledError:
                     if not lease.interrupted or task is None:
                         raise  # the worker is stopping: hand the job back
@@ -222,7 +224,7 @@ class Attempts:
             tel.JOB.reset(token)
             ran_s = time.perf_counter() - started
             if item is not None:
-                if tel.metering():  # (the queue wait was recorded at the start: _begin)
+                if metering:  # (the queue wait was recorded at the start: _begin)
                     labels = tel.outcome_attrs(queue, jtype, item[3])
                     tel.DURATION.record(ran_s, labels)
                     tel.END_TO_END.record(age_ms / 1000 + ran_s, labels)

@@ -66,8 +66,8 @@ class Fetching(HandOff):
         def _release(self, n: int) -> None: ...
         async def _retired(self, qs: QState) -> bool: ...
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                    data: bytes, times: tuple[int, int, int], deps: Any = None
-                    ) -> asyncio.Task[None]: ...
+                    data: bytes, times: tuple[int, int, int], deps: Any = None) -> None: ...
+        def _start_jobs(self, tasks: list[asyncio.Task[None]] | None = None) -> None: ...
 
     @classmethod
     async def _ensure_group_retried(cls, client: aredis.Redis, keys: Keys, _retried: bool
@@ -335,20 +335,23 @@ class Fetching(HandOff):
         if got < int(allowed):  # fewer than the rate allowed: the streams are drained
             qs.idle = True
         launched = 0
-        for i in range(_CLAIM_HEAD, len(reply), _CLAIM_WIDTH):
-            (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
-             age_ms) = reply[i:i + _CLAIM_WIDTH]
-            if code != b"run":
-                if code == b"paused":
-                    qs.paused = True
-                continue
-            launched += 1
-            self._launch(qs.lanes[order[int(level) - 1]], eid.decode(), jid.decode(),
-                         token.decode(), int(attempt), data,
-                         (int(deadline), int(wait_ms), int(age_ms)))
-        if launched:
-            self.stats.started += launched
-        self._release(n - launched)
+        try:
+            for i in range(_CLAIM_HEAD, len(reply), _CLAIM_WIDTH):
+                (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
+                 age_ms) = reply[i:i + _CLAIM_WIDTH]
+                if code != b"run":
+                    if code == b"paused":
+                        qs.paused = True
+                    continue
+                launched += 1
+                self._launch(qs.lanes[order[int(level) - 1]], eid.decode(), jid.decode(),
+                             token.decode(), int(attempt), data,
+                             (int(deadline), int(wait_ms), int(age_ms)))
+            if launched:
+                self.stats.started += launched
+            self._release(n - launched)
+        finally:  # every lease of the batch held: now their first steps (eager.py)
+            self._start_jobs()
 
     async def _read_own(self, qs: QState, n: int) -> tuple[QState, list[Any]]:
         """Up to n of this consumer's own pending entries, lane after lane."""
@@ -464,25 +467,29 @@ class Fetching(HandOff):
         everything else."""
         launched = 0
         skipped = malformed
-        for n, (eid, jid, _token) in enumerate(part):
-            code, token, attempt, data, deadline, wait_ms, age_ms = reply[7 * n:7 * n + 7]
-            if code != b"run":
-                skipped += 1
-                if code == b"paused":
-                    qs.paused = True  # seen before the flag poll: stop fetching at once
-                elif code == b"limited":  # over the queue's rate: handed back, wait
-                    qs.limited_until = max(qs.limited_until, asyncio.get_running_loop().time()
-                                           + int(data) / 1000)
-                continue
-            launched += 1
-            self._launch(lane, eid, jid, token.decode(), int(attempt), data,
-                         (int(deadline), int(wait_ms), int(age_ms)))
-        if launched:
-            self.stats.started += launched
-            if reclaimed:
-                self.stats.reclaimed += launched
-                tel.RECLAIMED.add(launched, qs.labels)
-        self._release(skipped)
+        try:
+            for n, (eid, jid, _token) in enumerate(part):
+                code, token, attempt, data, deadline, wait_ms, age_ms = reply[7 * n:7 * n + 7]
+                if code != b"run":
+                    skipped += 1
+                    if code == b"paused":
+                        qs.paused = True  # seen before the flag poll: stop fetching at once
+                    elif code == b"limited":  # over the queue's rate: handed back, wait
+                        qs.limited_until = max(qs.limited_until,
+                                               asyncio.get_running_loop().time()
+                                               + int(data) / 1000)
+                    continue
+                launched += 1
+                self._launch(lane, eid, jid, token.decode(), int(attempt), data,
+                             (int(deadline), int(wait_ms), int(age_ms)))
+            if launched:
+                self.stats.started += launched
+                if reclaimed:
+                    self.stats.reclaimed += launched
+                    tel.RECLAIMED.add(launched, qs.labels)
+            self._release(skipped)
+        finally:  # every lease of the batch held: now their first steps (eager.py)
+            self._start_jobs()
 
 
 def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[str, str, str]],

@@ -91,8 +91,8 @@ class HandOff:
         def _release(self, n: int) -> None: ...
         def _busy(self, qs: QState, entry: str) -> bool: ...
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                    data: bytes, times: tuple[int, int, int], deps: Any = None
-                    ) -> asyncio.Task[None]: ...
+                    data: bytes, times: tuple[int, int, int], deps: Any = None) -> None: ...
+        def _start_jobs(self, tasks: list[asyncio.Task[None]] | None = None) -> None: ...
 
     def _ticket_member(self, qs: QState) -> str:
         """This worker's ticket for a lane (ticket.lua's header): fixed per worker run."""
@@ -154,20 +154,23 @@ class HandOff:
         taken over: the job is started again as this worker's own pending entry (start.lua:
         the same lease and attempt, its idle time reset; or left alone if another worker
         took it over), as a job it had read itself would be (invariant 13)."""
-        for row in rows:
-            qs.inbox_acks.append(_text(row[0]))
-        launched = self._launch_started(qs, [row[1:] for row in rows], since, qs.handed)
-        if launched:
-            self.stats.started += launched
-            self.stats.handed_over += launched
+        try:
+            for row in rows:
+                qs.inbox_acks.append(_text(row[0]))
+            launched = self._launch_started(qs, [row[1:] for row in rows], since)
+            if launched:
+                self.stats.started += launched
+                self.stats.handed_over += launched
+        finally:  # (the jobs that wait, for the fetch loop to let them settle first)
+            self._start_jobs(qs.handed)
         return launched
 
-    def _launch_started(self, qs: QState, rows: list[Sequence[Any]], since: float,
-                        tasks: list[asyncio.Task[None]] | None = None) -> int:
+    def _launch_started(self, qs: QState, rows: list[Sequence[Any]], since: float) -> int:
         """Launch jobs started for this worker by a script (each row: stream entry id, job
         id, code, token, attempt, data, deadline, wait ms, age ms, and optionally its
         dependency results: finish.lua's), started no earlier than ``since``: _handed's
-        rules. Returns how many were launched (their tasks added to ``tasks`` when given)."""
+        rules. Returns how many were launched (their first steps: the caller's
+        ``_start_jobs``)."""
         launched = 0
         late = time.monotonic() - since >= self.config.renew_every_s
         for row in rows:
@@ -191,10 +194,8 @@ class HandOff:
             launched += 1
             tok = _text(token)
             deps = row[9] if len(row) > 9 and isinstance(row[9], list) else None
-            task = self._launch(qs, entry, job_id, tok, int(attempt), data,
-                                (int(deadline), int(wait_ms), int(age_ms)), deps)
-            if tasks is not None:
-                tasks.append(task)
+            self._launch(qs, entry, job_id, tok, int(attempt), data,
+                         (int(deadline), int(wait_ms), int(age_ms)), deps)
             self._leases.backdate(qs.keys.tag, entry, tok, since)
         return launched
 
@@ -219,11 +220,17 @@ class HandOff:
         """Run the jobs a finish.lua call sent at ``sent`` released and started for this
         worker (_finish_hand_args; rows empty: none, or the call failed) in the ``reserved``
         slots, and free the rest."""
-        launched = self._launch_started(qs, rows, sent)
-        if launched:
-            self.stats.started += launched
-            self.stats.handed_over += launched
-        self._settle_slots(reserved, launched)
+        launched = 0
+        try:
+            launched = self._launch_started(qs, rows, sent)
+            if launched:
+                self.stats.started += launched
+                self.stats.handed_over += launched
+        finally:
+            self._settle_slots(reserved, launched)
+            if launched:  # their first steps once the call that released them is over (as
+                # tasks of their own would start): a lone one then sends its own outcome
+                asyncio.get_running_loop().call_soon(self._start_jobs)
 
     async def _let_handed_settle(self, qs: QState) -> None:
         """A job was just handed over: before this loop posts its next ticket, let that
@@ -231,7 +238,7 @@ class HandOff:
         measured, a ticket sent first delayed it by ~0.2 ms). A job that runs longer than
         _HANDED_WAIT_S is not waited for."""
         tasks, qs.handed = qs.handed, []
-        await asyncio.sleep(0)  # the job's first step runs before this one goes on
+        await asyncio.sleep(0)  # (its first step ran already: _start_jobs)
         pending = [t for t in tasks if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=_HANDED_WAIT_S)

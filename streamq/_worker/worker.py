@@ -8,6 +8,7 @@ retried; only ``stop()`` ends them. ``health()`` says how long ago each last mad
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import itertools
@@ -36,6 +37,8 @@ from .._core.sends import Kept, inline_sends
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .attempt import Attempts
 from .cancel import CancelWatch
+from .eager import AVAILABLE as EAGER
+from .eager import Carrier, enter_task, leave_task
 from .fetch import Fetching
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
@@ -94,6 +97,15 @@ class Worker(Resharding, Fetching):
         self._tasks: set[asyncio.Task[None]] = set()
         self._jobs: dict[tuple[str, str], asyncio.Task[None]] = {}
         """Running handler tasks by (queue, entry), for stop() to cancel the leftovers."""
+        self._to_start: list[tuple[QState, Lease, int, bytes, tuple[int, int, int]]] = []
+        """Jobs launched (their leases held) whose first step has not run yet (_start_jobs)."""
+        self._later = 0
+        """Jobs of the batch being started whose first step runs after this one's."""
+        self._carrier: Carrier | None = None
+        """The parked task the next job that has to wait runs in (eager.py)."""
+        self._job_ctx = contextvars.copy_context()
+        """What each job's context is a copy of: the context ``start()`` ran in, so that
+        nothing a handler sets reaches another job (one started from its settling call)."""
         self._loops: list[asyncio.Task[None]] = []
         self._flushers: list[asyncio.Task[None]] = []
         self._running = False
@@ -233,6 +245,7 @@ class Worker(Resharding, Fetching):
         self._progress = self._attempts.progress = Progress(client, self.queue_config,
                                                             self._outage)
         self._token_prefix = secrets.token_hex(5)  # a start of an earlier run is not ours
+        self._job_ctx = contextvars.copy_context()
         for qs in queues:
             self._prepare(qs)
         for qs in self._qs.values():
@@ -352,6 +365,9 @@ class Worker(Resharding, Fetching):
             t.cancel()
         await asyncio.gather(*self._flushers, return_exceptions=True)
         self._flushers.clear()
+        if self._carrier is not None:  # (after the last settling call: nothing starts now)
+            self._carrier.drop()  # the parked carrier carries nothing
+            self._carrier = None
         for qs in self._qs.values():  # the settling connections
             await qs.settles.release(self._client)
         tel.unregister_gauges(self)
@@ -466,27 +482,73 @@ class Worker(Resharding, Fetching):
         self._release(before - self._owed())
 
     def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                data: bytes, times: tuple[int, int, int], deps: Any = None
-                ) -> asyncio.Task[None]:
+                data: bytes, times: tuple[int, int, int], deps: Any = None) -> None:
+        """Hold a started job's lease; its first step runs in the caller's ``_start_jobs``,
+        once every lease of the batch is held (renewed even while a first step blocks)."""
         lease = Lease(qs.keys, job_id, entry, token)
         if deps is not None:  # its dependency results, sent with its start (Lease.deps)
             lease.deps = deps
         self._leases.add(lease)
         if self._cancels is not None:  # its cancel already heard: it stops at once
             self._cancels.launched(lease)
-        # (the loop's create_task: asyncio.create_task's own frame is one more per job; the
-        # loop passed on: get_running_loop makes a getpid system call, once per job here)
+        self._to_start.append((qs, lease, attempt, data, times))
+
+    def _start_jobs(self, tasks: list[asyncio.Task[None]] | None = None) -> None:
+        """Run the first step of each job launched since the last call, eagerly (eager.py):
+        a job that ends there (a no-op handler) costs no task; one that waits goes on in a
+        task of its own, added to ``tasks`` when given."""
+        todo, self._to_start = self._to_start, []
+        if not todo:
+            return
+        # (the loop passed on: get_running_loop makes a getpid system call)
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._run_job(qs, lease, attempt, data, times, loop))
-        self._tasks.add(task)  # (the task takes itself out of both when it ends: _run_job)
-        self._jobs[(qs.keys.tag, entry)] = task
-        return task
+        if not EAGER:  # (an interpreter without asyncio's _enter_task: a task per job)
+            for qs, lease, attempt, data, times in todo:
+                self._track(qs, lease, loop.create_task(
+                    self._run_job(qs, lease, attempt, data, times, loop),
+                    context=self._job_ctx.copy()), tasks)
+            return
+        outer = asyncio.current_task(loop)  # (a fetch or settling loop's; set back below)
+        if outer is not None:
+            leave_task(loop, outer)
+        try:
+            left = len(todo)
+            for qs, lease, attempt, data, times in todo:
+                left -= 1
+                self._later = left
+                carrier = self._carrier
+                if carrier is None or carrier.spoilt:
+                    carrier = self._carrier = Carrier(loop)
+                try:
+                    waits = carrier.run_first_step(
+                        loop, self._run_job(qs, lease, attempt, data, times, loop),
+                        self._job_ctx.copy())
+                except Exception:  # (a bug of ours: as a task's exception would, logged)
+                    log.exception("job %s: internal error", lease.job_id)
+                    continue
+                if waits:  # the carrier is the job's task now
+                    self._carrier = None
+                    self._track(qs, lease, carrier.task, tasks)
+        finally:
+            self._later = 0
+            if outer is not None:
+                enter_task(loop, outer)
+
+    def _track(self, qs: QState, lease: Lease, task: asyncio.Task[None],
+               tasks: list[asyncio.Task[None]] | None) -> None:
+        """A job runs on in ``task`` (which takes itself out of both when it ends: _run_job)."""
+        self._tasks.add(task)
+        self._jobs[(qs.keys.tag, lease.entry)] = task
+        if tasks is not None:
+            tasks.append(task)
 
     # ----------------------------------------------------------------- running
 
     async def _run_job(self, qs: QState, lease: Lease, attempt: int, data: bytes,
                        times: tuple[int, int, int], loop: asyncio.AbstractEventLoop) -> None:
-        me: Any = asyncio.current_task(loop)  # (with its loop: no second getpid per job)
+        # (with its loop: no second getpid per job). Its first step runs eagerly with its
+        # carrier task current (_start_jobs): the job's task if it goes on waiting
+        me: Any = asyncio.current_task(loop)
         tag = qs.keys.tag
         try:
             try:
@@ -504,8 +566,8 @@ class Worker(Resharding, Fetching):
             qs.buf.append(item)
             self._handed_over()
             settler = self._settler
-            if (len(self._tasks) == 1 and len(qs.buf) == 1 and qs.settle_idle
-                    and not qs.sending and settler is not None):
+            if (len(qs.buf) == 1 and qs.settle_idle and not qs.sending and settler is not None
+                    and not self._later and len(self._tasks) == (me in self._tasks)):
                 # the only job running, its lane's settling loop idle: send the outcome
                 # from here (under load the loop batches them: never one call per job)
                 try:
@@ -514,7 +576,8 @@ class Worker(Resharding, Fetching):
                     return
             else:
                 qs.flush.set()
-        finally:  # (a task cancelled before it ever ran never gets here: stop() sweeps those)
+        finally:  # (a task cancelled before it ever ran never gets here: stop() sweeps those;
+            # a job that ended in its first step was never in either)
             self._tasks.discard(me)
             key = (tag, lease.entry)
             if self._jobs.get(key) is me:
