@@ -31,6 +31,35 @@ class _Sentinel:
 
     def start(self, name: str, primary_port: int, down_after_ms: int,
               failover_timeout_ms: int) -> None:
+        """Start the sentinel and wait until it answers; on a port taken between the probe
+        and the bind (another test's server), again on another port (as RedisServer.start)."""
+        for _ in range(5):
+            self._spawn(name, primary_port, down_after_ms, failover_timeout_ms)
+            if self._wait_up():
+                return
+            self.stop()
+            self.port = free_port()
+        raise RuntimeError(f"redis sentinel did not start; see {self.dir / 'sentinel.log'}")
+
+    def _wait_up(self) -> bool:
+        client = redis.Redis(port=self.port, protocol=2, socket_connect_timeout=0.2)
+        try:
+            for _ in range(200):
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    if client.ping():
+                        return True
+                except redis.ConnectionError:
+                    pass
+                time.sleep(0.025)
+            return False
+        finally:
+            client.close()
+
+    def _spawn(self, name: str, primary_port: int, down_after_ms: int,
+               failover_timeout_ms: int) -> None:
         conf = self.dir / "sentinel.conf"
         conf.write_text("\n".join([
             f"port {self.port}", "bind 127.0.0.1", "daemonize no", f"dir {self.dir}",
@@ -84,7 +113,7 @@ class SentinelSet:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"{scheme}://{hosts}/{self.name}/{db}"
 
-    def start(self, timeout_s: float = 30.0) -> SentinelSet:
+    def start(self, timeout_s: float = 60.0) -> SentinelSet:
         try:
             self.primary.start()
             for replica in self.replicas:
@@ -131,8 +160,19 @@ class SentinelSet:
                     for s in self._ask("SENTINEL", "SENTINELS", self.name)):
                 return
             if time.monotonic() > end:
-                raise RuntimeError(f"sentinels not ready after {timeout_s}s; see {self.dir}")
+                raise RuntimeError(f"sentinels not ready after {timeout_s}s: {self._state()}"
+                                   f" (want {want_r} replicas, {want_s} other sentinels)")
             time.sleep(0.05)
+
+    def _state(self) -> str:
+        """What each sentinel knows (for a setup that never got ready)."""
+        def sizes(*args: str) -> list[int | None]:
+            return [None if r is None else len(r) for r in self._ask(*args)]
+        return (f"replicas in sync {self._synced()}; each sentinel's primary"
+                f" {self._ask('SENTINEL', 'GET-MASTER-ADDR-BY-NAME', self.name)}, replicas"
+                f" {sizes('SENTINEL', 'REPLICAS', self.name)}, other sentinels"
+                f" {sizes('SENTINEL', 'SENTINELS', self.name)}, running"
+                f" {[x.proc is not None and x.proc.poll() is None for x in self.sentinels]}")
 
     def _synced(self) -> bool:
         port = self.primary_port()
