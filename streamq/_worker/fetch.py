@@ -64,6 +64,7 @@ class Fetching(HandOff):
         _no_handoff: bool
 
         def _release(self, n: int) -> None: ...
+        def _owed(self) -> int: ...
         async def _retired(self, qs: QState) -> bool: ...
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
                     data: bytes, times: tuple[int, int, int], deps: Any = None) -> None: ...
@@ -179,6 +180,15 @@ class Fetching(HandOff):
                 n = await slots.take_share(1, qs.keys.tag)
             else:  # a claim (or a read of own or lapsed entries): every free slot, the turn
                 # held until its reply (one claim in flight per worker, as unsharded)
+                while (not qs.idle and self._owed() and slots.free < want
+                       and (qs.sending or qs.buf)):
+                    # short of slots that outcomes waiting to be settled hold (_owed): the
+                    # lane's settling call (in flight, or about to go) gives them back, so
+                    # claim after it ends, one full batch rather than a short one and then
+                    # another (never while idle: a lone job still starts at once;
+                    # docs/performance.md, the floor's claim sizes)
+                    qs.settled.clear()
+                    await qs.settled.wait()
                 n = await slots.take_all(want, qs.keys.tag)
             try:
                 pause = await fetch(n)
