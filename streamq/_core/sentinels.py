@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from .server import RedisServer, free_port
+from .server import RedisServer, answering, free_port
 
 
 class _Sentinel:
@@ -42,21 +42,8 @@ class _Sentinel:
         raise RuntimeError(f"redis sentinel did not start; see {self.dir / 'sentinel.log'}")
 
     def _wait_up(self) -> bool:
-        client = redis.Redis(port=self.port, protocol=2, socket_connect_timeout=0.2)
-        try:
-            for _ in range(200):
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    return False
-                try:
-                    if client.ping():
-                        return True
-                except redis.ConnectionError:
-                    pass
-                time.sleep(0.025)
-            return False
-        finally:
-            client.close()
+        assert self.proc is not None
+        return answering(self.proc, self.port)
 
     def _spawn(self, name: str, primary_port: int, down_after_ms: int,
                failover_timeout_ms: int) -> None:

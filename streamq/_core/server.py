@@ -25,6 +25,28 @@ def free_port() -> int:
         return port
 
 
+def answering(proc: subprocess.Popen[bytes], port: int, tries: int = 200) -> bool:
+    """Whether the server (or sentinel) ``proc`` started on ``port`` answers PING within
+    ``tries`` polls 25 ms apart (a server still LOADING is waited for); False once it exited
+    (e.g. the port was taken between probe and bind)."""
+    client = redis.Redis(port=port, socket_connect_timeout=0.2, protocol=2)
+    try:
+        for _ in range(tries):
+            if proc.poll() is not None:
+                return False
+            try:
+                if client.ping():
+                    return True
+            except redis.exceptions.BusyLoadingError:
+                pass
+            except redis.exceptions.ConnectionError:
+                pass
+            time.sleep(0.025)
+        return False
+    finally:
+        client.close()
+
+
 class RedisServer:
     """Start, kill and restart one redis-server process owned by the caller."""
 
@@ -67,23 +89,8 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not start; see {self.dir / 'redis.log'}")
 
     def _wait_ready(self) -> bool:
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, protocol=2)
-        try:
-            for _ in range(200):
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    return False
-                try:
-                    if client.ping():
-                        return True
-                except redis.exceptions.BusyLoadingError:
-                    pass
-                except redis.exceptions.ConnectionError:
-                    pass
-                time.sleep(0.025)
-            return False
-        finally:
-            client.close()
+        assert self.proc is not None
+        return answering(self.proc, self.port)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown save; AOF (fsync always) is what survives."""
