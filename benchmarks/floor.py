@@ -9,6 +9,9 @@ figures are redis-server instructions per job in each phase (which do not depend
 machine's load), plus the inclusive instructions per job of the server functions named in
 ``FUNCS`` (where the time goes). Without it: ``INFO cpu`` per job in each phase, ``--runs``
 times, medians (noisy on a busy machine: read them with the load average printed).
+``worker_us`` is the worker process's CPU from before its start to its stop, per job;
+``worker_run_us`` leaves out what it spent before its first handler started (imports done
+lazily, script loads, connections, the group's creation): the steady cost per drained job.
 """
 
 from __future__ import annotations
@@ -61,8 +64,10 @@ def cpu_run(n: int) -> dict[str, float]:
         out = _drain(srv.url, n)
         c2 = redis_cpu_s(client)
         used = int(client.info("memory")["used_memory"])
+    run_s = float(out["cpu_s"]) - float(out.get("cpu_start_s") or 0.0)
     return {"enqueue_us": (c1 - c0) / n * 1e6, "drain_us": (c2 - c1) / n * 1e6,
-            "worker_us": float(out["cpu_s"]) / n * 1e6, "used_memory_end": used}
+            "worker_us": float(out["cpu_s"]) / n * 1e6, "worker_run_us": run_s / n * 1e6,
+            "used_memory_end": used}
 
 
 def _calls(client: redis.Redis) -> dict[str, int]:
@@ -173,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = [cpu_run(args.jobs) for _ in range(args.runs)]
         res = {"jobs": args.jobs, "runs": runs,
                **{f"median_{k}": statistics.median(r[k] for r in runs)
-                  for k in ("enqueue_us", "drain_us", "worker_us")}}
+                  for k in ("enqueue_us", "drain_us", "worker_us", "worker_run_us")}}
         res["median_lifecycle_us"] = res["median_enqueue_us"] + res["median_drain_us"]
     res["loadavg_before"] = load
     res["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]

@@ -2,7 +2,8 @@
 
 ``drain``: start a Worker on a queue that already holds ``--jobs`` no-op jobs, exit once this
 worker has completed all of them, and print one JSON line with the worker's own CPU time
-(``time.process_time()``, all threads) and the wall time from the first handler start to the
+(``time.process_time()``, all threads; ``cpu_start_s``: the part spent before the first
+handler started) and the wall time from the first handler start to the
 last completion.
 
 ``serve``: start a Worker, print ``{"ready": true}``, run until stdin closes (or SIGTERM), then
@@ -29,6 +30,7 @@ from typing import Any
 from streamq import Job, QueueConfig, Registry, Worker, WorkerConfig
 
 _first_start: float | None = None
+_first_cpu: float | None = None
 
 
 def build_registry() -> Registry:
@@ -36,9 +38,10 @@ def build_registry() -> Registry:
 
     @reg.handler("noop")
     async def noop(job: Job) -> None:
-        global _first_start
+        global _first_start, _first_cpu
         if _first_start is None:
             _first_start = time.perf_counter()
+            _first_cpu = time.process_time()
 
     @reg.handler("stamp")
     async def stamp(job: Job) -> float:
@@ -59,6 +62,7 @@ def _summary(worker: Worker, cpu0: float, wall_end: float | None, cpu_end: float
         "completed": s.completed, "started": s.started, "failed": s.failed,
         "retried": s.retried, "lost": s.lost, "released": s.released,
         "cpu_s": cpu_end - cpu0, "wall_s": wall, "timed_out": timed_out,
+        "cpu_start_s": (_first_cpu - cpu0) if _first_cpu is not None else None,
     }
 
 
