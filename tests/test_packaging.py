@@ -97,8 +97,8 @@ def test_make_demo_installs_the_dashboard_extra_and_make_test_the_rest(tmp_path:
 def test_the_floor_leg_pins_the_lowest_version_of_every_dependency() -> None:
     """`make test-floor` (CI) installs .ci/floor-requirements.txt: a floor raised or lowered
     in pyproject.toml without it would be declared, not tested. Each dependency of the package
-    and of the dashboard extra is pinned there at a version its specifier allows, in the
-    same release series as the floor (`>=6.2` is tested at 6.2.x, not at 8.1)."""
+    and of the dashboard, metrics and msgpack extras is pinned there at a version its specifier
+    allows, in the same release series as the floor (`>=6.2` is tested at 6.2.x, not at 8.1)."""
     from packaging.requirements import Requirement
     from packaging.version import Version
 
@@ -109,7 +109,9 @@ def test_the_floor_leg_pins_the_lowest_version_of_every_dependency() -> None:
             name, _, version = line.partition("==")
             pins[name.strip().lower()] = Version(version.strip())
     cfg = _pyproject()["project"]
-    for spec in [*cfg["dependencies"], *cfg["optional-dependencies"]["dashboard"]]:
+    extras = cfg["optional-dependencies"]
+    for spec in [*cfg["dependencies"], *extras["dashboard"], *extras["metrics"],
+                 *extras["msgpack"]]:
         req = Requirement(spec)
         name = req.name.lower()
         assert name in pins, f"{name} has no pin in .ci/floor-requirements.txt"

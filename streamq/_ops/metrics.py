@@ -9,6 +9,7 @@ text format, and, for the scheduler (which runs no worker), keeps the per-queue 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ def serve(host: str, port: int, service: str) -> tuple[str, int]:
                          f" ({exc})") from None
     name = os.environ.get("OTEL_SERVICE_NAME") or service
     scope = os.environ.get(SCOPE_LABELS_ENV, "") not in ("", "0")  # otel_scope_* labels
-    provider = MeterProvider(metric_readers=[PrometheusMetricReader(scope_info_enabled=scope)],
+    provider = MeterProvider(metric_readers=[_reader(PrometheusMetricReader, scope)],
                              resource=Resource.create({SERVICE_NAME: name}))
     metrics.set_meter_provider(provider)
     if metrics.get_meter_provider() is not provider:
@@ -66,6 +67,18 @@ def serve(host: str, port: int, service: str) -> tuple[str, int]:
     shown = f"[{where[0]}]" if ":" in where[0] else where[0]
     log.info("serving Prometheus metrics on http://%s:%d/metrics", shown, where[1])
     return where
+
+
+def _reader(cls: Callable[..., Any], scope: bool) -> Any:
+    """The exporter's reader, with or without the ``otel_scope_*`` labels. Exporters before
+    0.64b0 (opentelemetry-sdk 1.43) take no ``scope_info_enabled`` and never add them: the
+    default here; asked for them there, a warning says they need a newer exporter."""
+    if "scope_info_enabled" in inspect.signature(cls).parameters:
+        return cls(scope_info_enabled=scope)
+    if scope:
+        log.warning("%s=1: this opentelemetry-exporter-prometheus adds no otel_scope_* labels"
+                    " (0.64b0 and newer do)", SCOPE_LABELS_ENV)
+    return cls()
 
 
 @attrs.frozen
