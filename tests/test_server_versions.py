@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from streamq import Queue, QueueConfig
 from streamq._core.cluster_server import ClusterServer
@@ -160,11 +161,23 @@ def test_one_server_has_no_slot_view(url: str) -> None:
 
 
 def fresh(cluster: ClusterServer, shards: int) -> str:
-    """A queue whose shards sit on every primary."""
+    """A queue whose shards sit on every primary, in slots that hold no key yet (the cluster
+    is shared with the session's other tests: a slot per-slot counts read must be this
+    queue's alone, or they count another test's keys that SCAN by this queue's tag does not)."""
     while True:
         name = f"sv-{uuid.uuid4().hex[:10]}"
-        if len({cluster.owner(k.stream) for k in shard_keys(name, shards)}) == min(shards, 3):
+        keys = shard_keys(name, shards)
+        if len({cluster.owner(k.stream) for k in keys}) == min(shards, 3) and all(
+                _slot_empty(cluster, k.stream) for k in keys):
             return name
+
+
+def _slot_empty(cluster: ClusterServer, key: str) -> bool:
+    node: Any = cluster.node(cluster.owner(key))
+    try:
+        return int(node.execute_command("CLUSTER", "COUNTKEYSINSLOT", key_slot(key.encode()))) == 0
+    finally:
+        node.close()
 
 
 def filled(cluster: ClusterServer, shards: int, jobs: int) -> tuple[str, QueueConfig]:
