@@ -92,6 +92,18 @@
 --           writer tag), ARGV[13 + 2*(i-1)], ARGV[14 + 2*(i-1)] job i's id and body, and the
 --           rest follows as above; the call reads them as if each job had its 10 (A below).
 --           Each argument costs the server its parsing, an object and a Lua string.
+--           F (the plain batch): a call in the compact form whose jobs go to KEYS[1] now (no
+--           delay or run time in the future), with no dedup or search section, no level
+--           keys, the group keys only with every job's group '' (with or without the
+--           hand-off keys), no max depth, no record of the batch existing and no id twice,
+--           is written job by job without the general path's per-job work: one EXISTS over
+--           the records, the key checks, the count of 'enqueued' as the first write, then
+--           per job XADD and one HSET (the same fields, in the same order, as below), its
+--           'enqueued' event when on, and the hand-off. Its answer is the general path's
+--           ('queued' per job). Any other call takes the general path, as if F were not.
+--           On Redis 7.0+ the entries of such a call share one ms: the first XADD of the
+--           call takes '*', the ones after it '<that ms>-*' (as '*' does within a script on
+--           Redis 7.2+), so 'e' is counted rather than parsed; from sequence 999 on '*'.
 -- ARGV[4] may end with '/L' (after any of the forms above: '3/6', '=3:1/6'): L is the shard
 --           count the producer routed the call's jobs by (shards.Layout.shards). When KEYS[3]
 --           has 'lay' (the count this shard takes new jobs for: a reshard froze it,
@@ -110,6 +122,120 @@ do
     end
     ARGV[4] = ssub(h, 1, sl - 1)  -- (a stats key of another type: refused below, by expect)
   end
+end
+local function expect(key, cmd, want, arg, arg2)  -- (below: every key is checked)
+  local r
+  if arg2 then r = rpcall(cmd, key, arg, arg2)
+  elseif arg then r = rpcall(cmd, key, arg) else r = rpcall(cmd, key) end
+  if type(r) == 'table' and r.err then
+    if ssub(r.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE ' .. key .. ' is not a ' .. want
+        .. ': nothing was enqueued')
+    end
+    return r  -- any other refusal (NOPERM, ...) as the server said it
+  end
+end
+-- The plain batch (the header's F): the compact form, every record new, no id twice, each
+-- job queued now, no group, priority, dedup, search or depth limit. What accept() writes for
+-- each job, written without its per-job work (the same records, entries, events, counts and
+-- answer); the fields every job shares are made once. nil: not such a batch, nothing done.
+-- (Made only for a call in the compact form: each closure made costs every call.)
+if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
+  local STAR_OK = (redis.REDIS_VERSION_NUM or 0) >= 0x070000  -- (XADD '<ms>-*')
+  local src = ARGV
+  local n = tonumber(ssub(src[4], 2))
+  if not n or n < 1 or (tonumber(src[2]) or 1) > 0 then return nil end
+  local extra = #KEYS - 4 - n
+  if not ((extra == 0 and #src == 12 + 2 * n)
+      or ((extra == 11 or extra == 14) and #src == 13 + 3 * n)) then
+    return nil
+  end
+  local d, t = src[9], src[10]
+  if (d ~= '0' and (tonumber(d) or 1) > 0) or (t ~= '0' and (tonumber(t) or 1) > 0) then
+    return nil
+  end
+  for i = 14 + 2 * n, #src do  -- (with the group keys: each job's group)
+    if src[i] ~= '' then return nil end
+  end
+  if rcall('EXISTS', unpack(KEYS, 5, 4 + n)) ~= 0 then return nil end
+  local seen = {}
+  for i = 5, 4 + n do
+    local k = KEYS[i]
+    if seen[k] then return nil end
+    seen[k] = true
+  end
+  local stream, stats, events, spec = KEYS[1], KEYS[3], KEYS[4], src[1]
+  local ho = extra == 14 and #KEYS - 2 or nil
+  local ev = emit_on(spec, 'enqueued')
+  local bad = expect(stream, 'XLEN', 'stream')
+    or ((ev or (ho and (emit_on(spec, 'started') or emit_on(spec, 'reclaimed')
+      or emit_on(spec, 'failed') or emit_on(spec, 'cancelled'))))
+      and expect(events, 'XLEN', 'stream'))
+    or expect(stats, 'HINCRBY', 'hash', 'enqueued', n)  -- (the first write)
+  if bad then return bad end
+  local now = nil
+  -- the fields accept() writes after s, b and e, in its order
+  local more = {}
+  local tag, opts, ttl, ma, sl, nt = src[12], src[5], src[7], src[6], src[8], src[11]
+  if tag ~= '' then more[#more + 1] = 'w'; more[#more + 1] = tag end
+  if opts ~= '' then more[#more + 1] = 'op'; more[#more + 1] = opts end
+  if ttl ~= DEFAULT_TTL then more[#more + 1] = 'x'; more[#more + 1] = ttl end
+  if ma ~= '0' then more[#more + 1] = 'max_attempts'; more[#more + 1] = ma end
+  local deadline = sl == '0' and 0 or tonumber(sl)
+  if deadline < 0 then now = now_ms(); deadline = now - deadline end
+  if deadline > 0 then more[#more + 1] = 'deadline'; more[#more + 1] = deadline end
+  if nt ~= '' then more[#more + 1] = 'notify'; more[#more + 1] = nt end
+  if not more[1] then more = nil end
+  -- Entry ids: a job takes '*', and on Redis 7.0+ the jobs after it '<its ms>-*' (the same
+  -- ms, the next sequence number: what '*' gives on Redis 7.2+, where time stands still
+  -- within a script), so that the record's 'e' (enc_entry's '<ms><seq, 3 digits>') is made
+  -- of digits counted here rather than parsed from each reply; after sequence 999, '*' again.
+  local D = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+  local ms, star, seq, hi, lo = nil, nil, 999, nil, 0  -- hi: '<ms><hundreds><tens>'
+  local out = {}
+  for i = 1, n do
+    local id, e = src[11 + 2 * i], nil
+    if seq < 999 then
+      rcall('XADD', stream, star, 'id', id)
+      seq, lo = seq + 1, lo + 1
+      if lo == 10 then
+        lo = 0
+        hi = ms .. D[(seq - seq % 100) / 100 + 1] .. D[(seq % 100 - seq % 10) / 10 + 1]
+      end
+      e = hi .. D[lo + 1]
+    else
+      e = rcall('XADD', stream, '*', 'id', id)
+      local m, sq = string.match(e, '^(%d+)%-(%d+)$')
+      if m and #sq <= 3 then
+        seq = tonumber(sq)
+        lo = seq % 10
+        hi = m .. D[(seq - seq % 100) / 100 + 1] .. D[(seq % 100 - lo) / 10 + 1]
+        e = hi .. D[lo + 1]
+        if STAR_OK then ms, star = m, m .. '-*' else seq = 999 end
+      else
+        seq = 999  -- (e: enc_entry's other form, the id as it is)
+      end
+    end
+    if more then
+      rcall('HSET', KEYS[4 + i], 's', 'q', 'b', src[12 + 2 * i], 'e', e, unpack(more))
+    else
+      rcall('HSET', KEYS[4 + i], 's', 'q', 'b', src[12 + 2 * i], 'e', e)
+    end
+    if ev then emit(events, spec, id, 'enqueued', 0, 'queued') end
+    out[i] = 'queued'
+  end
+  if ho then  -- (as the general path's hand-off below)
+    local c = {dead = KEYS[ho + 2], stats = stats, events = events, stream = stream,
+      group = 'streamq', resume = '', now = now or now_ms(), paused = false, started = 0,
+      reclaimed = 0, failed = 0, handed = 0, cancelled = 0, fresh = {}, G = nil, gat = 5 + n,
+      gkeys = KEYS, gspec = src[13 + 2 * n]}
+    local ok = pcall(lib_hand().hand_off, c, KEYS[ho], KEYS[ho + 1], n)
+    if not ok then count(stats, 'handoff_errors', 1) end
+  end
+  return out
+end
+  local r = plain_batch()
+  if r then return r end
 end
 if sbyte(ARGV[4], 1) == 61 then  -- '='
   local src = ARGV
@@ -185,19 +311,7 @@ local enqueued, duplicates, rejected = 0, 0, 0
 -- kind this call may write is on (its jobs' 'enqueued'; a hand-off's start). The stats HASH,
 -- when every record of the batch is new, is checked by the call's first write: its count of
 -- the jobs enqueued, made before any other write (and corrected at the end for an id that
--- came twice in the batch); otherwise by a read, as the records are.
-local function expect(key, cmd, want, arg, arg2)
-  local r
-  if arg2 then r = rpcall(cmd, key, arg, arg2)
-  elseif arg then r = rpcall(cmd, key, arg) else r = rpcall(cmd, key) end
-  if type(r) == 'table' and r.err then
-    if ssub(r.err, 1, 9) == 'WRONGTYPE' then
-      return redis.error_reply('WRONGTYPE ' .. key .. ' is not a ' .. want
-        .. ': nothing was enqueued')
-    end
-    return r  -- any other refusal (NOPERM, ...) as the server said it
-  end
-end
+-- came twice in the batch); otherwise by a read, as the records are (expect, above).
 local later = false  -- a job of the batch may go to the delayed ZSET
 for i = 1, n do
   local b = 5 + 10 * (i - 1)
