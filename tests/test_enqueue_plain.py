@@ -16,6 +16,7 @@ from helpers import eventually, fast
 
 from streamq import Job, Keys, Queue, QueueConfig, Registry, ScriptError, Worker
 from streamq._core.config import ALL_EVENTS
+from streamq._core.scripts import SCRIPTS
 from streamq._producer import prepare
 
 # fields whose values depend on the time of the call (entry ids, creation and due times)
@@ -174,3 +175,15 @@ async def test_a_plain_batch_hands_jobs_to_an_idle_worker(url: str, qname: str) 
             assert {x.status for x in res} == {"queued"}
         await eventually(lambda: w.stats.completed == 5, what="5 completed")
         assert w.stats.handed_over == 1
+
+
+def test_a_plain_batch_answers_its_count(url: str, r: redis.Redis, qname: str) -> None:
+    """One integer, not a status per job; a repeat of the call is answered per job."""
+    with Queue.from_url(url, qname) as q:
+        batch = prepare.prepare_many(q.keys, q.config, _batch("j", 4))
+        call = prepare.enqueue_call(q.keys, q.config, batch, handoff=True)
+        assert SCRIPTS["enqueue"](r, *call) == 4
+        again = SCRIPTS["enqueue"](r, *call)
+        assert again[::5] == [b"duplicate"] * 4 and again[4::5] == [1] * 4
+        assert [x.status for x in prepare.parse_enqueue(q.config, batch, 4, retried=False)] == [
+            "queued"] * 4

@@ -25,6 +25,7 @@ from .._core.errors import (
     QueueFull,
     ReplicationTimeout,
     ResultNotReady,
+    ScriptError,
     SerializationError,
 )
 from .._core.keys import (
@@ -460,8 +461,12 @@ def _head(keys: Keys, cfg: QueueConfig) -> _Head:
 
 
 def parse_enqueue(
-    cfg: QueueConfig, batch: Sequence[Prepared], reply: list[Any], *, retried: bool
+    cfg: QueueConfig, batch: Sequence[Prepared], reply: list[Any] | int, *, retried: bool
 ) -> list[EnqueueResult]:
+    if isinstance(reply, int):  # enqueue.lua's plain batch (its header's F): every job queued
+        if reply != len(batch):
+            raise ScriptError(f"enqueue.lua answered {reply} queued jobs for {len(batch)}")
+        return [EnqueueResult(p.job_id, "queued", "queued") for p in batch]
     out: list[EnqueueResult] = []
     at = 0
     for p in batch:

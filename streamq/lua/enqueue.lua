@@ -99,8 +99,9 @@
 --           is written job by job without the general path's per-job work: one EXISTS over
 --           the records, the key checks, the count of 'enqueued' as the first write, then
 --           per job XADD and one HSET (the same fields, in the same order, as below), its
---           'enqueued' event when on, and the hand-off. Its answer is the general path's
---           ('queued' per job). Any other call takes the general path, as if F were not.
+--           'enqueued' event when on, and the hand-off. Its answer is N, an integer: every job
+--           queued (one reply element, not N). Any other call takes the general path, as if
+--           F were not.
 --           On Redis 7.0+ the entries of such a call share one ms: the first XADD of the
 --           call takes '*', the ones after it '<that ms>-*' (as '*' does within a script on
 --           Redis 7.2+), so 'e' is counted rather than parsed; from sequence 999 on '*'.
@@ -192,7 +193,6 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   -- of digits counted here rather than parsed from each reply; after sequence 999, '*' again.
   local D = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
   local ms, star, seq, hi, lo = nil, nil, 999, nil, 0  -- hi: '<ms><hundreds><tens>'
-  local out = {}
   for i = 1, n do
     local id, e = src[11 + 2 * i], nil
     if seq < 999 then
@@ -222,7 +222,6 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
       rcall('HSET', KEYS[4 + i], 's', 'q', 'b', src[12 + 2 * i], 'e', e)
     end
     if ev then emit(events, spec, id, 'enqueued', 0, 'queued') end
-    out[i] = 'queued'
   end
   if ho then  -- (as the general path's hand-off below)
     local c = {dead = KEYS[ho + 2], stats = stats, events = events, stream = stream,
@@ -232,7 +231,7 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
     local ok = pcall(lib_hand().hand_off, c, KEYS[ho], KEYS[ho + 1], n)
     if not ok then count(stats, 'handoff_errors', 1) end
   end
-  return out
+  return n
 end
   local r = plain_batch()
   if r then return r end
