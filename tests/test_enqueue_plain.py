@@ -14,7 +14,7 @@ import pytest
 import redis
 from helpers import eventually, fast
 
-from streamq import Job, Keys, Queue, QueueConfig, Registry, ScriptError, Worker
+from streamq import Job, Keys, Queue, QueueConfig, Registry, ScriptError, SearchConfig, Worker
 from streamq._core.config import ALL_EVENTS
 from streamq._core.scripts import SCRIPTS
 from streamq._producer import prepare
@@ -187,3 +187,42 @@ def test_a_plain_batch_answers_its_count(url: str, r: redis.Redis, qname: str) -
         assert again[::5] == [b"duplicate"] * 4 and again[4::5] == [1] * 4
         assert [x.status for x in prepare.parse_enqueue(q.config, batch, 4, retried=False)] == [
             "queued"] * 4
+
+
+GROUPLESS: dict[str, tuple[dict[str, Any], QueueConfig]] = {
+    "plain": ({}, QueueConfig()),
+    "options": ({"max_attempts": 2}, QueueConfig()),
+    "max-depth": ({}, QueueConfig(max_depth=100)),
+    "priority": ({"priority": 0}, QueueConfig()),
+    "delayed": ({"delay": 30}, QueueConfig()),
+    "search": ({}, QueueConfig(search=SearchConfig())),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(GROUPLESS))
+def test_a_call_without_groups_sends_no_group_per_job(url: str, r: redis.Redis, qname: str,
+                                                      shape: str) -> None:
+    """With the hand-off keys (and so the group keys), a call none of whose jobs has a group
+    sends the group defaults but no '' per job; enqueue.lua answers and writes as it does for
+    the call with them (an older producer's form), a repeat of it too."""
+    opts, cfg = GROUPLESS[shape]
+    n = 4
+    with Queue.from_url(url, qname + "a", cfg) as qa, Queue.from_url(url, qname + "b", cfg) as qb:
+        calls = []
+        for q in (qa, qb):
+            batch = prepare.prepare_many(q.keys, cfg, _batch("j", n, **opts))
+            calls.append(prepare.enqueue_call(q.keys, cfg, batch, handoff=True))
+        (ka, aa), (kb, ab) = calls
+        at = ab.index(cfg.group_arg) + 1
+        assert at == len(ab) or ab[at] != ""
+        ab[at:at] = [""] * n  # the older form: every job's group, ''
+        replies = [SCRIPTS["enqueue"](r, ka, aa), SCRIPTS["enqueue"](r, kb, ab)]
+        assert replies[0] == replies[1]
+        again = [SCRIPTS["enqueue"](r, ka, aa), SCRIPTS["enqueue"](r, kb, ab)]
+        assert again[0] == again[1] and again[0][::5] == [b"duplicate"] * n
+        ids = [f"j{i}" for i in range(n)]
+        assert _records(r, qa, ids) == _records(r, qb, ids)
+        assert all(b"g" not in h for h in _records(r, qa, ids))
+        for key in ("stream", "delayed", "stats"):
+            assert r.type(getattr(qa.keys, key)) == r.type(getattr(qb.keys, key))
+        assert r.hgetall(qa.keys.stats) == r.hgetall(qb.keys.stats)

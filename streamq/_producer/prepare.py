@@ -367,10 +367,12 @@ def enqueue_call(
         for p, tag in zip(batch, tags, strict=True):
             args.extend(p.args)
             args.append(tag)
-    if handoff or any(p.group for p in batch):  # else an ungrouped batch is sent as before
+    grouped = any(p.group for p in batch)
+    if handoff or grouped:  # else an ungrouped batch is sent as before
         k.extend(h.group_keys)
         args.append(h.group_arg)
-        args.extend(p.group for p in batch)
+        if grouped:  # (else no '' per job: enqueue.lua tells by the count of arguments)
+            args.extend(p.group for p in batch)
     if any(p.level != DEFAULT_PRIORITY for p in batch):  # then the last 5 keys and N args:
         k.extend(h.level_keys)  # enqueue.lua routes each job by priority
         args.extend("" if p.level == DEFAULT_PRIORITY else p.level for p in batch)

@@ -23,8 +23,10 @@
 --           none; Spark rows: '<run>:<partition>:<task attempt id>:<row offset>', stored as
 --           the record's 'w' field; _lib.lua's writer_mine)
 -- ARGV[5+10*N]     group defaults (QueueConfig.group_arg), then ARGV[5+10*N+i] the group of
---           job i ('' = none): only with the group keys. A ready grouped job is admitted to
---           the stream or waits for a slot of its group (_lib.lua's g_enter).
+--           job i ('' = none): only with the group keys, and the N groups only when a job of
+--           the call has one (left out, every job's is ''; told by the count of arguments).
+--           A ready grouped job is admitted to the stream or waits for a slot of its group
+--           (_lib.lua's g_enter).
 -- ARGV[#ARGV-N+i] (only with the level keys) the priority of job i ('' = the default, 2:
 --           KEYS[1]; else 0..4, kept as the record's 'p', the level added to the levels SET)
 -- KEYS[#KEYS-2 .. #KEYS] (optional; the group keys and their ARGV then always come too, so
@@ -147,8 +149,8 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   local n = tonumber(ssub(src[4], 2))
   if not n or n < 1 or (tonumber(src[2]) or 1) > 0 then return nil end
   local extra = #KEYS - 4 - n
-  if not ((extra == 0 and #src == 12 + 2 * n)
-      or ((extra == 11 or extra == 14) and #src == 13 + 3 * n)) then
+  if not ((extra == 0 and #src == 12 + 2 * n) or ((extra == 11 or extra == 14)
+      and (#src == 13 + 2 * n or #src == 13 + 3 * n))) then
     return nil
   end
   local d, t = src[9], src[10]
@@ -289,12 +291,15 @@ if extra == 14 or extra == 19 then
   extra = extra - 3
 end
 local has_g = extra == 11 or extra == 16
+-- GA: where the jobs' groups are (ARGV[GA + i]), nil when they were left out (no job of the
+-- call has one: the arguments after the group defaults are then the level ones, or none)
+local GA = has_g and NA - 4 - 10 * n - ((extra == 16) and n or 0) > 1 and 5 + 10 * n or nil
 local G = nil  -- the group context, built only when a job of the batch or the depth needs it
 if has_g then
   local grouped = max_depth > 0
-  for i = 1, n do
+  for i = 1, GA and n or 0 do
     if grouped then break end
-    grouped = ARGV[5 + 10 * n + i] ~= ''
+    grouped = ARGV[GA + i] ~= ''
   end
   if grouped then G = lib_groups().gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) end
 end
@@ -427,7 +432,7 @@ for i = 1, n do
     end
     status, state, result, err, mine = accept(jobkey, to, delayed, events,
       events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
-      none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio,
+      none_exist and not seen[jobkey], ARGV[b + 9], G, G and (GA and ARGV[GA + i] or ''), prio,
       dd and dd[2] .. dd[1])
     if dd and (status == 'queued' or status == 'scheduled') then
       rcall('SET', dd[1], ARGV[b], 'PX', dd[3])
@@ -436,7 +441,7 @@ for i = 1, n do
     end
   end
   seen[jobkey] = true
-  if ho and status == 'queued' and prio == '' and not (G and ARGV[5 + 10 * n + i] ~= '') then
+  if ho and status == 'queued' and prio == '' and not (G and GA and ARGV[GA + i] ~= '') then
     handable = handable + 1
   end
   if prio ~= '' and not used[prio] and (status == 'queued' or status == 'scheduled') then
