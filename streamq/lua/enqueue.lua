@@ -145,7 +145,7 @@ end
 -- (Made only for a call in the compact form: each closure made costs every call.)
 if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   local STAR_OK = (redis.REDIS_VERSION_NUM or 0) >= 0x070000  -- (XADD '<ms>-*')
-  local src = ARGV
+  local src, K = ARGV, KEYS  -- (a local: KEYS is a global, looked up at each use)
   local n = tonumber(ssub(src[4], 2))
   if not n or n < 1 or (tonumber(src[2]) or 1) > 0 then return nil end
   local extra = #KEYS - 4 - n
@@ -163,7 +163,7 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   if rcall('EXISTS', unpack(KEYS, 5, 4 + n)) ~= 0 then return nil end
   local seen = {}
   for i = 5, 4 + n do
-    local k = KEYS[i]
+    local k = K[i]
     if seen[k] then return nil end
     seen[k] = true
   end
@@ -195,8 +195,10 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   -- of digits counted here rather than parsed from each reply; after sequence 999, '*' again.
   local D = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
   local ms, star, seq, hi, lo = nil, nil, 999, nil, 0  -- hi: '<ms><hundreds><tens>'
-  for i = 1, n do
-    local id, e = src[11 + 2 * i], nil
+  local j = 11
+  for i = 5, 4 + n do
+    j = j + 2
+    local id, e = src[j], nil
     if seq < 999 then
       rcall('XADD', stream, star, 'id', id)
       seq, lo = seq + 1, lo + 1
@@ -219,9 +221,9 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
       end
     end
     if more then
-      rcall('HSET', KEYS[4 + i], 's', 'q', 'b', src[12 + 2 * i], 'e', e, unpack(more))
+      rcall('HSET', K[i], 's', 'q', 'b', src[j + 1], 'e', e, unpack(more))
     else
-      rcall('HSET', KEYS[4 + i], 's', 'q', 'b', src[12 + 2 * i], 'e', e)
+      rcall('HSET', K[i], 's', 'q', 'b', src[j + 1], 'e', e)
     end
     if ev then emit(events, spec, id, 'enqueued', 0, 'queued') end
   end
