@@ -133,7 +133,13 @@ def test_a_plain_batch_writes_what_the_general_path_writes(
 
 def test_an_id_twice_or_a_record_that_exists_goes_the_general_way(
         url: str, r: redis.Redis, qname: str) -> None:
+    """A batch with an id twice is sent in the full form (the compact form's ids are
+    distinct: the plain batch relies on it); a record that exists sends the call on."""
     with Queue.from_url(url, qname) as q:
+        for jobs, compact in ((_batch("a", 3) + _batch("a", 1), False), (_batch("a", 4), True)):
+            _, args = prepare.enqueue_call(q.keys, q.config, prepare.prepare_many(
+                q.keys, q.config, jobs))
+            assert str(args[3]).startswith("=") is compact
         twice = q.enqueue_many(_batch("a", 3) + _batch("a", 1))
         assert [x.status for x in twice] == ["queued"] * 3 + ["duplicate"]
         assert r.xlen(q.keys.stream) == 3

@@ -395,13 +395,17 @@ def _compact(args: list[Arg], n: int) -> None:
     body (an ``enqueue_many`` of one kind of job): ARGV[4] gets a leading '=', the 8 values
     the jobs share come once, then id and body per job, 2 arguments instead of 10 (each
     argument costs redis-server its parsing, an object and a Lua string: about 1,200
-    instructions; docs/performance.md#floor-per-job-on-one-server-issue-32)."""
+    instructions; docs/performance.md#floor-per-job-on-one-server-issue-32). Its ids are
+    distinct: a batch with an id twice is sent in full (enqueue.lua's plain batch, which
+    writes a compact call whose records are all new, checks no id twice itself)."""
     if n < 2:
         return
     shared = args[5:6] + args[7:14]
     for b in range(14, 4 + 10 * n, 10):
         if args[b + 1] != shared[0] or args[b + 3:b + 10] != shared[1:]:
             return
+    if len(set(args[4:4 + 10 * n:10])) != n:
+        return
     rows: list[Arg] = [*shared]
     for b in range(4, 4 + 10 * n, 10):
         rows.append(args[b])

@@ -89,24 +89,26 @@
 --           retried call) else 0; 3 for a job folded by its dedup key: 'deduplicated', the
 --           id of the job it was folded into, that job's state ('' when its record is gone).
 -- ARGV[4] may start with '=' (the compact form, prepare.py's _compact: a batch whose jobs
---           differ only in id and body): then ARGV[5 .. 12] are the 8 values the jobs share
---           (options, max_attempts, result_ttl_s, deadline_ms, delay_ms, run_at_ms, notify,
---           writer tag), ARGV[13 + 2*(i-1)], ARGV[14 + 2*(i-1)] job i's id and body, and the
---           rest follows as above; the call reads them as if each job had its 10 (A below).
+--           differ only in id and body, and whose ids are distinct: a batch with an id twice
+--           comes in the full form, so F below needs no check of its own): then ARGV[5 .. 12]
+--           are the 8 values the jobs share (options, max_attempts, result_ttl_s,
+--           deadline_ms, delay_ms, run_at_ms, notify, writer tag), ARGV[13 + 2*(i-1)],
+--           ARGV[14 + 2*(i-1)] job i's id and body, and the rest follows as above; the call
+--           reads them as if each job had its 10 (A below).
 --           Each argument costs the server its parsing, an object and a Lua string.
 --           F (the plain batch): a call in the compact form whose jobs go to KEYS[1] now (no
 --           delay or run time in the future), with no dedup or search section, no level
 --           keys, the group keys only with every job's group '' (with or without the
---           hand-off keys), no max depth, no record of the batch existing and no id twice,
---           is written job by job without the general path's per-job work: one EXISTS over
---           the records, the key checks, the count of 'enqueued' as the first write, then
---           per job XADD and one HSET (the same fields, in the same order, as below), its
---           'enqueued' event when on, and the hand-off. Its answer is N, an integer: every job
---           queued (one reply element, not N). Any other call takes the general path, as if
---           F were not.
---           On Redis 7.0+ the entries of such a call share one ms: the first XADD of the
---           call takes '*', the ones after it '<that ms>-*' (as '*' does within a script on
---           Redis 7.2+), so 'e' is counted rather than parsed; from sequence 999 on '*'.
+--           hand-off keys), no max depth and no record of the batch existing, is written
+--           job by job without the general path's per-job work: one EXISTS over the
+--           records, the key checks, the count of 'enqueued' as the first write, then per
+--           job XADD and one HSET (the same fields, in the same order, as below), its
+--           'enqueued' event when on, and the hand-off. Its answer is N, an integer: every
+--           job queued (one reply element, not N). Any other call takes the general path,
+--           as if F were not. On Redis 7.0+ the entries of such a call share one ms: the
+--           first XADD of the call takes '*', the ones after it '<that ms>-*' (as '*' does
+--           within a script on Redis 7.2+), so 'e' is counted rather than parsed; from
+--           sequence 999 on '*' again.
 -- ARGV[4] may end with '/L' (after any of the forms above: '3/6', '=3:1/6'): L is the shard
 --           count the producer routed the call's jobs by (shards.Layout.shards). When KEYS[3]
 --           has 'lay' (the count this shard takes new jobs for: a reshard froze it,
@@ -138,7 +140,7 @@ local function expect(key, cmd, want, arg, arg2)  -- (below: every key is checke
     return r  -- any other refusal (NOPERM, ...) as the server said it
   end
 end
--- The plain batch (the header's F): the compact form, every record new, no id twice, each
+-- The plain batch (the header's F): the compact form (no id twice), every record new, each
 -- job queued now, no group, priority, dedup, search or depth limit. What accept() writes for
 -- each job, written without its per-job work (the same records, entries, events, counts and
 -- answer); the fields every job shares are made once. nil: not such a batch, nothing done.
@@ -160,13 +162,8 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   for i = 14 + 2 * n, #src do  -- (with the group keys: each job's group)
     if src[i] ~= '' then return nil end
   end
-  if rcall('EXISTS', unpack(KEYS, 5, 4 + n)) ~= 0 then return nil end
-  local seen = {}
-  for i = 5, 4 + n do
-    local k = K[i]
-    if seen[k] then return nil end
-    seen[k] = true
-  end
+  -- (no id twice: the compact form's own rule, kept by its producer, _compact)
+  if rcall('EXISTS', unpack(K, 5, 4 + n)) ~= 0 then return nil end
   local stream, stats, events, spec = KEYS[1], KEYS[3], KEYS[4], src[1]
   local ho = extra == 14 and #KEYS - 2 or nil
   local ev = emit_on(spec, 'enqueued')
