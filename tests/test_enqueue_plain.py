@@ -8,6 +8,7 @@ general path, or refused with nothing written."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -96,6 +97,10 @@ SHAPES: dict[str, tuple[dict[str, Any], QueueConfig]] = {
     "events": ({}, QueueConfig(event_kinds=ALL_EVENTS)),
     "no-handoff": ({}, QueueConfig(handoff=False)),
     "delay-0": ({"delay": 0}, QueueConfig()),
+    "delayed": ({"delay": 30, "max_attempts": 2}, QueueConfig()),
+    "delayed-events": ({"delay": 30}, QueueConfig(event_kinds=ALL_EVENTS)),
+    "run-at": ({"run_at": dt.datetime(2300, 1, 1, tzinfo=dt.UTC)}, QueueConfig()),
+    "run-at-past": ({"run_at": dt.datetime(2001, 1, 1, tzinfo=dt.UTC)}, QueueConfig()),
 }
 
 
@@ -114,16 +119,26 @@ def test_a_plain_batch_writes_what_the_general_path_writes(
             general_again = qg.enqueue_many(_batch("j", n, **opts))
         ids = [f"j{i}" for i in range(n)]
         assert [(x.status, x.state) for x in plain] == [(x.status, x.state) for x in general]
-        assert {x.status for x in plain} == {"queued"}
+        later = shape in ("delayed", "delayed-events", "run-at")
+        assert {x.status for x in plain} == {"scheduled" if later else "queued"}
         assert [(x.status, x.state) for x in again] == [
             (x.status, x.state) for x in general_again]
         assert _records(r, qp, ids) == _records(r, qg, ids)
         assert r.hgetall(qp.keys.stats) == r.hgetall(qg.keys.stats)
-        assert r.xlen(qp.keys.stream) == r.xlen(qg.keys.stream) == n
+        assert r.xlen(qp.keys.stream) == r.xlen(qg.keys.stream) == (0 if later else n)
+        assert r.zcard(qp.keys.delayed) == r.zcard(qg.keys.delayed) == (n if later else 0)
+        for j in ids:  # the due time as accept() makes it: the call's time and the delay
+            h: Any = r.hgetall(qp.keys.job(j))
+            if shape.startswith("delayed"):
+                assert int(h[b"due"]) == int(h[b"c"]) + 30_000
+                assert r.zscore(qp.keys.delayed, j) == int(h[b"due"])
+            elif shape == "run-at":
+                assert int(h[b"due"]) == int(dt.datetime(2300, 1, 1, tzinfo=dt.UTC
+                                                          ).timestamp() * 1000)
         evp: Any = r.xrange(qp.keys.events)
         evg: Any = r.xrange(qg.keys.events)
         assert [f[b"ev"] for _, f in evp] == [f[b"ev"] for _, f in evg]
-        if shape == "events":
+        if shape in ("events", "delayed-events"):
             assert r.xlen(qp.keys.events) == n
         _entries_match_records(r, qp)
         if shape == "deadline":
@@ -232,3 +247,31 @@ def test_a_call_without_groups_sends_no_group_per_job(url: str, r: redis.Redis, 
         for key in ("stream", "delayed", "stats"):
             assert r.type(getattr(qa.keys, key)) == r.type(getattr(qb.keys, key))
         assert r.hgetall(qa.keys.stats) == r.hgetall(qb.keys.stats)
+
+
+def test_a_scheduled_plain_batch_answers_minus_its_count_and_wakes_once(
+        url: str, r: redis.Redis, qname: str) -> None:
+    """Every job scheduled: -N; the wake channel is published once for the call (the jobs
+    share their due time), then not again while an earlier job waits."""
+    with Queue.from_url(url, qname) as q:
+        sub = r.pubsub()  # type: ignore[no-untyped-call]
+        sub.subscribe(q.keys.wake_channel)
+        first: Any = sub.get_message(timeout=5)
+        assert first["type"] == "subscribe"
+        batch = prepare.prepare_many(q.keys, q.config, _batch("j", 5, delay=60))
+        assert SCRIPTS["enqueue"](r, *prepare.enqueue_call(q.keys, q.config, batch)) == -5
+        got = [x.status for x in prepare.parse_enqueue(q.config, batch, -5, retried=False)]
+        assert got == ["scheduled"] * 5
+        assert [x.status for x in q.enqueue_many(_batch("k", 5, delay=120))] == [
+            "scheduled"] * 5
+        r.publish(q.keys.wake_channel, "end")  # (the last message: nothing after it)
+        wakes = []
+        while True:
+            m: Any = sub.get_message(timeout=5)
+            assert m is not None
+            if m["data"] == b"end":
+                break
+            wakes.append(m["data"])
+        due: Any = r.hget(q.keys.job("j0"), "due")
+        assert wakes == [due]
+        sub.close()

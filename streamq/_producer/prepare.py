@@ -469,10 +469,12 @@ def _head(keys: Keys, cfg: QueueConfig) -> _Head:
 def parse_enqueue(
     cfg: QueueConfig, batch: Sequence[Prepared], reply: list[Any] | int, *, retried: bool
 ) -> list[EnqueueResult]:
-    if isinstance(reply, int):  # enqueue.lua's plain batch (its header's F): every job queued
-        if reply != len(batch):
-            raise ScriptError(f"enqueue.lua answered {reply} queued jobs for {len(batch)}")
-        return [EnqueueResult(p.job_id, "queued", "queued") for p in batch]
+    if isinstance(reply, int):  # enqueue.lua's plain batch (its header's F): N, every job
+        if abs(reply) != len(batch):  # queued; -N, every job scheduled
+            raise ScriptError(f"enqueue.lua answered {reply} for {len(batch)} jobs")
+        if reply > 0:
+            return [EnqueueResult(p.job_id, "queued", "queued") for p in batch]
+        return [EnqueueResult(p.job_id, "scheduled", "scheduled") for p in batch]
     out: list[EnqueueResult] = []
     at = 0
     for p in batch:

@@ -96,19 +96,21 @@
 --           ARGV[14 + 2*(i-1)] job i's id and body, and the rest follows as above; the call
 --           reads them as if each job had its 10 (A below).
 --           Each argument costs the server its parsing, an object and a Lua string.
---           F (the plain batch): a call in the compact form whose jobs go to KEYS[1] now (no
---           delay or run time in the future), with no dedup or search section, no level
---           keys, the group keys only with every job's group '' (with or without the
---           hand-off keys), no max depth and no record of the batch existing, is written
---           job by job without the general path's per-job work: one EXISTS over the
---           records, the key checks, the count of 'enqueued' as the first write, then per
---           job XADD and one HSET (the same fields, in the same order, as below), its
---           'enqueued' event when on, and the hand-off. Its answer is N, an integer: every
---           job queued (one reply element, not N). Any other call takes the general path,
---           as if F were not. On Redis 7.0+ the entries of such a call share one ms: the
---           first XADD of the call takes '*', the ones after it '<that ms>-*' (as '*' does
---           within a script on Redis 7.2+), so 'e' is counted rather than parsed; from
---           sequence 999 on '*' again.
+--           F (the plain batch): a call in the compact form with no dedup or search
+--           section, no level keys, the group keys only with every job's group '' (with or
+--           without the hand-off keys), no max depth and no record of the batch existing,
+--           is written job by job without the general path's per-job work: one EXISTS over
+--           the records, the key checks, the count of 'enqueued' as the first write, then
+--           per job what accept() writes (the same fields, in the same order: below), its
+--           'enqueued' event when on, and the hand-off. Its jobs share their delay and run
+--           time, so all are queued (XADD to KEYS[1], one HSET) or all scheduled (ZADD to
+--           KEYS[2], one HSET; the wake channel published once, before the first ZADD,
+--           when their due time is the earliest). Its answer is an integer: N, every job
+--           queued, or -N, every job scheduled (one reply element, not N). Any other call
+--           takes the general path, as if F were not. On Redis 7.0+ the entries of such a
+--           call share one ms: the first XADD of the call takes '*', the ones after it
+--           '<that ms>-*' (as '*' does within a script on Redis 7.2+), so 'e' is counted
+--           rather than parsed; from sequence 999 on '*' again.
 -- ARGV[4] may end with '/L' (after any of the forms above: '3/6', '=3:1/6'): L is the shard
 --           count the producer routed the call's jobs by (shards.Layout.shards). When KEYS[3]
 --           has 'lay' (the count this shard takes new jobs for: a reshard froze it,
@@ -140,10 +142,11 @@ local function expect(key, cmd, want, arg, arg2)  -- (below: every key is checke
     return r  -- any other refusal (NOPERM, ...) as the server said it
   end
 end
--- The plain batch (the header's F): the compact form (no id twice), every record new, each
--- job queued now, no group, priority, dedup, search or depth limit. What accept() writes for
--- each job, written without its per-job work (the same records, entries, events, counts and
--- answer); the fields every job shares are made once. nil: not such a batch, nothing done.
+-- The plain batch (the header's F): the compact form (no id twice), every record new, no
+-- group, priority, dedup, search or depth limit: every job queued now, or every one
+-- scheduled. What accept() writes for each job, written without its per-job work (the same
+-- records, entries, events and counts; the answer in one integer); the fields every job
+-- shares are made once. nil: not such a batch, nothing done.
 -- (Made only for a call in the compact form: each closure made costs every call.)
 if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   local STAR_OK = (redis.REDIS_VERSION_NUM or 0) >= 0x070000  -- (XADD '<ms>-*')
@@ -156,9 +159,13 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
     return nil
   end
   local d, t = src[9], src[10]
+  local now, due = nil, 0  -- (the due time of every job, made as the general path makes it)
   if (d ~= '0' and (tonumber(d) or 1) > 0) or (t ~= '0' and (tonumber(t) or 1) > 0) then
-    return nil
+    now = now_ms()
+    local delay_ms, run_at = d == '0' and 0 or tonumber(d), t == '0' and 0 or tonumber(t)
+    if run_at > 0 then due = run_at elseif delay_ms > 0 then due = now + delay_ms end
   end
+  local later = now ~= nil and due > now  -- (else queued now, as a run time past is)
   for i = 14 + 2 * n, #src do  -- (with the group keys: each job's group)
     if src[i] ~= '' then return nil end
   end
@@ -168,13 +175,13 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   local ho = extra == 14 and #KEYS - 2 or nil
   local ev = emit_on(spec, 'enqueued')
   local bad = expect(stream, 'XLEN', 'stream')
+    or (later and expect(KEYS[2], 'ZCARD', 'zset'))
     or ((ev or (ho and (emit_on(spec, 'started') or emit_on(spec, 'reclaimed')
       or emit_on(spec, 'failed') or emit_on(spec, 'cancelled'))))
       and expect(events, 'XLEN', 'stream'))
     or expect(stats, 'HINCRBY', 'hash', 'enqueued', n)  -- (the first write)
   if bad then return bad end
-  local now = nil
-  -- the fields accept() writes after s, b and e, in its order
+  -- the fields accept() writes after s, b and e (or c and due), in its order
   local more = {}
   local tag, opts, ttl, ma, sl, nt = src[12], src[5], src[7], src[6], src[8], src[11]
   if tag ~= '' then more[#more + 1] = 'w'; more[#more + 1] = tag end
@@ -182,10 +189,27 @@ if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
   if ttl ~= DEFAULT_TTL then more[#more + 1] = 'x'; more[#more + 1] = ttl end
   if ma ~= '0' then more[#more + 1] = 'max_attempts'; more[#more + 1] = ma end
   local deadline = sl == '0' and 0 or tonumber(sl)
-  if deadline < 0 then now = now_ms(); deadline = now - deadline end
+  if deadline < 0 then now = now or now_ms(); deadline = now - deadline end
   if deadline > 0 then more[#more + 1] = 'deadline'; more[#more + 1] = deadline end
   if nt ~= '' then more[#more + 1] = 'notify'; more[#more + 1] = nt end
   if not more[1] then more = nil end
+  if later then  -- scheduled: the delayed ZSET, one wake for the call (the jobs share due)
+    local delayed = KEYS[2]
+    lib_cold().wake_if_sooner(delayed, src[3], due)
+    local c, u, j = nstr(now), nstr(due), 11
+    for i = 5, 4 + n do
+      j = j + 2
+      local id = src[j]
+      rcall('ZADD', delayed, u, id)
+      if more then
+        rcall('HSET', K[i], 's', 's', 'b', src[j + 1], 'c', c, 'due', u, unpack(more))
+      else
+        rcall('HSET', K[i], 's', 's', 'b', src[j + 1], 'c', c, 'due', u)
+      end
+      if ev then emit(events, spec, id, 'enqueued', 0, 'scheduled') end
+    end
+    return -n
+  end
   -- Entry ids: a job takes '*', and on Redis 7.0+ the jobs after it '<its ms>-*' (the same
   -- ms, the next sequence number: what '*' gives on Redis 7.2+, where time stands still
   -- within a script), so that the record's 'e' (enc_entry's '<ms><seq, 3 digits>') is made

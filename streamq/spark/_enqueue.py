@@ -105,9 +105,9 @@ class EnqueueTask:
 
         def tally(batch: list[prod.Prepared], reply: list[Any] | int) -> None:
             # a status per job, followed by 4 more elements for a duplicate (enqueue.lua);
-            # or the count of the jobs, every one queued (its plain batch)
+            # or the count of the jobs, every one queued (its plain batch; < 0: scheduled)
             if isinstance(reply, int):
-                counts["enqueued"] = counts.get("enqueued", 0) + reply
+                counts["enqueued"] = counts.get("enqueued", 0) + abs(reply)
                 return
             at, n = 0, len(reply)
             while at < n:
