@@ -275,3 +275,18 @@ def test_a_scheduled_plain_batch_answers_minus_its_count_and_wakes_once(
         due: Any = r.hget(q.keys.job("j0"), "due")
         assert wakes == [due]
         sub.close()
+
+
+def test_before_redis_7_each_entry_id_is_read_from_its_reply(url: str, r: redis.Redis,
+                                                              qname: str) -> None:
+    """Redis 6.2 has no XADD '<ms>-*': there every job takes '*' and 'e' is parsed from each
+    reply (the script as it runs there, the version check forced)."""
+    src = SCRIPTS["enqueue"].source
+    old = "(redis.REDIS_VERSION_NUM or 0) >= 0x070000"
+    assert src.count(old) == 1
+    six = src.replace(old, "false")
+    with Queue.from_url(url, qname) as q:
+        batch = prepare.prepare_many(q.keys, q.config, _batch("j", 50))
+        keys, args = prepare.enqueue_call(q.keys, q.config, batch, handoff=True)
+        assert r.eval(six, len(keys), *keys, *args) == 50
+        assert len(_entries_match_records(r, q)) == 50
