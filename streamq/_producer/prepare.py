@@ -25,6 +25,7 @@ from .._core.errors import (
     QueueFull,
     ReplicationTimeout,
     ResultNotReady,
+    ScriptError,
     SerializationError,
 )
 from .._core.keys import (
@@ -366,10 +367,12 @@ def enqueue_call(
         for p, tag in zip(batch, tags, strict=True):
             args.extend(p.args)
             args.append(tag)
-    if handoff or any(p.group for p in batch):  # else an ungrouped batch is sent as before
+    grouped = any(p.group for p in batch)
+    if handoff or grouped:  # else an ungrouped batch is sent as before
         k.extend(h.group_keys)
         args.append(h.group_arg)
-        args.extend(p.group for p in batch)
+        if grouped:  # (else no '' per job: enqueue.lua tells by the count of arguments)
+            args.extend(p.group for p in batch)
     if any(p.level != DEFAULT_PRIORITY for p in batch):  # then the last 5 keys and N args:
         k.extend(h.level_keys)  # enqueue.lua routes each job by priority
         args.extend("" if p.level == DEFAULT_PRIORITY else p.level for p in batch)
@@ -392,13 +395,17 @@ def _compact(args: list[Arg], n: int) -> None:
     body (an ``enqueue_many`` of one kind of job): ARGV[4] gets a leading '=', the 8 values
     the jobs share come once, then id and body per job, 2 arguments instead of 10 (each
     argument costs redis-server its parsing, an object and a Lua string: about 1,200
-    instructions; docs/performance.md#floor-per-job-on-one-server-issue-32)."""
+    instructions; docs/performance.md#floor-per-job-on-one-server-issue-32). Its ids are
+    distinct: a batch with an id twice is sent in full (enqueue.lua's plain batch, which
+    writes a compact call whose records are all new, checks no id twice itself)."""
     if n < 2:
         return
     shared = args[5:6] + args[7:14]
     for b in range(14, 4 + 10 * n, 10):
         if args[b + 1] != shared[0] or args[b + 3:b + 10] != shared[1:]:
             return
+    if len(set(args[4:4 + 10 * n:10])) != n:
+        return
     rows: list[Arg] = [*shared]
     for b in range(4, 4 + 10 * n, 10):
         rows.append(args[b])
@@ -460,8 +467,14 @@ def _head(keys: Keys, cfg: QueueConfig) -> _Head:
 
 
 def parse_enqueue(
-    cfg: QueueConfig, batch: Sequence[Prepared], reply: list[Any], *, retried: bool
+    cfg: QueueConfig, batch: Sequence[Prepared], reply: list[Any] | int, *, retried: bool
 ) -> list[EnqueueResult]:
+    if isinstance(reply, int):  # enqueue.lua's plain batch (its header's F): N, every job
+        if abs(reply) != len(batch):  # queued; -N, every job scheduled
+            raise ScriptError(f"enqueue.lua answered {reply} for {len(batch)} jobs")
+        if reply > 0:
+            return [EnqueueResult(p.job_id, "queued", "queued") for p in batch]
+        return [EnqueueResult(p.job_id, "scheduled", "scheduled") for p in batch]
     out: list[EnqueueResult] = []
     at = 0
     for p in batch:

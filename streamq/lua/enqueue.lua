@@ -23,8 +23,10 @@
 --           none; Spark rows: '<run>:<partition>:<task attempt id>:<row offset>', stored as
 --           the record's 'w' field; _lib.lua's writer_mine)
 -- ARGV[5+10*N]     group defaults (QueueConfig.group_arg), then ARGV[5+10*N+i] the group of
---           job i ('' = none): only with the group keys. A ready grouped job is admitted to
---           the stream or waits for a slot of its group (_lib.lua's g_enter).
+--           job i ('' = none): only with the group keys, and the N groups only when a job of
+--           the call has one (left out, every job's is ''; told by the count of arguments).
+--           A ready grouped job is admitted to the stream or waits for a slot of its group
+--           (_lib.lua's g_enter).
 -- ARGV[#ARGV-N+i] (only with the level keys) the priority of job i ('' = the default, 2:
 --           KEYS[1]; else 0..4, kept as the record's 'p', the level added to the levels SET)
 -- KEYS[#KEYS-2 .. #KEYS] (optional; the group keys and their ARGV then always come too, so
@@ -87,11 +89,28 @@
 --           retried call) else 0; 3 for a job folded by its dedup key: 'deduplicated', the
 --           id of the job it was folded into, that job's state ('' when its record is gone).
 -- ARGV[4] may start with '=' (the compact form, prepare.py's _compact: a batch whose jobs
---           differ only in id and body): then ARGV[5 .. 12] are the 8 values the jobs share
---           (options, max_attempts, result_ttl_s, deadline_ms, delay_ms, run_at_ms, notify,
---           writer tag), ARGV[13 + 2*(i-1)], ARGV[14 + 2*(i-1)] job i's id and body, and the
---           rest follows as above; the call reads them as if each job had its 10 (A below).
+--           differ only in id and body, and whose ids are distinct: a batch with an id twice
+--           comes in the full form, so F below needs no check of its own): then ARGV[5 .. 12]
+--           are the 8 values the jobs share (options, max_attempts, result_ttl_s,
+--           deadline_ms, delay_ms, run_at_ms, notify, writer tag), ARGV[13 + 2*(i-1)],
+--           ARGV[14 + 2*(i-1)] job i's id and body, and the rest follows as above; the call
+--           reads them as if each job had its 10 (A below).
 --           Each argument costs the server its parsing, an object and a Lua string.
+--           F (the plain batch): a call in the compact form with no dedup or search
+--           section, no level keys, the group keys only with every job's group '' (with or
+--           without the hand-off keys), no max depth and no record of the batch existing,
+--           is written job by job without the general path's per-job work: one EXISTS over
+--           the records, the key checks, the count of 'enqueued' as the first write, then
+--           per job what accept() writes (the same fields, in the same order: below), its
+--           'enqueued' event when on, and the hand-off. Its jobs share their delay and run
+--           time, so all are queued (XADD to KEYS[1], one HSET) or all scheduled (ZADD to
+--           KEYS[2], one HSET; the wake channel published once, before the first ZADD,
+--           when their due time is the earliest). Its answer is an integer: N, every job
+--           queued, or -N, every job scheduled (one reply element, not N). Any other call
+--           takes the general path, as if F were not. On Redis 7.0+ the entries of such a
+--           call share one ms: the first XADD of the call takes '*', the ones after it
+--           '<that ms>-*' (as '*' does within a script on Redis 7.2+), so 'e' is counted
+--           rather than parsed; from sequence 999 on '*' again.
 -- ARGV[4] may end with '/L' (after any of the forms above: '3/6', '=3:1/6'): L is the shard
 --           count the producer routed the call's jobs by (shards.Layout.shards). When KEYS[3]
 --           has 'lay' (the count this shard takes new jobs for: a reshard froze it,
@@ -110,6 +129,137 @@ do
     end
     ARGV[4] = ssub(h, 1, sl - 1)  -- (a stats key of another type: refused below, by expect)
   end
+end
+local function expect(key, cmd, want, arg, arg2)  -- (below: every key is checked)
+  local r
+  if arg2 then r = rpcall(cmd, key, arg, arg2)
+  elseif arg then r = rpcall(cmd, key, arg) else r = rpcall(cmd, key) end
+  if type(r) == 'table' and r.err then
+    if ssub(r.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE ' .. key .. ' is not a ' .. want
+        .. ': nothing was enqueued')
+    end
+    return r  -- any other refusal (NOPERM, ...) as the server said it
+  end
+end
+-- The plain batch (the header's F): the compact form (no id twice), every record new, no
+-- group, priority, dedup, search or depth limit: every job queued now, or every one
+-- scheduled. What accept() writes for each job, written without its per-job work (the same
+-- records, entries, events and counts; the answer in one integer); the fields every job
+-- shares are made once. nil: not such a batch, nothing done.
+-- (Made only for a call in the compact form: each closure made costs every call.)
+if sbyte(ARGV[4], 1) == 61 then local function plain_batch()
+  local STAR_OK = (redis.REDIS_VERSION_NUM or 0) >= 0x070000  -- (XADD '<ms>-*')
+  local src, K = ARGV, KEYS  -- (a local: KEYS is a global, looked up at each use)
+  local n = tonumber(ssub(src[4], 2))
+  if not n or n < 1 or (tonumber(src[2]) or 1) > 0 then return nil end
+  local extra = #KEYS - 4 - n
+  if not ((extra == 0 and #src == 12 + 2 * n) or ((extra == 11 or extra == 14)
+      and (#src == 13 + 2 * n or #src == 13 + 3 * n))) then
+    return nil
+  end
+  local d, t = src[9], src[10]
+  local now, due = nil, 0  -- (the due time of every job, made as the general path makes it)
+  if (d ~= '0' and (tonumber(d) or 1) > 0) or (t ~= '0' and (tonumber(t) or 1) > 0) then
+    now = now_ms()
+    local delay_ms, run_at = d == '0' and 0 or tonumber(d), t == '0' and 0 or tonumber(t)
+    if run_at > 0 then due = run_at elseif delay_ms > 0 then due = now + delay_ms end
+  end
+  local later = now ~= nil and due > now  -- (else queued now, as a run time past is)
+  for i = 14 + 2 * n, #src do  -- (with the group keys: each job's group)
+    if src[i] ~= '' then return nil end
+  end
+  -- (no id twice: the compact form's own rule, kept by its producer, _compact)
+  if rcall('EXISTS', unpack(K, 5, 4 + n)) ~= 0 then return nil end
+  local stream, stats, events, spec = KEYS[1], KEYS[3], KEYS[4], src[1]
+  local ho = extra == 14 and #KEYS - 2 or nil
+  local ev = emit_on(spec, 'enqueued')
+  local bad = expect(stream, 'XLEN', 'stream')
+    or (later and expect(KEYS[2], 'ZCARD', 'zset'))
+    or ((ev or (ho and (emit_on(spec, 'started') or emit_on(spec, 'reclaimed')
+      or emit_on(spec, 'failed') or emit_on(spec, 'cancelled'))))
+      and expect(events, 'XLEN', 'stream'))
+    or expect(stats, 'HINCRBY', 'hash', 'enqueued', n)  -- (the first write)
+  if bad then return bad end
+  -- the fields accept() writes after s, b and e (or c and due), in its order
+  local more = {}
+  local tag, opts, ttl, ma, sl, nt = src[12], src[5], src[7], src[6], src[8], src[11]
+  if tag ~= '' then more[#more + 1] = 'w'; more[#more + 1] = tag end
+  if opts ~= '' then more[#more + 1] = 'op'; more[#more + 1] = opts end
+  if ttl ~= DEFAULT_TTL then more[#more + 1] = 'x'; more[#more + 1] = ttl end
+  if ma ~= '0' then more[#more + 1] = 'max_attempts'; more[#more + 1] = ma end
+  local deadline = sl == '0' and 0 or tonumber(sl)
+  if deadline < 0 then now = now or now_ms(); deadline = now - deadline end
+  if deadline > 0 then more[#more + 1] = 'deadline'; more[#more + 1] = deadline end
+  if nt ~= '' then more[#more + 1] = 'notify'; more[#more + 1] = nt end
+  if not more[1] then more = nil end
+  if later then  -- scheduled: the delayed ZSET, one wake for the call (the jobs share due)
+    local delayed = KEYS[2]
+    lib_cold().wake_if_sooner(delayed, src[3], due)
+    local c, u, j = nstr(now), nstr(due), 11
+    for i = 5, 4 + n do
+      j = j + 2
+      local id = src[j]
+      rcall('ZADD', delayed, u, id)
+      if more then
+        rcall('HSET', K[i], 's', 's', 'b', src[j + 1], 'c', c, 'due', u, unpack(more))
+      else
+        rcall('HSET', K[i], 's', 's', 'b', src[j + 1], 'c', c, 'due', u)
+      end
+      if ev then emit(events, spec, id, 'enqueued', 0, 'scheduled') end
+    end
+    return -n
+  end
+  -- Entry ids: a job takes '*', and on Redis 7.0+ the jobs after it '<its ms>-*' (the same
+  -- ms, the next sequence number: what '*' gives on Redis 7.2+, where time stands still
+  -- within a script), so that the record's 'e' (enc_entry's '<ms><seq, 3 digits>') is made
+  -- of digits counted here rather than parsed from each reply; after sequence 999, '*' again.
+  local D = {'0', '1', '2', '3', '4', '5', '6', '7', '8', '9'}
+  local ms, star, seq, hi, lo = nil, nil, 999, nil, 0  -- hi: '<ms><hundreds><tens>'
+  local j = 11
+  for i = 5, 4 + n do
+    j = j + 2
+    local id, e = src[j], nil
+    if seq < 999 then
+      rcall('XADD', stream, star, 'id', id)
+      seq, lo = seq + 1, lo + 1
+      if lo == 10 then
+        lo = 0
+        hi = ms .. D[(seq - seq % 100) / 100 + 1] .. D[(seq % 100 - seq % 10) / 10 + 1]
+      end
+      e = hi .. D[lo + 1]
+    else
+      e = rcall('XADD', stream, '*', 'id', id)
+      local m, sq = string.match(e, '^(%d+)%-(%d+)$')
+      if m and #sq <= 3 then
+        seq = tonumber(sq)
+        lo = seq % 10
+        hi = m .. D[(seq - seq % 100) / 100 + 1] .. D[(seq % 100 - lo) / 10 + 1]
+        e = hi .. D[lo + 1]
+        if STAR_OK then ms, star = m, m .. '-*' else seq = 999 end
+      else
+        seq = 999  -- (e: enc_entry's other form, the id as it is)
+      end
+    end
+    if more then
+      rcall('HSET', K[i], 's', 'q', 'b', src[j + 1], 'e', e, unpack(more))
+    else
+      rcall('HSET', K[i], 's', 'q', 'b', src[j + 1], 'e', e)
+    end
+    if ev then emit(events, spec, id, 'enqueued', 0, 'queued') end
+  end
+  if ho then  -- (as the general path's hand-off below)
+    local c = {dead = KEYS[ho + 2], stats = stats, events = events, stream = stream,
+      group = 'streamq', resume = '', now = now or now_ms(), paused = false, started = 0,
+      reclaimed = 0, failed = 0, handed = 0, cancelled = 0, fresh = {}, G = nil, gat = 5 + n,
+      gkeys = KEYS, gspec = src[13 + 2 * n]}
+    local ok = pcall(lib_hand().hand_off, c, KEYS[ho], KEYS[ho + 1], n)
+    if not ok then count(stats, 'handoff_errors', 1) end
+  end
+  return n
+end
+  local r = plain_batch()
+  if r then return r end
 end
 if sbyte(ARGV[4], 1) == 61 then  -- '='
   local src = ARGV
@@ -164,12 +314,15 @@ if extra == 14 or extra == 19 then
   extra = extra - 3
 end
 local has_g = extra == 11 or extra == 16
+-- GA: where the jobs' groups are (ARGV[GA + i]), nil when they were left out (no job of the
+-- call has one: the arguments after the group defaults are then the level ones, or none)
+local GA = has_g and NA - 4 - 10 * n - ((extra == 16) and n or 0) > 1 and 5 + 10 * n or nil
 local G = nil  -- the group context, built only when a job of the batch or the depth needs it
 if has_g then
   local grouped = max_depth > 0
-  for i = 1, n do
+  for i = 1, GA and n or 0 do
     if grouped then break end
-    grouped = ARGV[5 + 10 * n + i] ~= ''
+    grouped = ARGV[GA + i] ~= ''
   end
   if grouped then G = lib_groups().gctx(KEYS, 5 + n, ARGV[5 + 10 * n]) end
 end
@@ -185,19 +338,7 @@ local enqueued, duplicates, rejected = 0, 0, 0
 -- kind this call may write is on (its jobs' 'enqueued'; a hand-off's start). The stats HASH,
 -- when every record of the batch is new, is checked by the call's first write: its count of
 -- the jobs enqueued, made before any other write (and corrected at the end for an id that
--- came twice in the batch); otherwise by a read, as the records are.
-local function expect(key, cmd, want, arg, arg2)
-  local r
-  if arg2 then r = rpcall(cmd, key, arg, arg2)
-  elseif arg then r = rpcall(cmd, key, arg) else r = rpcall(cmd, key) end
-  if type(r) == 'table' and r.err then
-    if ssub(r.err, 1, 9) == 'WRONGTYPE' then
-      return redis.error_reply('WRONGTYPE ' .. key .. ' is not a ' .. want
-        .. ': nothing was enqueued')
-    end
-    return r  -- any other refusal (NOPERM, ...) as the server said it
-  end
-end
+-- came twice in the batch); otherwise by a read, as the records are (expect, above).
 local later = false  -- a job of the batch may go to the delayed ZSET
 for i = 1, n do
   local b = 5 + 10 * (i - 1)
@@ -314,7 +455,7 @@ for i = 1, n do
     end
     status, state, result, err, mine = accept(jobkey, to, delayed, events,
       events_maxlen, wake, now, ARGV, b, max_depth > 0 and depth >= max_depth,
-      none_exist and not seen[jobkey], ARGV[b + 9], G, G and ARGV[5 + 10 * n + i], prio,
+      none_exist and not seen[jobkey], ARGV[b + 9], G, G and (GA and ARGV[GA + i] or ''), prio,
       dd and dd[2] .. dd[1])
     if dd and (status == 'queued' or status == 'scheduled') then
       rcall('SET', dd[1], ARGV[b], 'PX', dd[3])
@@ -323,7 +464,7 @@ for i = 1, n do
     end
   end
   seen[jobkey] = true
-  if ho and status == 'queued' and prio == '' and not (G and ARGV[5 + 10 * n + i] ~= '') then
+  if ho and status == 'queued' and prio == '' and not (G and GA and ARGV[GA + i] ~= '') then
     handable = handable + 1
   end
   if prio ~= '' and not used[prio] and (status == 'queued' or status == 'scheduled') then

@@ -103,8 +103,12 @@ class EnqueueTask:
         meanwhile) fails the task with LayoutChanged: Spark's retry of the task routes by the
         new layout, and the rows the failed attempt wrote count once (writer tags)."""
 
-        def tally(batch: list[prod.Prepared], reply: list[Any]) -> None:
-            # a status per job, followed by 4 more elements for a duplicate (enqueue.lua)
+        def tally(batch: list[prod.Prepared], reply: list[Any] | int) -> None:
+            # a status per job, followed by 4 more elements for a duplicate (enqueue.lua);
+            # or the count of the jobs, every one queued (its plain batch; < 0: scheduled)
+            if isinstance(reply, int):
+                counts["enqueued"] = counts.get("enqueued", 0) + abs(reply)
+                return
             at, n = 0, len(reply)
             while at < n:
                 status = reply[at]
