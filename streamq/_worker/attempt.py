@@ -86,6 +86,19 @@ class Attempts:
         producer's typo never makes a new series."""
         self.server: tuple[str, int] | None = None
         """The Redis server's address and port (the spans' ``server.*``; set at start)."""
+        self.seen: list[tuple[str, bool, int, float]] | None = None
+        """While a batch's first steps run (``collect``): the chart observations of the
+        attempts that ended there, handed to ``series`` in one call (``flush_seen``)."""
+
+    def collect(self) -> None:
+        """Attempts that end from here on are observed for the charts in one call, at
+        ``flush_seen`` (a batch of first steps: Worker._start_jobs)."""
+        self.seen = []
+
+    def flush_seen(self) -> None:
+        seen, self.seen = self.seen, None
+        if seen and self.series is not None:
+            self.series.observe_many(seen)
 
     def internal_error(self, lease: Lease, attempt: int, exc: Exception) -> Finish:
         """The outcome of an attempt that met a bug of ours (call it in the ``except``): a
@@ -231,9 +244,14 @@ class Attempts:
                 if span is not None:
                     span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "",
                              item[6])
-                if self.series is not None and item[3] in ("ok", "dead"):
-                    self.series.observe(queue, item[3] == "ok", wait_ms, ran_s * 1000)
-                if item[3] in ("retry", "dead"):
+                outcome = item[3]
+                if outcome == "ok" or outcome == "dead":
+                    seen = self.seen
+                    if seen is not None:  # a batch's first steps: observed once per batch
+                        seen.append((queue, outcome == "ok", wait_ms, ran_s * 1000))
+                    elif self.series is not None:
+                        self.series.observe(queue, outcome == "ok", wait_ms, ran_s * 1000)
+                if outcome == "retry" or outcome == "dead":
                     exc_now = _last_exc.get()
                     self._log_outcome(job.queue, job.id, job.type, attempt, max_attempts,
                                       item[5] if item[3] == "dead" else int(item[5]),

@@ -183,7 +183,7 @@ class Settler:
                                 for i in range(0, len(handed), _HANDED_ROW)], sent,
                            int(hand[3]))
         del qs.buf[:len(batch)]
-        self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
+        self.leases.remove_settled(k.tag, batch)
         completed = 0
         types = qs.job_types
         by_type: dict[str, int] = {}

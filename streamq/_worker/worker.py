@@ -101,6 +101,9 @@ class Worker(Resharding, Fetching):
         """Jobs launched (their leases held) whose first step has not run yet (_start_jobs)."""
         self._later = 0
         """Jobs of the batch being started whose first step runs after this one's."""
+        self._ended: list[QState] | None = None
+        """While a batch's first steps run: the lane of each job whose outcome was buffered
+        there (handed over together when the batch's first steps are done)."""
         self._carrier: Carrier | None = None
         """The parked task the next job that has to wait runs in (eager.py)."""
         self._job_ctx = contextvars.copy_context()
@@ -468,13 +471,15 @@ class Worker(Resharding, Fetching):
         returns, and a worker holds at most twice ``concurrency`` leases."""
         return max(0, self._unsettled - self.config.concurrency)
 
-    def _handed_over(self) -> None:
-        """A handler is done and its outcome is buffered for settling: free its slot now,
-        unless too many outcomes already wait (Redis slow or away); then it is freed when
-        the backlog is settled."""
-        self._unsettled += 1
-        if self._unsettled <= self.config.concurrency:  # nothing owed (_owed)
-            self._slots.release(1)
+    def _handed_over(self, n: int = 1) -> None:
+        """n handlers are done and their outcomes are buffered for settling: free their
+        slots now, unless too many outcomes already wait (Redis slow or away); then they are
+        freed when the backlog is settled."""
+        before = self._unsettled
+        self._unsettled = before + n
+        free = min(n, self.config.concurrency - before)  # nothing owed (_owed)
+        if free > 0:
+            self._slots.release(free)
 
     def _settled_n(self, n: int) -> None:
         before = self._owed()
@@ -492,6 +497,15 @@ class Worker(Resharding, Fetching):
         if self._cancels is not None:  # its cancel already heard: it stops at once
             self._cancels.launched(lease)
         self._to_start.append((qs, lease, attempt, data, times))
+
+    def _hold(self, leases: list[Lease]) -> None:
+        """``_launch``'s bookkeeping for a batch of leases (their jobs are in ``_to_start``
+        already): held (renewed) under one lock, and checked against cancels heard."""
+        self._leases.add_many(leases)
+        cancels = self._cancels
+        if cancels is not None and cancels.heard:
+            for lease in leases:
+                cancels.launched(lease)
 
     def _start_jobs(self, tasks: list[asyncio.Task[None]] | None = None) -> None:
         """Run the first step of each job launched since the last call, eagerly (eager.py):
@@ -511,6 +525,16 @@ class Worker(Resharding, Fetching):
         outer = asyncio.current_task(loop)  # (a fetch or settling loop's; set back below)
         if outer is not None:
             leave_task(loop, outer)
+        # the outcomes of the jobs that end in their first step (all but the batch's last)
+        # are handed over once for the batch (_handed_over, the settling loop woken), and
+        # their chart observations made in one call (Attempts.collect)
+        ended: list[QState] = []
+        nested = self._ended is not None  # (never: no first step starts a batch itself)
+        if not nested:
+            self._ended = ended
+            self._attempts.collect()
+        job_ctx = self._job_ctx
+        run_job = self._run_job
         try:
             left = len(todo)
             for qs, lease, attempt, data, times in todo:
@@ -521,8 +545,7 @@ class Worker(Resharding, Fetching):
                     carrier = self._carrier = Carrier(loop)
                 try:
                     waits = carrier.run_first_step(
-                        loop, self._run_job(qs, lease, attempt, data, times, loop),
-                        self._job_ctx.copy())
+                        loop, run_job(qs, lease, attempt, data, times, loop), job_ctx.copy())
                 except Exception:  # (a bug of ours: as a task's exception would, logged)
                     log.exception("job %s: internal error", lease.job_id)
                     continue
@@ -530,9 +553,19 @@ class Worker(Resharding, Fetching):
                     self._carrier = None
                     self._track(qs, lease, carrier.task, tasks)
         finally:
-            self._later = 0
             if outer is not None:
                 enter_task(loop, outer)
+            self._later = 0
+            if not nested:
+                self._ended = None
+                self._attempts.flush_seen()
+            if ended:
+                self._handed_over(len(ended))
+                woken = None
+                for qs in ended:  # (a batch's jobs are of one lane, or a few)
+                    if qs is not woken:
+                        qs.flush.set()
+                        woken = qs
 
     def _track(self, qs: QState, lease: Lease, task: asyncio.Task[None],
                tasks: list[asyncio.Task[None]] | None) -> None:
@@ -564,6 +597,10 @@ class Worker(Resharding, Fetching):
                 except asyncio.CancelledError:
                     return
             qs.buf.append(item)
+            ended = self._ended
+            if ended is not None and self._later:  # a batch's first step, more to come:
+                ended.append(qs)  # handed over with the batch's (_start_jobs)
+                return
             self._handed_over()
             settler = self._settler
             if (len(qs.buf) == 1 and qs.settle_idle and not qs.sending and settler is not None
