@@ -583,6 +583,7 @@ class Worker(Resharding, Fetching):
         # carrier task current (_start_jobs): the job's task if it goes on waiting
         me: Any = asyncio.current_task(loop)
         tag = qs.keys.tag
+        tracked = True
         try:
             try:
                 item = await self._attempts.attempt(qs, lease, attempt, data, times, me)
@@ -600,6 +601,7 @@ class Worker(Resharding, Fetching):
             ended = self._ended
             if ended is not None and self._later:  # a batch's first step, more to come:
                 ended.append(qs)  # handed over with the batch's (_start_jobs)
+                tracked = False  # (ended in its first step: never tracked)
                 return
             self._handed_over()
             settler = self._settler
@@ -615,10 +617,11 @@ class Worker(Resharding, Fetching):
                 qs.flush.set()
         finally:  # (a task cancelled before it ever ran never gets here: stop() sweeps those;
             # a job that ended in its first step was never in either)
-            self._tasks.discard(me)
-            key = (tag, lease.entry)
-            if self._jobs.get(key) is me:
-                del self._jobs[key]
+            if tracked:
+                self._tasks.discard(me)
+                key = (tag, lease.entry)
+                if self._jobs.get(key) is me:
+                    del self._jobs[key]
 
     def _sweep_tasks(self) -> None:
         """Forget job tasks that ended without running their own clean-up (cancelled before
