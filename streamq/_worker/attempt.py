@@ -119,7 +119,8 @@ class Attempts:
         handler's task is cancelled, and an attempt that ends after the request is settled
         with the ``cancel`` outcome."""
         deadline_ms, wait_ms, age_ms = times
-        ident = (lease.job_id, lease.entry, lease.token)
+        job_id = lease.job_id
+        ident = (job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
         metering = tel.metering()  # (asked once per job)
 
@@ -134,7 +135,7 @@ class Attempts:
         if env is None:
             assert plain is not None
             jtype, payload = plain
-            version, env_attempts, idem = 1, 0, lease.job_id
+            version, env_attempts, idem = 1, 0, job_id
             headers: dict[str, str] = {}
             carrier: dict[str, str] = {}
         else:
@@ -143,7 +144,7 @@ class Attempts:
             idem, headers, carrier = env.idempotency_key or env.id, env.headers, env.trace
         if metering:
             self._begin(qs, lease.entry, jtype, wait_ms)
-        if env is not None and env.id != lease.job_id:  # never another job's id (idempotency)
+        if env is not None and env.id != job_id:  # never another job's id (idempotency)
             return self._dead(qs, ident, attempt, "MalformedEnvelope",
                               f"the envelope names job {env.id!r}", "malformed envelope",
                               jtype)
@@ -163,7 +164,7 @@ class Attempts:
         # version, idempotency_key, headers, trace, deadline_ms, priority, reporter,
         # cancel, ctx): a third cheaper than by keyword, once per job. A job's priority is
         # the level of the ready stream it was read from (each level has its own).
-        job = Job(lease.job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
+        job = Job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
                   headers, carrier, deadline_ms, qs.keys.level,
                   self.progress.reporter(lease) if self.progress else None, lease.cancel,
                   self.registry.lifecycle.ctx)
@@ -174,9 +175,9 @@ class Attempts:
             deps = (results_of(lease.deps, serde) if lease.deps is not None else
                     await adrive(self.deps_client, all_results(qs.keys, job.id, serde)))
             object.__setattr__(job, "_dependencies", tuple(deps))
-        span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
+        span = tel.Attempt(queue, job_id, jtype, attempt, carrier,
                            self.config.trace_parent, self.server) if tel.tracing() else None
-        token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
+        token = tel.JOB.set({"job_id": job_id, "job_type": jtype, "queue": queue,
                              "attempt": attempt, "trace_id": span.trace_id if span is not None
                              else tel.carrier_trace_id(carrier) if carrier else ""})
         running = self.in_flight.by_queue
@@ -184,8 +185,9 @@ class Attempts:
         started = time.perf_counter()
         exc_seen: BaseException | None = None
         item: Finish | None = None
+        cancel = lease.cancel
         try:
-            if lease.cancel.is_set():  # asked before the handler began: it never runs
+            if cancel.is_set():  # asked before the handler began: it never runs
                 item = cancelled(lease)
             else:  # interrupt() cancels an async handler's task (cancel.py)
                 pool = self.pool if spec.isolation == "process" or \
@@ -227,7 +229,7 @@ class Attempts:
                 if lease.interrupted and task is not None:  # it swallowed its cancellation
                     lease.interrupted = False
                     task.uncancel()
-                if lease.cancel.is_set():  # asked while it ran: settled 'cancel'
+                if cancel.is_set():  # asked while it ran: settled 'cancel'
                     item = cancelled(lease)
         except BaseException as exc:
             exc_seen = exc

@@ -541,8 +541,8 @@ class Worker(Resharding, Fetching):
                 left -= 1
                 self._later = left
                 carrier = self._carrier
-                if carrier is None or carrier.spoilt:
-                    carrier = self._carrier = Carrier(loop)
+                if carrier is None or carrier.task.cancelling() or carrier.task.done():
+                    carrier = self._carrier = Carrier(loop)  # (none, or spoilt: eager.py)
                 try:
                     waits = carrier.run_first_step(
                         loop, run_job(qs, lease, attempt, data, times, loop), job_ctx.copy())
