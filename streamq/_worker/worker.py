@@ -545,7 +545,8 @@ class Worker(Resharding, Fetching):
                     carrier = self._carrier = Carrier(loop)  # (none, or spoilt: eager.py)
                 try:
                     waits = carrier.run_first_step(
-                        loop, run_job(qs, lease, attempt, data, times, loop), job_ctx.copy())
+                        loop, run_job(qs, lease, attempt, data, times, loop, carrier.task),
+                        job_ctx.copy())
                 except Exception:  # (a bug of ours: as a task's exception would, logged)
                     log.exception("job %s: internal error", lease.job_id)
                     continue
@@ -578,10 +579,11 @@ class Worker(Resharding, Fetching):
     # ----------------------------------------------------------------- running
 
     async def _run_job(self, qs: QState, lease: Lease, attempt: int, data: bytes,
-                       times: tuple[int, int, int], loop: asyncio.AbstractEventLoop) -> None:
+                       times: tuple[int, int, int], loop: asyncio.AbstractEventLoop,
+                       task: asyncio.Task[None] | None = None) -> None:
         # (with its loop: no second getpid per job). Its first step runs eagerly with its
-        # carrier task current (_start_jobs): the job's task if it goes on waiting
-        me: Any = asyncio.current_task(loop)
+        # carrier task current (_start_jobs: ``task``): the job's task if it goes on waiting
+        me: Any = task if task is not None else asyncio.current_task(loop)
         tag = qs.keys.tag
         tracked = True
         try:
