@@ -215,9 +215,9 @@ async def test_a_job_that_cancels_its_own_task_and_ends_spoils_no_later_job(
 async def test_without_enter_task_each_job_gets_a_task_as_before(
         url: str, q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
     """An interpreter without asyncio's _enter_task: the worker makes a task per job."""
-    from streamq._worker import worker as worker_module
+    from streamq._worker import running as running_module  # (the worker's job running)
 
-    monkeypatch.setattr(worker_module, "EAGER", False)
+    monkeypatch.setattr(running_module, "EAGER", False)
     reg = Registry()
     made: list[str] = []
 
