@@ -353,9 +353,9 @@ class Fetching(HandOff):
             to_start = self._to_start
             hold, start = leases.append, to_start.append
             now = time.monotonic()
-            for i in range(_CLAIM_HEAD, len(reply), _CLAIM_WIDTH):
-                (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
-                 age_ms) = reply[i:i + _CLAIM_WIDTH]
+            rows = iter(reply[_CLAIM_HEAD:])  # (each entry's values grouped by zip)
+            for (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
+                 age_ms) in zip(*[rows] * _CLAIM_WIDTH, strict=False):
                 if code != b"run":
                     if code == b"paused":
                         qs.paused = True
