@@ -90,3 +90,21 @@ def test_percentiles_and_damaged_buckets(url: str, qname: str, r: redis.Redis) -
                                       "7": json.dumps({"c": 2, "w": "x"})})
     (p,) = Admin.from_url(url).series(qname)
     assert p.t_ms == 7 * 60_000 and p.completed == 2 and p.wait_p50_ms is None
+
+
+def test_observe_many_counts_as_observe_does_per_job() -> None:
+    """A worker's batch of attempts is observed in one call (observe_many): the same counts,
+    by queue and histogram bucket, as one observe per attempt."""
+    rows = [("a" if i % 3 else "b", i % 4 != 0, i * 7 if i % 5 else None,
+             i / 3 if i % 6 else -1.0) for i in range(60)]
+    one, many = SeriesRecorder(["a"]), SeriesRecorder(["a"])
+    for row in rows:
+        one.observe(*row)
+    many.observe_many(rows)
+    def counts(rec: SeriesRecorder) -> dict[str, list[Any]]:
+        return {queue: acc.args() for queue, _keys, _args, acc in rec.take(Keys)}
+
+    got = counts(one)
+    assert counts(many) == got
+    assert got["b"][:2] == [sum(1 for q, ok, *_ in rows if q == "b" and ok),
+                                    sum(1 for q, ok, *_ in rows if q == "b" and not ok)]

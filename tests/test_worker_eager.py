@@ -215,9 +215,9 @@ async def test_a_job_that_cancels_its_own_task_and_ends_spoils_no_later_job(
 async def test_without_enter_task_each_job_gets_a_task_as_before(
         url: str, q: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
     """An interpreter without asyncio's _enter_task: the worker makes a task per job."""
-    from streamq._worker import worker as worker_module
+    from streamq._worker import running as running_module  # (the worker's job running)
 
-    monkeypatch.setattr(worker_module, "EAGER", False)
+    monkeypatch.setattr(running_module, "EAGER", False)
     reg = Registry()
     made: list[str] = []
 
@@ -244,3 +244,49 @@ async def test_without_enter_task_each_job_gets_a_task_as_before(
     assert [q.result(i) for i in ids] == [i % 2 for i in range(20)]
     assert sum("_run_job" in m for m in made) == 20 and "_Carry" not in made
     assert _seen.get() == ""
+
+
+async def test_resumed_carries_a_started_coroutine_on_with_its_value_and_its_cancel() -> None:
+    """A batch runs each attempt's first step itself (Carrier.first_step); an attempt that
+    waits is carried on by a coroutine awaiting eager.Resumed: it gets what it waited for,
+    its value comes back, and a cancel of its task reaches it where it waits."""
+    loop = asyncio.get_running_loop()
+    seen: list[str] = []
+
+    async def attempt(gate: asyncio.Future[int]) -> int:
+        try:
+            got = await gate
+        except asyncio.CancelledError:
+            seen.append("cancelled where it waited")
+            raise
+        return got + 1
+
+    async def rest(coro: Any, waiting: Any) -> Any:
+        return await eager.Resumed(coro, waiting)
+
+    def started(gate: asyncio.Future[int]) -> eager.Carrier:
+        carrier = eager.Carrier(loop)
+        coro, ctx = attempt(gate), contextvars.copy_context()
+        outer = asyncio.current_task()
+        assert outer is not None
+        eager.leave_task(loop, outer)  # (no task may be current for a first step)
+        try:
+            waits, waiting = carrier.first_step(loop, coro, ctx)
+        finally:
+            eager.enter_task(loop, outer)
+        assert waits and waiting is gate
+        carrier.carry(rest(coro, waiting), ctx)
+        return carrier
+
+    gate: asyncio.Future[int] = loop.create_future()
+    carrier = started(gate)
+    gate.set_result(41)
+    task: Any = carrier.task  # (its value is the carried coroutine's)
+    assert await task == 42
+    other: asyncio.Future[int] = loop.create_future()
+    carrier = started(other)
+    await asyncio.sleep(0)  # (the carrier waits on the attempt's future now)
+    carrier.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await carrier.task
+    assert seen == ["cancelled where it waited"] and other.cancelled()

@@ -166,7 +166,7 @@ class CancelFlag:
         return self._set
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)
 class Job:
     """One attempt of a job, as a handler sees it. (The worker builds it with positional
     arguments, in this order: keep the order of the fields, or update attempt.py.)"""

@@ -100,6 +100,31 @@ class SeriesRecorder:
             b = _bisect_left(BOUNDS_MS, run_ms)
             acc.run[b] = acc.run.get(b, 0) + 1
 
+    def observe_many(self, seen: Sequence[tuple[str, bool, float | None, float | None]]
+                     ) -> None:
+        """``observe`` for each (queue, completed, wait_ms, run_ms), in one call (a worker's
+        batch of attempts)."""
+        accs = self._acc
+        bl, bounds = _bisect_left, BOUNDS_MS
+        last_q: str | None = None
+        acc = _Acc()
+        for queue, completed, wait_ms, run_ms in seen:
+            if queue != last_q:
+                got = accs.get(queue)
+                if got is None:
+                    got = accs[queue] = _Acc()
+                acc, last_q = got, queue
+            if completed:
+                acc.completed += 1
+            else:
+                acc.failed += 1
+            if wait_ms is not None and wait_ms >= 0:
+                b = bl(bounds, wait_ms)
+                acc.wait[b] = acc.wait.get(b, 0) + 1
+            if run_ms is not None and run_ms >= 0:
+                b = bl(bounds, run_ms)
+                acc.run[b] = acc.run.get(b, 0) + 1
+
     def take(self, keys_of: Callable[[str], Keys]
              ) -> list[tuple[str, list[str], list[Any], _Acc]]:
         """The script calls a flush makes, one per queue (also with nothing observed: the

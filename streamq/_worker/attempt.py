@@ -86,6 +86,19 @@ class Attempts:
         producer's typo never makes a new series."""
         self.server: tuple[str, int] | None = None
         """The Redis server's address and port (the spans' ``server.*``; set at start)."""
+        self.seen: list[tuple[str, bool, int, float]] | None = None
+        """While a batch's first steps run (``collect``): the chart observations of the
+        attempts that ended there, handed to ``series`` in one call (``flush_seen``)."""
+
+    def collect(self) -> None:
+        """Attempts that end from here on are observed for the charts in one call, at
+        ``flush_seen`` (a batch of first steps: Worker._start_jobs)."""
+        self.seen = []
+
+    def flush_seen(self) -> None:
+        seen, self.seen = self.seen, None
+        if seen and self.series is not None:
+            self.series.observe_many(seen)
 
     def internal_error(self, lease: Lease, attempt: int, exc: Exception) -> Finish:
         """The outcome of an attempt that met a bug of ours (call it in the ``except``): a
@@ -106,7 +119,8 @@ class Attempts:
         handler's task is cancelled, and an attempt that ends after the request is settled
         with the ``cancel`` outcome."""
         deadline_ms, wait_ms, age_ms = times
-        ident = (lease.job_id, lease.entry, lease.token)
+        job_id = lease.job_id
+        ident = (job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
         metering = tel.metering()  # (asked once per job)
 
@@ -121,7 +135,7 @@ class Attempts:
         if env is None:
             assert plain is not None
             jtype, payload = plain
-            version, env_attempts, idem = 1, 0, lease.job_id
+            version, env_attempts, idem = 1, 0, job_id
             headers: dict[str, str] = {}
             carrier: dict[str, str] = {}
         else:
@@ -130,7 +144,7 @@ class Attempts:
             idem, headers, carrier = env.idempotency_key or env.id, env.headers, env.trace
         if metering:
             self._begin(qs, lease.entry, jtype, wait_ms)
-        if env is not None and env.id != lease.job_id:  # never another job's id (idempotency)
+        if env is not None and env.id != job_id:  # never another job's id (idempotency)
             return self._dead(qs, ident, attempt, "MalformedEnvelope",
                               f"the envelope names job {env.id!r}", "malformed envelope",
                               jtype)
@@ -150,7 +164,7 @@ class Attempts:
         # version, idempotency_key, headers, trace, deadline_ms, priority, reporter,
         # cancel, ctx): a third cheaper than by keyword, once per job. A job's priority is
         # the level of the ready stream it was read from (each level has its own).
-        job = Job(lease.job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
+        job = Job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
                   headers, carrier, deadline_ms, qs.keys.level,
                   self.progress.reporter(lease) if self.progress else None, lease.cancel,
                   self.registry.lifecycle.ctx)
@@ -161,9 +175,9 @@ class Attempts:
             deps = (results_of(lease.deps, serde) if lease.deps is not None else
                     await adrive(self.deps_client, all_results(qs.keys, job.id, serde)))
             object.__setattr__(job, "_dependencies", tuple(deps))
-        span = tel.Attempt(queue, job.id, job.type, attempt, carrier,
+        span = tel.Attempt(queue, job_id, jtype, attempt, carrier,
                            self.config.trace_parent, self.server) if tel.tracing() else None
-        token = tel.JOB.set({"job_id": job.id, "job_type": job.type, "queue": job.queue,
+        token = tel.JOB.set({"job_id": job_id, "job_type": jtype, "queue": queue,
                              "attempt": attempt, "trace_id": span.trace_id if span is not None
                              else tel.carrier_trace_id(carrier) if carrier else ""})
         running = self.in_flight.by_queue
@@ -171,8 +185,9 @@ class Attempts:
         started = time.perf_counter()
         exc_seen: BaseException | None = None
         item: Finish | None = None
+        cancel = lease.cancel
         try:
-            if lease.cancel.is_set():  # asked before the handler began: it never runs
+            if cancel.is_set():  # asked before the handler began: it never runs
                 item = cancelled(lease)
             else:  # interrupt() cancels an async handler's task (cancel.py)
                 pool = self.pool if spec.isolation == "process" or \
@@ -214,7 +229,7 @@ class Attempts:
                 if lease.interrupted and task is not None:  # it swallowed its cancellation
                     lease.interrupted = False
                     task.uncancel()
-                if lease.cancel.is_set():  # asked while it ran: settled 'cancel'
+                if cancel.is_set():  # asked while it ran: settled 'cancel'
                     item = cancelled(lease)
         except BaseException as exc:
             exc_seen = exc
@@ -231,9 +246,14 @@ class Attempts:
                 if span is not None:
                     span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "",
                              item[6])
-                if self.series is not None and item[3] in ("ok", "dead"):
-                    self.series.observe(queue, item[3] == "ok", wait_ms, ran_s * 1000)
-                if item[3] in ("retry", "dead"):
+                outcome = item[3]
+                if outcome == "ok" or outcome == "dead":
+                    seen = self.seen
+                    if seen is not None:  # a batch's first steps: observed once per batch
+                        seen.append((queue, outcome == "ok", wait_ms, ran_s * 1000))
+                    elif self.series is not None:
+                        self.series.observe(queue, outcome == "ok", wait_ms, ran_s * 1000)
+                if outcome == "retry" or outcome == "dead":
                     exc_now = _last_exc.get()
                     self._log_outcome(job.queue, job.id, job.type, attempt, max_attempts,
                                       item[5] if item[3] == "dead" else int(item[5]),

@@ -113,6 +113,11 @@ class CancelWatch:
         if inbox in self._alive:
             self._alive.remove(inbox)
 
+    @property
+    def heard(self) -> bool:
+        """Cancels of jobs not running here were heard lately (``launched`` may find one)."""
+        return bool(self._recent)
+
     def launched(self, lease: Lease) -> None:
         """A job starts on this worker: if a cancel of its id was heard just before, ask its
         record (the message may have been for an earlier job of that id) and stop it."""

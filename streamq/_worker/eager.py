@@ -126,6 +126,27 @@ class Carrier:
         self._carry.adopt(coro, ctx, waiting)
         return True
 
+    def first_step(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any],
+                   ctx: contextvars.Context) -> tuple[bool, Any]:
+        """Run the first step of ``coro`` as this carrier's task, in ``ctx``: (False, what it
+        returned) when it ended there; (True, what it waits on) when it waits, and then the
+        caller hands it, or a coroutine that carries it on (``Resumed``), to ``carry``. An
+        error raised out of the coroutine is the caller's. No task may be current."""
+        task = self.task
+        enter_task(loop, task)
+        try:
+            return True, ctx.run(coro.send, None)
+        except StopIteration as stop:
+            return False, stop.value
+        finally:
+            leave_task(loop, task)
+
+    def carry(self, coro: Coroutine[Any, Any, None], ctx: contextvars.Context) -> None:
+        """This carrier is ``coro``'s task from here on: its first step runs now, in ``ctx``
+        (it must wait there: a coroutine that awaits a ``Resumed`` first); the carrier wakes
+        and drives it from what it waits on."""
+        self._carry.adopt(coro, ctx, ctx.run(coro.send, None))
+
     @property
     def spoilt(self) -> bool:
         """Cancelled (by a job that ended without waiting, or by whoever kept a reference
@@ -136,3 +157,36 @@ class Carrier:
     def drop(self) -> None:
         """The worker stops: the parked carrier ends (it carries nothing)."""
         self.task.cancel()
+
+
+class Resumed:
+    """Awaits a coroutine whose first step ran elsewhere (``Carrier.first_step``) and that
+    waits on ``waiting``: what it waits on goes to the awaiting task, and what the task sends
+    or throws in goes on to it, as ``await coro`` would (which refuses a started
+    coroutine); its return value is the await's."""
+
+    __slots__ = ("_coro", "_waiting")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self._coro = coro
+        self._waiting = waiting
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, pending = self._coro, self._waiting
+        self._waiting = None
+        while True:
+            try:
+                sent = yield pending
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a cancel reaches it where it waits
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    pending = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value

@@ -33,7 +33,7 @@ from .._core.scripts import SCRIPTS
 from .._core.sends import xreadgroup
 from .._core.supervise import Outage, Supervised
 from .handoff import TICKET_SLACK_MS, HandOff, inbox_row
-from .lease import LeaseKeeper
+from .lease import Lease, LeaseKeeper
 from .slots import Slots
 from .state import QState, WorkerStats
 
@@ -69,6 +69,8 @@ class Fetching(HandOff):
         def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
                     data: bytes, times: tuple[int, int, int], deps: Any = None) -> None: ...
         def _start_jobs(self, tasks: list[asyncio.Task[None]] | None = None) -> None: ...
+        def _hold(self, leases: list[Lease]) -> None: ...
+        _to_start: list[tuple[QState, Lease, int, bytes, tuple[int, int, int]]]
 
     @classmethod
     async def _ensure_group_retried(cls, client: aredis.Redis, keys: Keys, _retried: bool
@@ -344,23 +346,31 @@ class Fetching(HandOff):
         got = (len(reply) - _CLAIM_HEAD) // _CLAIM_WIDTH
         if got < int(allowed):  # fewer than the rate allowed: the streams are drained
             qs.idle = True
-        launched = 0
+        # the batch in one pass (Worker._launch's work, the leases held under one lock)
+        leases: list[Lease] = []
         try:
-            for i in range(_CLAIM_HEAD, len(reply), _CLAIM_WIDTH):
-                (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
-                 age_ms) = reply[i:i + _CLAIM_WIDTH]
+            lanes = qs.lanes
+            to_start = self._to_start
+            hold, start = leases.append, to_start.append
+            now = time.monotonic()
+            rows = iter(reply[_CLAIM_HEAD:])  # (each entry's values grouped by zip)
+            for (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
+                 age_ms) in zip(*[rows] * _CLAIM_WIDTH, strict=False):
                 if code != b"run":
                     if code == b"paused":
                         qs.paused = True
                     continue
-                launched += 1
-                self._launch(qs.lanes[order[int(level) - 1]], eid.decode(), jid.decode(),
-                             token.decode(), int(attempt), data,
-                             (int(deadline), int(wait_ms), int(age_ms)))
-            if launched:
-                self.stats.started += launched
-            self._release(n - launched)
+                lane = lanes[order[int(level) - 1]]
+                lease = Lease(lane.keys, jid.decode(), eid.decode(), token.decode(), now)
+                hold(lease)
+                start((lane, lease, int(attempt), data,
+                       (int(deadline), int(wait_ms), int(age_ms))))
+            if leases:
+                self.stats.started += len(leases)
+            self._release(n - len(leases))
         finally:  # every lease of the batch held: now their first steps (eager.py)
+            if leases:
+                self._hold(leases)
             self._start_jobs()
 
     async def _read_own(self, qs: QState, n: int) -> tuple[QState, list[Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -70,6 +70,13 @@ class LeaseKeeper:
         with self._lock:
             self._leases[(lease.keys.tag, lease.entry)] = lease
 
+    def add_many(self, leases: list[Lease]) -> None:
+        """``add`` for each of a batch's leases, under one lock."""
+        with self._lock:
+            held = self._leases
+            for lease in leases:
+                held[(lease.keys.tag, lease.entry)] = lease
+
     def backdate(self, queue: str, entry: str, token: str, since: float) -> None:
         """The lease of (entry, token) may have begun as early as ``since`` (a hand-off:
         started by a producer before this worker learnt of it): it is renewed as if it had."""
@@ -90,6 +97,16 @@ class LeaseKeeper:
                 lease = self._leases.get((queue, entry))
                 if lease is not None and lease.token == token:
                     del self._leases[(queue, entry)]
+
+    def remove_settled(self, queue: str, settled: Iterable[Sequence[Any]]) -> None:
+        """``remove_many`` for outcomes (job id, entry, token, ...): a batch settled."""
+        with self._lock:
+            held = self._leases
+            for item in settled:
+                key = (queue, item[1])
+                lease = held.get(key)
+                if lease is not None and lease.token == item[2]:
+                    del held[key]
 
     def holds(self, queue: str, entry: str) -> bool:
         """True while this worker holds a live (not lost) lease of the entry."""

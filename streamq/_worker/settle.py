@@ -142,12 +142,19 @@ class Settler:
         # (a settled grouped job frees its group's slot: the group keys)
         args: list[Any] = [*call.args]
         _, _, _, o, _, x, e = batch[0] if batch else ("", "", "", "", b"", 0, "")
-        if len(batch) > 1 and all(b[3] == o and b[5] == x and b[6] == e for b in batch):
+        shared = len(batch) > 1
+        if shared:
+            for b in batch:
+                if b[3] != o or b[5] != x or b[6] != e:
+                    shared = False
+                    break
+        if shared:
             # finish.lua's compact form: the outcome, delay or reason and error type every
             # attempt shares, once (a batch of successes: 4 arguments per job, not 7)
             args.extend((-len(batch), o, x, e))
+            add = args.extend
             for b in batch:
-                args.extend((b[0], b[1], b[2], b[4]))
+                add((b[0], b[1], b[2], b[4]))
         else:
             args.append(len(batch))
             for b in batch:
@@ -183,7 +190,7 @@ class Settler:
                                 for i in range(0, len(handed), _HANDED_ROW)], sent,
                            int(hand[3]))
         del qs.buf[:len(batch)]
-        self.leases.remove_many(k.tag, [(b[1], b[2]) for b in batch])
+        self.leases.remove_settled(k.tag, batch)
         completed = 0
         types = qs.job_types
         by_type: dict[str, int] = {}

@@ -37,8 +37,7 @@ from .._core.sends import Kept, inline_sends
 from .._core.supervise import LoopHealth, Outage, Supervised
 from .attempt import Attempts
 from .cancel import CancelWatch
-from .eager import AVAILABLE as EAGER
-from .eager import Carrier, enter_task, leave_task
+from .eager import Carrier
 from .fetch import Fetching
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
@@ -47,6 +46,7 @@ from .pool import ProcessPool, registry_spec
 from .progress import Progress
 from .registry import Registry
 from .reshard import Resharding
+from .running import Running
 from .settle import Settler
 from .slots import Slots
 from .state import Finish, QState, WorkerStats
@@ -57,7 +57,7 @@ _instance = itertools.count()
 __all__ = ["Finish", "Worker", "WorkerStats"]
 
 
-class Worker(Resharding, Fetching):
+class Worker(Resharding, Fetching, Running):
     """Runs registered handlers for jobs of one or more queues.
 
     ``worker.run()`` blocks until SIGTERM/SIGINT; inside a running service use
@@ -468,124 +468,7 @@ class Worker(Resharding, Fetching):
         returns, and a worker holds at most twice ``concurrency`` leases."""
         return max(0, self._unsettled - self.config.concurrency)
 
-    def _handed_over(self) -> None:
-        """A handler is done and its outcome is buffered for settling: free its slot now,
-        unless too many outcomes already wait (Redis slow or away); then it is freed when
-        the backlog is settled."""
-        self._unsettled += 1
-        if self._unsettled <= self.config.concurrency:  # nothing owed (_owed)
-            self._slots.release(1)
-
     def _settled_n(self, n: int) -> None:
         before = self._owed()
         self._unsettled -= n
         self._release(before - self._owed())
-
-    def _launch(self, qs: QState, entry: str, job_id: str, token: str, attempt: int,
-                data: bytes, times: tuple[int, int, int], deps: Any = None) -> None:
-        """Hold a started job's lease; its first step runs in the caller's ``_start_jobs``,
-        once every lease of the batch is held (renewed even while a first step blocks)."""
-        lease = Lease(qs.keys, job_id, entry, token)
-        if deps is not None:  # its dependency results, sent with its start (Lease.deps)
-            lease.deps = deps
-        self._leases.add(lease)
-        if self._cancels is not None:  # its cancel already heard: it stops at once
-            self._cancels.launched(lease)
-        self._to_start.append((qs, lease, attempt, data, times))
-
-    def _start_jobs(self, tasks: list[asyncio.Task[None]] | None = None) -> None:
-        """Run the first step of each job launched since the last call, eagerly (eager.py):
-        a job that ends there (a no-op handler) costs no task; one that waits goes on in a
-        task of its own, added to ``tasks`` when given."""
-        todo, self._to_start = self._to_start, []
-        if not todo:
-            return
-        # (the loop passed on: get_running_loop makes a getpid system call)
-        loop = asyncio.get_running_loop()
-        if not EAGER:  # (an interpreter without asyncio's _enter_task: a task per job)
-            for qs, lease, attempt, data, times in todo:
-                self._track(qs, lease, loop.create_task(
-                    self._run_job(qs, lease, attempt, data, times, loop),
-                    context=self._job_ctx.copy()), tasks)
-            return
-        outer = asyncio.current_task(loop)  # (a fetch or settling loop's; set back below)
-        if outer is not None:
-            leave_task(loop, outer)
-        try:
-            left = len(todo)
-            for qs, lease, attempt, data, times in todo:
-                left -= 1
-                self._later = left
-                carrier = self._carrier
-                if carrier is None or carrier.spoilt:
-                    carrier = self._carrier = Carrier(loop)
-                try:
-                    waits = carrier.run_first_step(
-                        loop, self._run_job(qs, lease, attempt, data, times, loop),
-                        self._job_ctx.copy())
-                except Exception:  # (a bug of ours: as a task's exception would, logged)
-                    log.exception("job %s: internal error", lease.job_id)
-                    continue
-                if waits:  # the carrier is the job's task now
-                    self._carrier = None
-                    self._track(qs, lease, carrier.task, tasks)
-        finally:
-            self._later = 0
-            if outer is not None:
-                enter_task(loop, outer)
-
-    def _track(self, qs: QState, lease: Lease, task: asyncio.Task[None],
-               tasks: list[asyncio.Task[None]] | None) -> None:
-        """A job runs on in ``task`` (which takes itself out of both when it ends: _run_job)."""
-        self._tasks.add(task)
-        self._jobs[(qs.keys.tag, lease.entry)] = task
-        if tasks is not None:
-            tasks.append(task)
-
-    # ----------------------------------------------------------------- running
-
-    async def _run_job(self, qs: QState, lease: Lease, attempt: int, data: bytes,
-                       times: tuple[int, int, int], loop: asyncio.AbstractEventLoop) -> None:
-        # (with its loop: no second getpid per job). Its first step runs eagerly with its
-        # carrier task current (_start_jobs): the job's task if it goes on waiting
-        me: Any = asyncio.current_task(loop)
-        tag = qs.keys.tag
-        try:
-            try:
-                item = await self._attempts.attempt(qs, lease, attempt, data, times, me)
-            except asyncio.CancelledError:  # worker stopping: hand the job back, untouched
-                return
-            except Exception as exc:  # noqa: BLE001 - a bug of ours: a retry, never a lost slot
-                item = self._attempts.internal_error(lease, attempt, exc)
-            progress = self._progress  # its last reports go in before its outcome
-            if progress is not None and progress.has_reports(tag, lease.job_id):
-                try:
-                    await progress.settle_first(tag, lease.job_id)
-                except asyncio.CancelledError:
-                    return
-            qs.buf.append(item)
-            self._handed_over()
-            settler = self._settler
-            if (len(qs.buf) == 1 and qs.settle_idle and not qs.sending and settler is not None
-                    and not self._later and len(self._tasks) == (me in self._tasks)):
-                # the only job running, its lane's settling loop idle: send the outcome
-                # from here (under load the loop batches them: never one call per job)
-                try:
-                    await settler.settle_now(qs)
-                except asyncio.CancelledError:  # stopping: the settling loop sends it
-                    return
-            else:
-                qs.flush.set()
-        finally:  # (a task cancelled before it ever ran never gets here: stop() sweeps those;
-            # a job that ended in its first step was never in either)
-            self._tasks.discard(me)
-            key = (tag, lease.entry)
-            if self._jobs.get(key) is me:
-                del self._jobs[key]
-
-    def _sweep_tasks(self) -> None:
-        """Forget job tasks that ended without running their own clean-up (cancelled before
-        their first step)."""
-        self._tasks = {t for t in self._tasks if not t.done()}
-        self._jobs = {k: t for k, t in self._jobs.items() if not t.done()}
-
