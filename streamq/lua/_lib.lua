@@ -742,7 +742,8 @@ end
 
 
 -- start_entry's read: rec_t(jobkey, true, START_F) from one HGETALL (h, the caller's reply:
--- a short reply, no search per name). canon: entry is as Redis writes ids; 'e' equal to it (either form): r[2] = entry.
+-- a short reply, no search per name). canon: entry is as Redis writes ids; 'e' equal to it
+-- (either form): r[2] = entry.
 -- 16: any of 'notify', 'pk', 'wk' (with cx, g, dk: finish.lua's rare fields); 17: 'z'; 18: 'x';
 -- 19: any of the fields that are usually over 64 bytes (a failed attempt's, a handler's)
 local START_AT = {s = 1, e = 2, n = 3, max_attempts = 4, deadline = 5, b = 6, c = 7, k = 8,
