@@ -139,128 +139,148 @@ for i = 1, n do
   -- 'z' holds 'x' ('' = absent), so they are not read; without it (a record started by an
   -- older release, or one that has any of them) 'x' and the six are read as before
   local r = rpcall('HMGET', jobkey, 's', 'k', 'z')
-  if not r.err then
-    local v = r[1]
-    if v then
-      r[1] = state_of(v)
-      local z = r[3]
-      if z then
-        if z == '' then r[3] = DEFAULT_TTL end
-      else
-        local q = rcall('HMGET', jobkey, 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk')
-        r[3], r[4], r[5], r[6], r[7], r[8], r[9] = q[1] or DEFAULT_TTL, q[2], q[3], q[4], q[5],
-          q[6], q[7]
-      end
-    else  -- layout 1, or no record
-      NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk'}
-      r = lib_cold().rec_t(jobkey, false, NAMES)
+  local z = r[3]
+  if z and z ~= '0' and outcome == 'ok' and r[1] == 'a' and r[2] == token then
+    -- the common completion, as the 'ok' branch below applies it to a record with 'z'
+    -- (active under this token, none of the rare fields; fire-and-forget '0' goes below)
+    if entry ~= '' then settled[#settled + 1] = entry end
+    if data ~= '' then
+      rcall('HSET', jobkey, 's', 'c', 'r', data, 'f', now_s)
+    else  -- a None result is not stored
+      rcall('HSET', jobkey, 's', 'c', 'f', now_s)
     end
-  end
-  local state, cur = r[1], r[2]
-  if not r.err and not state and marked(token) then
-    out[i] = 'completed'  -- deleted by this very call's earlier run (fire-and-forget)
-  elseif r.err or not state then  -- (a corrupted record is settled by a reclaim)
-    lost = lost + 1
-    emit(events, events_maxlen, id, 'lease_lost', now, token)
-    out[i] = 'lost'
-  elseif cur == token and state ~= 'active' then
-    -- applied by an earlier run of this same call (every other path that ends a lease
-    -- changes the token); a retry may have been promoted or cancelled since
-    if state == 'completed' or state == 'failed' then out[i] = state else out[i] = 'retrying' end
-    if rcall('HGET', jobkey, 'ft') == 'cancelled:' .. token then out[i] = 'cancelled' end
-  elseif cur ~= token then
-    local ft = rcall('HGET', jobkey, 'ft')
-    if ft == 'retrying:' .. token then
-      out[i] = 'retrying'
-    elseif ft == 'failed:' .. token then
-      out[i] = 'failed'
-    elseif marked(token) then  -- deleted by an earlier run, and its id enqueued again since
-      out[i] = 'completed'
-    else
+    if z == '' then z = DEFAULT_TTL end
+    local ttl = TTL[z]
+    if not ttl then ttl = tonumber(z) or 0; TTL[z] = ttl end
+    if ttl > 0 then rcall('EXPIRE', jobkey, nstr(ttl)) end
+    completed = completed + 1
+    if done_ids then done_ids[#done_ids + 1] = id end
+    if ev_completed then emit(events, events_maxlen, id, 'completed', now, '') end
+    out[i] = 'completed'
+  else
+    if not r.err then
+      local v = r[1]
+      if v then
+        r[1] = state_of(v)
+        local z = r[3]
+        if z then
+          if z == '' then r[3] = DEFAULT_TTL end
+        else
+          local q = rcall('HMGET', jobkey, 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk')
+          r[3], r[4], r[5], r[6], r[7], r[8], r[9] = q[1] or DEFAULT_TTL, q[2], q[3], q[4], q[5],
+            q[6], q[7]
+        end
+      else  -- layout 1, or no record
+        NAMES = NAMES or {'s', 'k', 'x', 'notify', 'cx', 'g', 'dk', 'pk', 'wk'}
+        r = lib_cold().rec_t(jobkey, false, NAMES)
+      end
+    end
+    local state, cur = r[1], r[2]
+    if not r.err and not state and marked(token) then
+      out[i] = 'completed'  -- deleted by this very call's earlier run (fire-and-forget)
+    elseif r.err or not state then  -- (a corrupted record is settled by a reclaim)
       lost = lost + 1
       emit(events, events_maxlen, id, 'lease_lost', now, token)
       out[i] = 'lost'
-    end
-  else
-    if entry ~= '' then settled[#settled + 1] = entry end
-    local C = outcome ~= 'ok' and lib_cold()  -- (the helpers of every other outcome)
-    if outcome ~= 'ok' and (outcome == 'cancel' or r[5]) then
-      C.end_cancelled(jobkey, events, events_maxlen, id, now, 'running')
-      rcall('HSET', jobkey, 'ft', 'cancelled:' .. token)
-      cancelled = cancelled + 1
-      out[i] = 'cancelled'
-    elseif outcome == 'children' and r[9] then  -- WaitForChildren (_flow.lua's park)
-      out[i] = lib_flow().park(jobkey, id, now, r[9])
-      rcall('HSET', jobkey, 'ft', out[i] .. ':' .. token)
-      if out[i] == 'failed' then failed = failed + 1 end
-    elseif outcome == 'children' then  -- WaitForChildren with no child ever added
-      C.bury(jobkey, dead, events, id, 'WaitForChildren without children', data,
-        'WaitForChildren', now, dead_ttl, dead_maxlen, events_maxlen, false)
-      rcall('HSET', jobkey, 'ft', 'failed:' .. token)
-      failed = failed + 1
-      out[i] = 'failed'
-    elseif outcome == 'later' or outcome == 'later_group' then
-      C.put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
-      if outcome == 'later_group' and r[6] then
-        if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[T]), true end
-        if G then C.g_hold(G, r[6], now + tonumber(extra)) end
-      end
-      limited = limited + 1
-      emit(events, events_maxlen, id, 'rate_limited', now, extra)
-      out[i] = 'retrying'
-    elseif outcome == 'ok' then
-      if r[7] then lib_cold().dedup_end(r[7], jobkey, id, false, now) end  -- (docs/dedup.md)
-      if data ~= '' then
-        rcall('HSET', jobkey, 's', 'c', 'r', data, 'f', now_s)
-      else  -- a None result is not stored
-        rcall('HSET', jobkey, 's', 'c', 'f', now_s)
-      end
-      local x = r[3]
-      local ttl = TTL[x]
-      if not ttl then ttl = tonumber(x) or 0; TTL[x] = ttl end
-      if x == '0' then  -- fire-and-forget: nothing is kept once the job completed
-        rcall('DEL', jobkey)
-        if mark then
-          ff = ff or {}
-          ff[#ff + 1] = token
-          ff_new = true
-        end
-      elseif ttl > 0 then
-        rcall('EXPIRE', jobkey, nstr(ttl))
-      end
-      completed = completed + 1
-      if done_ids then done_ids[#done_ids + 1] = id end
-      if ev_completed then emit(events, events_maxlen, id, 'completed', now, '') end
-      if r[4] then notify(r[4], 'completed', id, data) end
-      if r[8] or r[9] then lib_flow().settled(jobkey, id, 'c' .. data, r[8], r[9], now) end
-      out[i] = 'completed'
-    else
-      TRIES = TRIES or {'s', 'n', 'max_attempts'}
-      local a = C.rec_t(jobkey, false, TRIES)
-      local max_attempts = tonumber(a[3]) or 0
-      if outcome == 'retry' and (max_attempts == 0 or (tonumber(a[2]) or 0) < max_attempts) then
-        local due = now + tonumber(extra)
-        C.wake_if_sooner(delayed, wake, due)
-        rcall('ZADD', delayed, due, id)
-        rcall('HSET', jobkey, 's', 'r', 'due', due, 'error', data, 'ft', 'retrying:' .. token)
-        C.remember_error(jobkey, a[2], etype, now)
-        retried = retried + 1
-        emit(events, events_maxlen, id, 'retrying', now, etype)
+    elseif cur == token and state ~= 'active' then
+      -- applied by an earlier run of this same call (every other path that ends a lease
+      -- changes the token); a retry may have been promoted or cancelled since
+      if state == 'completed' or state == 'failed' then out[i] = state else out[i] = 'retrying' end
+      if rcall('HGET', jobkey, 'ft') == 'cancelled:' .. token then out[i] = 'cancelled' end
+    elseif cur ~= token then
+      local ft = rcall('HGET', jobkey, 'ft')
+      if ft == 'retrying:' .. token then
         out[i] = 'retrying'
+      elseif ft == 'failed:' .. token then
+        out[i] = 'failed'
+      elseif marked(token) then  -- deleted by an earlier run, and its id enqueued again since
+        out[i] = 'completed'
       else
-        local reason = extra
-        if outcome == 'retry' then reason = 'attempts exhausted' end
-        if etype ~= 'LeaseExpired' then C.remember_error(jobkey, a[2], etype, now) end
-        C.bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
-          events_maxlen, false)
+        lost = lost + 1
+        emit(events, events_maxlen, id, 'lease_lost', now, token)
+        out[i] = 'lost'
+      end
+    else
+      if entry ~= '' then settled[#settled + 1] = entry end
+      local C = outcome ~= 'ok' and lib_cold()  -- (the helpers of every other outcome)
+      if outcome ~= 'ok' and (outcome == 'cancel' or r[5]) then
+        C.end_cancelled(jobkey, events, events_maxlen, id, now, 'running')
+        rcall('HSET', jobkey, 'ft', 'cancelled:' .. token)
+        cancelled = cancelled + 1
+        out[i] = 'cancelled'
+      elseif outcome == 'children' and r[9] then  -- WaitForChildren (_flow.lua's park)
+        out[i] = lib_flow().park(jobkey, id, now, r[9])
+        rcall('HSET', jobkey, 'ft', out[i] .. ':' .. token)
+        if out[i] == 'failed' then failed = failed + 1 end
+      elseif outcome == 'children' then  -- WaitForChildren with no child ever added
+        C.bury(jobkey, dead, events, id, 'WaitForChildren without children', data,
+          'WaitForChildren', now, dead_ttl, dead_maxlen, events_maxlen, false)
         rcall('HSET', jobkey, 'ft', 'failed:' .. token)
         failed = failed + 1
         out[i] = 'failed'
+      elseif outcome == 'later' or outcome == 'later_group' then
+        C.put_back_later(jobkey, delayed, wake, id, now + tonumber(extra), data, token)
+        if outcome == 'later_group' and r[6] then
+          if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[T]), true end
+          if G then C.g_hold(G, r[6], now + tonumber(extra)) end
+        end
+        limited = limited + 1
+        emit(events, events_maxlen, id, 'rate_limited', now, extra)
+        out[i] = 'retrying'
+      elseif outcome == 'ok' then
+        if r[7] then lib_cold().dedup_end(r[7], jobkey, id, false, now) end  -- (docs/dedup.md)
+        if data ~= '' then
+          rcall('HSET', jobkey, 's', 'c', 'r', data, 'f', now_s)
+        else  -- a None result is not stored
+          rcall('HSET', jobkey, 's', 'c', 'f', now_s)
+        end
+        local x = r[3]
+        local ttl = TTL[x]
+        if not ttl then ttl = tonumber(x) or 0; TTL[x] = ttl end
+        if x == '0' then  -- fire-and-forget: nothing is kept once the job completed
+          rcall('DEL', jobkey)
+          if mark then
+            ff = ff or {}
+            ff[#ff + 1] = token
+            ff_new = true
+          end
+        elseif ttl > 0 then
+          rcall('EXPIRE', jobkey, nstr(ttl))
+        end
+        completed = completed + 1
+        if done_ids then done_ids[#done_ids + 1] = id end
+        if ev_completed then emit(events, events_maxlen, id, 'completed', now, '') end
+        if r[4] then notify(r[4], 'completed', id, data) end
+        if r[8] or r[9] then lib_flow().settled(jobkey, id, 'c' .. data, r[8], r[9], now) end
+        out[i] = 'completed'
+      else
+        TRIES = TRIES or {'s', 'n', 'max_attempts'}
+        local a = C.rec_t(jobkey, false, TRIES)
+        local max_attempts = tonumber(a[3]) or 0
+        if outcome == 'retry' and (max_attempts == 0 or (tonumber(a[2]) or 0) < max_attempts) then
+          local due = now + tonumber(extra)
+          C.wake_if_sooner(delayed, wake, due)
+          rcall('ZADD', delayed, due, id)
+          rcall('HSET', jobkey, 's', 'r', 'due', due, 'error', data, 'ft', 'retrying:' .. token)
+          C.remember_error(jobkey, a[2], etype, now)
+          retried = retried + 1
+          emit(events, events_maxlen, id, 'retrying', now, etype)
+          out[i] = 'retrying'
+        else
+          local reason = extra
+          if outcome == 'retry' then reason = 'attempts exhausted' end
+          if etype ~= 'LeaseExpired' then C.remember_error(jobkey, a[2], etype, now) end
+          C.bury(jobkey, dead, events, id, reason, data, etype, now, dead_ttl, dead_maxlen,
+            events_maxlen, false)
+          rcall('HSET', jobkey, 'ft', 'failed:' .. token)
+          failed = failed + 1
+          out[i] = 'failed'
+        end
       end
-    end
-    if r[6] then
-      if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[T]), true end
-      if G then lib_groups().g_release(G, r[6], id, stream, now) end
+      if r[6] then
+        if not G_made then G, G_made = lib_groups().gctx(KEYS, 6 + n, ARGV[T]), true end
+        if G then lib_groups().g_release(G, r[6], id, stream, now) end
+      end
     end
   end
 end
