@@ -85,3 +85,37 @@ async def test_an_idle_worker_starts_a_lone_job_while_outcomes_settle(
             await eventually(lambda: q.get("lone").state == "completed",  # type: ignore
                              what="the lone job")
         assert done.count("lone") == 1
+
+
+async def test_claims_go_out_on_the_fetch_loops_kept_connection(
+        url: str, qname: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every claim.lua call of a backlog is sent on the connection the shard's fetch loop
+    keeps (its blocking reads' own: one call at a time), not on one taken from the pool and
+    given back per claim; every job completes once."""
+    orig = Script.run_async
+    kept: list[Any] = []
+
+    async def noted(self: Script, client: Any, keys: Any, args: Any, **kw: Any) -> Any:
+        if self is SCRIPTS["claim"]:
+            kept.append(kw.get("kept"))
+        return await orig(self, client, keys, args, **kw)
+
+    monkeypatch.setattr(Script, "run_async", noted)
+    done: list[str] = []
+    reg = Registry()
+
+    @reg.handler("t")
+    async def t(job: Job) -> None:
+        done.append(job.id)
+
+    n = 60
+    with Queue.from_url(url, qname) as q:
+        q.enqueue_many([{"type": "t", "job_id": f"j{i}"} for i in range(n)])
+        async with Worker(url, [qname], reg, fast(concurrency=4),
+                          queue_config=QueueConfig(handoff=False)) as w:
+            await eventually(lambda: w.stats.completed == n, what="the backlog to complete")
+            (qs,) = w._qs.values()
+            assert len(kept) >= n // 3  # (claims of at most three slots)
+            assert all(k is qs.reads for k in kept)
+            assert qs.reads.conn is not None
+        assert sorted(done) == sorted(f"j{i}" for i in range(n))

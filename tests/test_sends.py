@@ -212,3 +212,40 @@ async def test_a_script_call_behind_a_ping_answers_as_without(url: str, qname: s
         await kept.release(client)
     finally:
         await client.aclose()
+
+
+async def test_an_inline_write_that_fits_the_socket_makes_no_timer(url: str) -> None:
+    """A command written whole at once (the socket took it all) is not wrapped in a write
+    timeout: drain cannot wait then, and a timer made and cancelled per call is spared. A
+    write the socket cannot take at once still waits under the timeout (and completes)."""
+    fast = async_client(url, socket_timeout_s=5.0)
+    inline_sends(fast)
+    loop = asyncio.get_running_loop()
+    timers = [0]
+    call_at = loop.call_at
+
+    def counted(when: float, callback: Any, *args: Any, **kw: Any) -> Any:
+        timers[0] += 1
+        return call_at(when, callback, *args, **kw)
+
+    try:
+        await fast.ping()
+        conn = await fast.connection_pool.get_connection()
+        try:
+            setattr(loop, "call_at", counted)  # noqa: B010
+            await conn.send_packed_command(b"*1\r\n$4\r\nPING\r\n")
+            assert timers[0] == 0
+            setattr(loop, "call_at", call_at)  # noqa: B010
+            assert await conn.read_response() == b"PONG"
+            big = b"x" * (8 << 20)  # more than a socket takes at once: buffered, drained
+            setattr(loop, "call_at", counted)  # noqa: B010
+            await conn.send_packed_command(
+                b"*3\r\n$3\r\nSET\r\n$8\r\nsends:bg\r\n$%d\r\n%s\r\n" % (len(big), big))
+            assert timers[0] >= 1
+            setattr(loop, "call_at", call_at)  # noqa: B010
+            assert await conn.read_response() == b"OK"
+        finally:
+            setattr(loop, "call_at", call_at)  # noqa: B010
+            await fast.connection_pool.release(conn)
+    finally:
+        await fast.aclose()

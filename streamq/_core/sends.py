@@ -101,7 +101,11 @@ def _subclass(cls: type[AbstractConnection]) -> type[Any]:
         writer: Any = self._writer
         try:
             writer.writelines([command] if isinstance(command, bytes) else command)
-            async with asyncio.timeout(timeout):  # waits only while the buffer is full
+            if writer.transport.get_write_buffer_size():
+                async with asyncio.timeout(timeout):  # waits only while the buffer is full
+                    await writer.drain()
+            else:  # written whole: drain cannot wait (it raises a lost connection), and a
+                # timer per call (asyncio.timeout: a TimerHandle made and cancelled) is spared
                 await writer.drain()
         except TimeoutError:
             await self.disconnect(nowait=True)

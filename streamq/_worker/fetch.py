@@ -329,7 +329,8 @@ class Fetching(HandOff):
         streams = [qs.lanes[p].keys.stream for p in order]
         reply = await SCRIPTS["claim"].run_async(client, *claim_call(
             qs.keys, self.consumer, self.queue_config, self._token_prefix, first, n, streams,
-            self._shares(qs, n)))
+            self._shares(qs, n)), kept=qs.reads)  # (the loop's own connection: one call
+        # at a time, as its blocking reads; no pool hand-out and return per claim)
         status, missing, allowed, wait_ms = reply[:_CLAIM_HEAD]
         if status == b"paused":
             qs.paused = True  # seen before the flag poll: stop fetching at once

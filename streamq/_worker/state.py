@@ -68,7 +68,7 @@ class QState:
     settled: asyncio.Event = attrs.field(factory=asyncio.Event)
     """Set when a finish.lua call of the settling loop has ended (its reply read or failed)."""
     reads: Kept = attrs.field(factory=Kept)
-    """The connection the fetch loop keeps for its blocking reads (fetch.py)."""
+    """The connection the fetch loop keeps for its blocking reads and claims (fetch.py)."""
     settles: Kept = attrs.field(factory=Kept)
     """The connection this lane's finish.lua calls go out on (settle.py)."""
     sending: bool = False
