@@ -98,6 +98,17 @@ def record(r: redis.Redis, key: str) -> dict[bytes, bytes]:
     return out
 
 
+def records_untimed(r: redis.Redis, q: Queue, ids: list[str], timed: set[bytes]
+                    ) -> list[dict[bytes, bytes]]:
+    """The records of jobs ``ids`` without their ``timed`` fields (clock readings): what two
+    ways of writing the same jobs must agree on."""
+    out = []
+    for j in ids:
+        h: Any = r.hgetall(q.keys.job(j))
+        out.append({k: v for k, v in h.items() if k not in timed})
+    return out
+
+
 def field(r: redis.Redis, key: str, name: str) -> bytes | None:
     """One field of ``record``."""
     return record(r, key).get(name.encode())

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import records_untimed
 
 from streamq import Dedup, Queue, QueueConfig, SearchConfig
 from streamq._producer import prepare
@@ -24,14 +25,6 @@ SHAPES: dict[str, tuple[dict[str, Any], QueueConfig]] = {
     "priority": ({"priority": 0}, QueueConfig()),
     "search": ({}, QueueConfig(search=SearchConfig())),
 }
-
-
-def _records(r: redis.Redis, q: Queue, ids: list[str]) -> list[dict[bytes, bytes]]:
-    out = []
-    for j in ids:
-        h: Any = r.hgetall(q.keys.job(j))
-        out.append({k: v for k, v in h.items() if k not in TIMED})
-    return out
 
 
 def _batch(prefix: str, opts: dict[str, Any], n: int = 5) -> list[dict[str, Any]]:
@@ -58,7 +51,7 @@ def test_compact_form_is_used_and_writes_what_the_full_form_writes(
         assert [x.status for x in compact] == [x.status for x in full]
         assert [(x.status, x.state) for x in again] == [(x.status, x.state) for x in full_again]
         assert {x.status for x in again} == {"duplicate"}
-        assert _records(r, qc, ids) == _records(r, qf, ids)
+        assert records_untimed(r, qc, ids, TIMED) == records_untimed(r, qf, ids, TIMED)
         assert r.xlen(qc.keys.stream) == r.xlen(qf.keys.stream)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import eventually, fast
+from helpers import eventually, fast, records_untimed
 
 from streamq import Job, Keys, Queue, QueueConfig, Registry, ScriptError, SearchConfig, Worker
 from streamq._core.config import ALL_EVENTS
@@ -33,14 +33,6 @@ def _enc(entry: bytes) -> bytes:
 def _batch(prefix: str, n: int, **opts: Any) -> list[dict[str, Any]]:
     return [{"type": "t", "payload": {"i": i}, "job_id": f"{prefix}{i}", **opts}
             for i in range(n)]
-
-
-def _records(r: redis.Redis, q: Queue, ids: list[str]) -> list[dict[bytes, bytes]]:
-    out = []
-    for j in ids:
-        h: Any = r.hgetall(q.keys.job(j))
-        out.append({k: v for k, v in h.items() if k not in TIMED})
-    return out
 
 
 def _entries_match_records(r: redis.Redis, q: Queue) -> list[bytes]:
@@ -123,7 +115,7 @@ def test_a_plain_batch_writes_what_the_general_path_writes(
         assert {x.status for x in plain} == {"scheduled" if later else "queued"}
         assert [(x.status, x.state) for x in again] == [
             (x.status, x.state) for x in general_again]
-        assert _records(r, qp, ids) == _records(r, qg, ids)
+        assert records_untimed(r, qp, ids, TIMED) == records_untimed(r, qg, ids, TIMED)
         assert r.hgetall(qp.keys.stats) == r.hgetall(qg.keys.stats)
         assert r.xlen(qp.keys.stream) == r.xlen(qg.keys.stream) == (0 if later else n)
         assert r.zcard(qp.keys.delayed) == r.zcard(qg.keys.delayed) == (n if later else 0)
@@ -242,8 +234,8 @@ def test_a_call_without_groups_sends_no_group_per_job(url: str, r: redis.Redis, 
         again = [SCRIPTS["enqueue"](r, ka, aa), SCRIPTS["enqueue"](r, kb, ab)]
         assert again[0] == again[1] and again[0][::5] == [b"duplicate"] * n
         ids = [f"j{i}" for i in range(n)]
-        assert _records(r, qa, ids) == _records(r, qb, ids)
-        assert all(b"g" not in h for h in _records(r, qa, ids))
+        assert records_untimed(r, qa, ids, TIMED) == records_untimed(r, qb, ids, TIMED)
+        assert all(b"g" not in h for h in records_untimed(r, qa, ids, TIMED))
         for key in ("stream", "delayed", "stats"):
             assert r.type(getattr(qa.keys, key)) == r.type(getattr(qb.keys, key))
         assert r.hgetall(qa.keys.stats) == r.hgetall(qb.keys.stats)
