@@ -39,6 +39,10 @@ from .state import QState
 log = logging.getLogger("streamq.worker")
 OWNERS_EVERY_S = 1.0
 """How often a worker reads its sharded queues' live workers (one owners.lua call each)."""
+OWNERS_SOON_S = 0.05
+"""After its start, and after a read that found the live workers changed, the next read
+comes this soon, then twice as late each time up to ``OWNERS_EVERY_S``: workers that start
+together (a deploy) agree within a fraction of a second, not one refresh per newcomer."""
 LIVE_BEATS = 3
 """A worker is live while its last heartbeat is newer than this many heartbeat intervals."""
 MAX_WORKERS = 1000
@@ -85,13 +89,19 @@ class Owning:
         """Whether this worker owns a subset of its queues' shards (else: every shard)."""
         return self.config.own_shards and self.queue_config.shards > 1
 
-    async def _refresh_owners(self, client: aredis.Redis | None = None) -> None:
+    _owner_views: dict[str, frozenset[str]] | None = None
+    """The live workers each sharded queue's last read found (by queue name)."""
+
+    async def _refresh_owners(self, client: aredis.Redis | None = None) -> bool:
         """Read each sharded queue's live workers and mark the shards this worker owns
-        (``QState.owned``); lanes that gain a shard claim at once, those that lose one rest."""
+        (``QState.owned``); lanes that gain a shard claim at once, those that lose one rest.
+        Returns whether the live workers of some queue changed since the last read."""
         client = client or self._client
         assert client is not None
         window = int(LIVE_BEATS * self.config.heartbeat_interval_s * 1000)
         changed = False
+        views = self._owner_views = self._owner_views or {}
+        moved = False
         for name in list(self._names):
             serving = sorted((qs for qs in self._serving(name) if not qs.retired),
                              key=lambda qs: qs.keys.shard)
@@ -100,6 +110,9 @@ class Owning:
             reply: Any = await SCRIPTS["owners"].run_async(
                 client, [serving[0].keys.workers], [window, MAX_WORKERS])
             live = [v.decode() if isinstance(v, bytes) else str(v) for v in reply[1:]]
+            view = frozenset(live) | {self.consumer}
+            moved = moved or views.get(name) != view
+            views[name] = view
             mine = assign(live, self.consumer, [qs.keys.shard for qs in serving])
             for qs in serving:
                 owned = qs.keys.shard in mine
@@ -114,6 +127,7 @@ class Owning:
         if changed and self._owner_change is not None:
             self._owner_change.set()
             self._owner_change = asyncio.Event()
+        return moved
 
     def _count_fetchers(self) -> None:
         """The share of an idle read (Slots.take_share): over the fetch loops that fetch."""
@@ -129,10 +143,14 @@ class Owning:
         self._owner_change = asyncio.Event()
         sup = self._sup["shard owners"] = Supervised("shard owners", log, outage=self._outage,
                                                      max_backoff_s=1.0)
+        every = [OWNERS_SOON_S]
 
         async def step() -> float:
-            await self._refresh_owners()
-            return OWNERS_EVERY_S
+            if await self._refresh_owners():
+                every[0] = OWNERS_SOON_S
+            pause = every[0]
+            every[0] = min(OWNERS_EVERY_S, pause * 2)
+            return pause
 
         return asyncio.create_task(sup.run(step, lambda: self._running))
 
