@@ -225,10 +225,12 @@ def _wcfg(a: Any) -> WorkerConfig:
 
 _PERIODS = (("streamq._worker.slots", "HOLD_MAX_S"), ("streamq._worker.fetch", "_LEVELS_EVERY_S"),
             ("streamq._worker.housekeeping", "SERIES_EVERY_S"),
-            ("streamq._worker.promote", "RESYNC_S"), ("streamq._worker.relay", "REPAIR_EVERY_S"))
+            ("streamq._worker.promote", "RESYNC_S"), ("streamq._worker.relay", "REPAIR_EVERY_S"),
+            ("streamq._worker.owners", "OWNERS_EVERY_S"),
+            ("streamq._worker.owners", "OWNERS_SOON_S"))
 """The worker's own periods (module constants) that ``--dilate`` stretches besides its
 config: the held turn's lapse, each fetch loop's levels read, the time series, the
-promotion resync, the relay's repair."""
+promotion resync, the relay's repair, the shard owners' reads."""
 
 
 def _dilate(d: float) -> None:

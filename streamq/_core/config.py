@@ -367,6 +367,13 @@ class WorkerConfig:
     """Queue gauges (ready, pending, ...) are re-read at most this often, and only while a
     metrics reader is collecting them."""
 
+    own_shards: bool = True
+    """On a sharded queue, the live workers split its shards among them: each fetches new
+    work only from its own part, and they rebalance as workers come and go
+    (docs/scaling.md#who-reads-which-shard). False: every worker fetches from every shard.
+    A dead worker's shards pass on once its heartbeat is older than 3 heartbeat intervals
+    (keep that under the visibility timeout, or its shards wait the longer of the two)."""
+
     pool: str = attrs.field(default="thread", validator=_pool_kind)
     """Where handlers run: ``"thread"`` (async ones on the event loop, sync ones in threads)
     or ``"process"`` (every handler in a pool of child processes, as ``isolation="process"``

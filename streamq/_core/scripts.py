@@ -32,7 +32,7 @@ _NAMES = ("enqueue", "promote", "start", "finish", "renew", "release", "cancel",
           "prune", "fire", "requeue", "redrive", "purge", "progress", "claim", "unpark",
           "reconcile", "group", "ticket", "wait", "link", "link_many", "resolve",
           "resolve_many", "adopt", "batch_open", "batch_close", "search", "ixdead", "retire",
-          "relayout")
+          "relayout", "owners")
 
 
 _pack: Any

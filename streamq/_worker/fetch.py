@@ -70,6 +70,7 @@ class Fetching(HandOff):
                     data: bytes, times: tuple[int, int, int], deps: Any = None) -> None: ...
         def _start_jobs(self, tasks: list[asyncio.Task[None]] | None = None) -> None: ...
         def _hold(self, leases: list[Lease]) -> None: ...
+        async def _rest_unowned(self, qs: QState) -> float: ...
         _to_start: list[tuple[QState, Lease, int, bytes, tuple[int, int, int]]]
 
     @classmethod
@@ -167,6 +168,10 @@ class Fetching(HandOff):
             if loop.time() < qs.limited_until:  # the rate limit allows no start yet
                 slots.rest(qs.keys.tag)
                 return qs.limited_until - loop.time()
+            if not qs.owned and not qs.ticket and qs.own_cursor is None:
+                # another worker's shard (owners.py): no new work fetched here
+                slots.rest(qs.keys.tag)
+                return await self._rest_unowned(qs)
             if loop.time() >= qs.levels_due:
                 await self._refresh_levels(qs)
                 qs.levels_due = loop.time() + _LEVELS_EVERY_S
@@ -210,7 +215,7 @@ class Fetching(HandOff):
             got: list[tuple[QState, list[Any]]] = []
             launched = 0
             try:
-                if qs.ticket and not (qs.idle and qs.own_cursor is None
+                if qs.ticket and not (qs.idle and qs.own_cursor is None and qs.owned
                                       and loop.time() < qs.next_reclaim):
                     # leaving the idle wait: no job may be handed over any more before
                     # anything else is read (hand-off: docs/performance.md#hand-off)
@@ -223,6 +228,9 @@ class Fetching(HandOff):
                 if qs.own_cursor is not None:  # entries delivered to this consumer name earlier
                     got = [await self._read_own(qs, n)]
                     mode = "own"
+                elif not qs.owned:  # (its own entries read: it rests from now on)
+                    self._release(n)
+                    return 0.0
                 elif loop.time() >= qs.next_reclaim:
                     got = [await self._reclaim(qs, n)]
                     mode = "reclaim"

@@ -104,12 +104,16 @@ class Housekeeper:
             qs.paused = bool(flag)
 
     async def _heartbeat_step(self) -> float:
+        await self.beat()
+        return self.config.heartbeat_interval_s
+
+    async def beat(self) -> None:
+        """One heartbeat on every shard served (heartbeat.lua)."""
         every = self.config.heartbeat_interval_s
         for qs in [q for q in self.queues if not q.retired]:  # (never re-creating its keys)
             await SCRIPTS["heartbeat"].run_async(
                 self.client, [qs.keys.workers, qs.keys.worker_info(self.consumer)],
                 [self.consumer, self._info, int(every * 3) + 1])
-        return every
 
     def gauge_values(self) -> list[tuple[str, dict[str, float]]]:
         self.gauges_read = True  # a metrics reader is collecting: keep the cache fresh

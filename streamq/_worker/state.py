@@ -78,6 +78,11 @@ class QState:
     send its own outcome at once (``Settler.settle_now``)."""
     labels: dict[str, str] = attrs.field(factory=dict)
     """Metric attributes of this queue."""
+    owned: bool = True
+    """This worker fetches new work from the shard (owners.py; a shard's default-level
+    state): False rests its fetch loop but for its own pending entries."""
+    resting: bool = False
+    """The fetch loop rests on a shard it does not own: no read, no ticket out (owners.py)."""
     retired: bool = False
     """The shard was retired by a reshard (its index >= ``Layout.read``): its loops end and
     nothing re-creates its keys (reshard.py)."""

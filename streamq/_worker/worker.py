@@ -42,6 +42,7 @@ from .fetch import Fetching
 from .housekeeping import Housekeeper
 from .invoke import SyncRunner
 from .lease import Lease, LeaseKeeper
+from .owners import Owning
 from .pool import ProcessPool, registry_spec
 from .progress import Progress
 from .registry import Registry
@@ -57,7 +58,7 @@ _instance = itertools.count()
 __all__ = ["Finish", "Worker", "WorkerStats"]
 
 
-class Worker(Resharding, Fetching, Running):
+class Worker(Owning, Resharding, Fetching, Running):
     """Runs registered handlers for jobs of one or more queues.
 
     ``worker.run()`` blocks until SIGTERM/SIGINT; inside a running service use
@@ -215,6 +216,9 @@ class Worker(Resharding, Fetching, Running):
                 client, [q.keys for q in queues if q.keys.shard == 0], self.registry.names()))
             # never fetch from a queue that is already paused
             await acall(lambda _retried: hk.refresh_paused())
+            if self._owning():  # seen live before the first fetch, and our shards known
+                await acall(lambda _retried: hk.beat())
+                await acall(lambda _retried: self._refresh_owners(client))
             if tel.metering():  # every counter and gauge there from the first scrape
                 tel.zero_counters(self._names, self.registry.names())
                 self._attempts.started.zero(self._names, self.registry.names())
@@ -273,6 +277,9 @@ class Worker(Resharding, Fetching, Running):
         for qs in queues:  # each shard's fetch and housekeeping loops
             self._shard_loops(qs)
         self._loops.append(self._layout_loop())  # shards a reshard adds or retires
+        owners = self._owners_loop()  # which shards this worker fetches new work from
+        if owners is not None:
+            self._loops.append(owners)
         self._loops.append(asyncio.create_task(self._progress.run(lambda: self._running)))
         if self.config.loop_stall_warn_s is not None:
             self._watchdog = LoopWatchdog(asyncio.get_running_loop(),
@@ -325,6 +332,7 @@ class Worker(Resharding, Fetching, Running):
         for t in self._loops:  # client timeout can surface as TimeoutError on Python 3.11)
             t.cancel()
         await asyncio.wait(self._loops, timeout=5)
+        await self._leave_owners()  # the other workers take this one's shards now
         if self._client is not None and all(t.done() for t in self._loops):
             for qs in self._qs.values():  # the fetch loops' reading connections
                 await qs.reads.release(self._client)
