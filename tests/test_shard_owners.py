@@ -18,6 +18,7 @@ from test_shard_turns import fresh, ids_for
 from streamq import Job, Keys, Queue, QueueConfig, Registry, Worker
 from streamq._core.scripts import SCRIPTS
 from streamq._worker.owners import assign
+from streamq._worker.promote import Promoter
 
 
 def owned(w: Worker) -> set[int]:
@@ -198,3 +199,40 @@ async def test_own_shards_off_keeps_every_lane_fetching(url: str) -> None:
             await eventually(lambda: all(j in ran for j in ids), 60, "every job run")
             assert owned(a) == owned(b) == set(range(shards))
             assert a._slots.loops == b._slots.loops == shards
+
+
+async def test_a_shards_upkeep_runs_on_its_owner_only(url: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Promotion (like the relay, the error index and group upkeep: loops any number of
+    workers may run) runs on a shard's owner alone: two workers over four shards make four
+    shards' promotion calls per interval, not eight. Delayed jobs of every shard still run."""
+    shards = 4
+    name = fresh(None, shards)
+    cfg = QueueConfig(shards=shards)
+    ran: dict[str, str] = {}
+    conf = fast(concurrency=8, heartbeat_interval_s=1.0, promote_interval_s=0.05)
+    calls: dict[tuple[str, int], int] = {}
+    with Queue.from_url(url, name, cfg) as q:
+        async with Worker(url, [name], recording("a", ran), conf, cfg, consumer="a") as a, \
+                Worker(url, [name], recording("b", ran), conf, cfg, consumer="b") as b:
+            await eventually(lambda: owned(a) == {0, 2} and owned(b) == {1, 3}, 30,
+                             "both workers see each other")
+            whose = {id(qs.promoter): (who, qs.keys.shard) for w, who in ((a, "a"), (b, "b"))
+                     for qs in w._shards()}
+            real = Promoter.run_once
+
+            async def counted(self: Promoter, client: Any) -> Any:
+                key = whose[id(self)]
+                calls[key] = calls.get(key, 0) + 1
+                return await real(self, client)
+
+            monkeypatch.setattr(Promoter, "run_once", counted)
+            ids = {s: ids_for(s, shards, 5, f"d{s}") for s in range(shards)}
+            for js in ids.values():
+                for j in js:
+                    q.enqueue("work", {}, job_id=j, delay=0.2)
+            every = [j for js in ids.values() for j in js]
+            await eventually(lambda: all(j in ran for j in every), 60, "every delayed job run")
+            await eventually(lambda: all(calls.get((o, s), 0) >= 3 for o, s in (
+                ("a", 0), ("a", 2), ("b", 1), ("b", 3))), 30, "each owner promoting")
+            assert not [k for k in calls if k not in {("a", 0), ("a", 2), ("b", 1), ("b", 3)}]

@@ -72,8 +72,24 @@ class Housekeeper:
             # the error-word index of search (docs/search.md#error-text); a queue without
             # search costs one short call per interval
             steps.append((f"error index on {qs.keys.tag}", self._words_step(qs)))
-        return [self._task(name, step, lambda: running() and not qs.retired)
+        return [self._task(name, self._if_owned(qs, step), lambda: running() and not qs.retired)
                 for name, step in steps]
+
+    def _if_owned(self, qs: QState, step: Callable[[], Any]) -> Callable[[], Any]:
+        """``step`` while this worker owns shard ``qs`` (owners.py; always, unless the queue is
+        sharded and others share it). These loops are safe to run from any number of workers,
+        so a shard's owner alone runs them: W workers over N shards make N loops' calls per
+        interval, not W x N. A shard owned by nobody for a moment (views differ for at most
+        one refresh) waits at most that long plus one interval."""
+        every = self.config.promote_interval_s
+
+        async def run() -> float:
+            if not qs.owned:
+                return every
+            result: float = await step()
+            return result
+
+        return run
 
     def drop(self, qs: QState) -> None:
         """Forget a retired shard: its loops end (``QState.retired``), its names go."""
