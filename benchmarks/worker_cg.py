@@ -7,11 +7,15 @@ concurrency 100) drains them under ``valgrind --tool=callgrind``, and the total 
 that process are read from its out file (``summary:``/``totals:``). The same is done for a
 drain of ``--base`` jobs, and the difference per job, ``(I(jobs) - I(base)) / (jobs - base)``,
 is printed as ``worker_ir_per_job``: the worker's steady instructions per drained job, with its
-start, imports and stop taken out. Instruction counts do not depend on the machine's load
+start, imports and stop taken out. The drain's completion poll is slowed to 0.5 s (its 2 ms
+default wakes the loop more often the slower the run, and under callgrind on a busy machine
+that added about 14k instructions per job). Instruction counts do not depend on the machine's load
 (the batches a worker makes do, a little: read the figure to about +-1%).
 
-Prints one JSON object. Run a base tree's code with ``PYTHONPATH=/path/to/base`` (the worker
-process is started with this tree first on its path otherwise: ``workloads._env``).
+Prints one JSON object. The worker runs the tree this module was imported from (its directory
+is the worker's working directory and ``PYTHONPATH``): to measure a base commit, run from a
+clone of it, ``cd /tmp/base && PYTHONPATH=/tmp/base /work/wt/.venv/bin/python -m
+benchmarks.worker_cg`` (``repo`` in the output names the tree measured).
 ``--keep DIR`` copies the out files (for ``callgrind_annotate``).
 """
 
@@ -34,9 +38,9 @@ from .workloads import REPO, _jobs, _last_json, worker_cmd
 
 
 def _env() -> dict[str, str]:
-    """The worker's environment: PYTHONPATH as given (else this tree), never both trees."""
+    """The worker's environment: this tree alone on its path."""
     env = dict(os.environ)
-    env.setdefault("PYTHONPATH", str(REPO))
+    env["PYTHONPATH"] = str(REPO)
     return env
 
 
@@ -57,7 +61,7 @@ def drain_ir(n: int, keep: Path | None = None) -> dict[str, Any]:
                 q.enqueue_many(_jobs(n))
             cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
                    *worker_cmd(srv.url, "floor", "drain", "--jobs", str(n), "--concurrency",
-                               "100", "--timeout", "3000")]
+                               "100", "--timeout", "3000", "--poll", "0.5")]
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=_env(),
                                   timeout=3600, check=False)
             if proc.returncode != 0:
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                       "per_job": (big["ir"] - small["ir"]) / (args.jobs - args.base)})
     res = {"jobs": args.jobs, "base": args.base, "pairs": pairs,
            "worker_ir_per_job": statistics.median(p["per_job"] for p in pairs),
-           "pythonpath": _env()["PYTHONPATH"],
+           "repo": str(REPO),
            "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
     print(json.dumps(res, indent=1))
     return 0

@@ -38,6 +38,7 @@ from .registry import HandlerSpec, Registry
 from .state import Finish, QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
+_perf_counter = time.perf_counter
 _JOB_FIELDS = ("id", "type", "payload", "attempt", "max_attempts", "queue", "version",
                "idempotency_key", "headers", "trace", "deadline_ms", "priority", "_reporter",
                "_cancel", "ctx", "_dependencies")
@@ -89,6 +90,20 @@ class Attempts:
         self.seen: list[tuple[str, bool, int, float]] | None = None
         """While a batch's first steps run (``collect``): the chart observations of the
         attempts that ended there, handed to ``series`` in one call (``flush_seen``)."""
+        self.found = registry.found
+        """The registry's handlers as found by (job type, version): a lookup per job without
+        a call (``Registry.get`` on a miss)."""
+        self.metering = False
+        """Job metrics are recorded (``tel.metering()``), as asked for the batch (``ask``)."""
+        self.tracing = False
+        """Attempts make spans (``tel.tracing()``), as asked for the batch (``ask``)."""
+
+    def ask(self) -> None:
+        """Ask once for a batch of attempts (Worker._start_jobs) whether metrics and spans
+        are recorded (each attempt asked for itself before): a provider installed while a
+        batch starts counts from the next batch on."""
+        self.metering = tel.metering()
+        self.tracing = tel.tracing()
 
     def collect(self) -> None:
         """Attempts that end from here on are observed for the charts in one call, at
@@ -122,7 +137,7 @@ class Attempts:
         job_id = lease.job_id
         ident = (job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
-        metering = tel.metering()  # (asked once per job)
+        metering = self.metering  # (asked once per batch: ask)
 
         try:  # a bare body (every envelope option at its default) needs no Envelope
             plain = plain_body(data, serde)
@@ -148,7 +163,7 @@ class Attempts:
             return self._dead(qs, ident, attempt, "MalformedEnvelope",
                               f"the envelope names job {env.id!r}", "malformed envelope",
                               jtype)
-        spec = self.registry.get(jtype, version)
+        spec = self.found.get((jtype, version)) or self.registry.get(jtype, version)
         if spec is None:
             return self._dead(qs, ident, attempt, "UnknownJobType",
                               f"no handler for {jtype!r} version {version} on this worker"
@@ -175,11 +190,15 @@ class Attempts:
             deps = (results_of(lease.deps, serde) if lease.deps is not None else
                     await adrive(self.deps_client, all_results(qs.keys, job.id, serde)))
             object.__setattr__(job, "_dependencies", tuple(deps))
-        span = tel.Attempt(queue, job_id, jtype, attempt, carrier,
-                           self.config.trace_parent, self.server) if tel.tracing() else None
-        token = tel.JOB.set({"job_id": job_id, "job_type": jtype, "queue": queue,
-                             "attempt": attempt, "trace_id": span.trace_id if span is not None
-                             else tel.carrier_trace_id(carrier) if carrier else ""})
+        if self.tracing:
+            span: tel.Attempt | None = tel.Attempt(queue, job_id, jtype, attempt, carrier,
+                                                   self.config.trace_parent, self.server)
+            assert span is not None
+            token = tel.JOB.set({"job_id": job_id, "job_type": jtype, "queue": queue,
+                                 "attempt": attempt, "trace_id": span.trace_id})
+        else:  # the log context is the job itself: its fields read only when a line is
+            span = None  # logged (tel.job_fields)
+            token = tel.JOB.set(job)
         running = self.in_flight.by_queue
         running[queue] = running.get(queue, 0) + 1
         started = time.perf_counter()

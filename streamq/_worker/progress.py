@@ -164,6 +164,12 @@ class Progress:
                 await SCRIPTS["progress"].run_async(
                     self.client, [k.events, *(k.job(p.lease.job_id) for p in part)], args)
 
+    def waiting(self) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], int]]:
+        """The reports not written yet and the line numbering kept, by (queue, job id): both
+        empty, no job has reports (``has_reports`` is False for every job). The same dicts
+        for the worker's life (read them once, test them per job)."""
+        return self._pending, self._line_seq
+
     def has_reports(self, queue: str, job_id: str) -> bool:
         """True when the job has reports not written yet (``settle_first`` must run before
         its outcome is settled). A report being written is still pending until its write is

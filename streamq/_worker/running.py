@@ -97,6 +97,7 @@ class Running:
             return
         # (the loop passed on: get_running_loop makes a getpid system call)
         loop = asyncio.get_running_loop()
+        self._attempts.ask()  # metrics and spans: asked once for the batch
         if not EAGER:  # (an interpreter without asyncio's _enter_task: a task per job)
             for qs, lease, attempt, data, times in todo:
                 self._track(qs, lease, loop.create_task(
@@ -113,6 +114,7 @@ class Running:
         run = attempts.attempt
         job_ctx = self._job_ctx
         progress = self._progress
+        reports = progress.waiting() if progress is not None else None
         ended: list[QState] = []
         """The lane of each job whose outcome its first step buffered."""
         last: tuple[QState, Lease, contextvars.Context] | None = None
@@ -139,7 +141,8 @@ class Running:
                     carrier.carry(self._job_rest(qs, lease, attempt, job, value, task), ctx)
                     continue
                 item: Finish = value
-                if progress is not None and progress.has_reports(qs.keys.tag, lease.job_id):
+                if reports is not None and (reports[0] or reports[1]) and progress is not None \
+                        and progress.has_reports(qs.keys.tag, lease.job_id):
                     # its last reports go in before its outcome: handed over from a task
                     self._carry_on(loop, carrier, qs, lease, ctx, tasks,
                                  self._outcome_of(qs, lease, item, task))
