@@ -8,6 +8,8 @@ import contextvars
 import logging
 import math
 import time
+from collections.abc import Callable
+from types import MethodType
 from typing import Any
 
 import attrs
@@ -33,11 +35,14 @@ from .cancel import cancelled
 from .invoke import Expired, SyncRunner, bounded, error_info
 from .lease import Lease
 from .pool import Encoded, ProcessPool
-from .progress import Progress
+from .progress import Progress, Sent
 from .registry import HandlerSpec, Registry
 from .state import Finish, QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
+_bind = MethodType
+_OK_NONE = ("ok", b"", 0, "")
+"""The rest of a ``Finish`` for a handler that returned None (not stored)."""
 _perf_counter = time.perf_counter
 _JOB_FIELDS = ("id", "type", "payload", "attempt", "max_attempts", "queue", "version",
                "idempotency_key", "headers", "trace", "deadline_ms", "priority", "_reporter",
@@ -97,6 +102,9 @@ class Attempts:
         """Job metrics are recorded (``tel.metering()``), as asked for the batch (``ask``)."""
         self.tracing = False
         """Attempts make spans (``tel.tracing()``), as asked for the batch (``ask``)."""
+        self.record: Callable[[Lease, str, Any], Sent] | None = None
+        """``progress.record`` (bound once a batch): a job's reporter is it with the job's
+        lease bound (``Progress.reporter``'s, without its call)."""
 
     def ask(self) -> None:
         """Ask once for a batch of attempts (Worker._start_jobs) whether metrics and spans
@@ -104,6 +112,7 @@ class Attempts:
         batch starts counts from the next batch on."""
         self.metering = tel.metering()
         self.tracing = tel.tracing()
+        self.record = self.progress.record if self.progress is not None else None
 
     def collect(self) -> None:
         """Attempts that end from here on are observed for the charts in one call, at
@@ -138,6 +147,7 @@ class Attempts:
         ident = (job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
         metering = self.metering  # (asked once per batch: ask)
+        record = self.record
 
         try:  # a bare body (every envelope option at its default) needs no Envelope
             plain = plain_body(data, serde)
@@ -181,7 +191,7 @@ class Attempts:
         # the level of the ready stream it was read from (each level has its own).
         job = Job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
                   headers, carrier, deadline_ms, qs.keys.level,
-                  self.progress.reporter(lease) if self.progress else None, lease.cancel,
+                  _bind(record, lease) if record is not None else None, lease.cancel,
                   self.registry.lifecycle.ctx)
         if self.deps_client is not None and (spec.children or (headers and DEPS_HEADER in
                                                                headers)):
@@ -234,7 +244,7 @@ class Attempts:
                         item = self._failed(spec, job, ident, attempt, max_attempts, exc,
                                             timeout)
                     else:  # (None is not stored: finish.lua reads b'' back as None)
-                        item = (*ident, "ok", b"", 0, "") if result is None else \
+                        item = ident + _OK_NONE if result is None else \
                             self._succeeded(spec, ident, attempt, max_attempts, result)
                 except asyncio.CancelledError:
                     if not lease.interrupted or task is None:
