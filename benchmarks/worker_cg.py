@@ -7,10 +7,11 @@ concurrency 100) drains them under ``valgrind --tool=callgrind``, and the total 
 that process are read from its out file (``summary:``/``totals:``). The same is done for a
 drain of ``--base`` jobs, and the difference per job, ``(I(jobs) - I(base)) / (jobs - base)``,
 is printed as ``worker_ir_per_job``: the worker's steady instructions per drained job, with its
-start, imports and stop taken out. The drain's completion poll is slowed to 0.5 s (its 2 ms
-default wakes the loop more often the slower the run, and under callgrind on a busy machine
-that added about 14k instructions per job). Instruction counts do not depend on the machine's load
-(the batches a worker makes do, a little: read the figure to about +-1%).
+start, imports and stop taken out. The whole process is counted, so the drain's periodic
+work (lease renewal, heartbeats, the completion poll) adds with wall time, which callgrind
+and a busy machine stretch: 101-105k per job at 9d8020c under load 6-14, where a quiet
+reference machine read 91.8k. Compare two trees only from runs made at the same time. The
+completion poll is slowed to 0.5 s (its 2 ms default added about 4k per job at load 6).
 
 Prints one JSON object. The worker runs the tree this module was imported from (its directory
 is the worker's working directory and ``PYTHONPATH``): to measure a base commit, run from a
