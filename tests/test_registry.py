@@ -83,3 +83,24 @@ def test_worker_refuses_a_string_for_queues() -> None:
     assert "Worker(url, ['emails'], registry)" in str(exc.value)
     with pytest.raises(InvalidArgument):
         Worker("redis://127.0.0.1:1/0", 7, Registry())  # type: ignore[arg-type]
+
+
+def test_a_handler_registered_after_a_lookup_is_found() -> None:
+    """``Registry.found`` (the worker's lookup per job without a call) keeps what ``get``
+    answered, and forgets it when a handler is registered: a version registered later wins
+    over the any-version handler found before."""
+    reg = Registry()
+
+    @reg.handler("t")
+    async def any_version(job: Job) -> None: ...
+
+    spec = reg.get("t", 2)
+    assert spec is not None and spec.fn is any_version and reg.found[("t", 2)] is spec
+
+    @reg.handler("t", version=2)
+    async def second(job: Job) -> None: ...
+
+    assert ("t", 2) not in reg.found
+    got = reg.get("t", 2)
+    assert got is not None and got.fn is second and reg.found[("t", 2)] is got
+    assert reg.get("nope") is None and ("nope", 1) not in reg.found

@@ -168,3 +168,29 @@ def test_started_counts_outlive_their_worker() -> None:
     gc.collect()
     assert total() == 5
     assert second.by_type  # (kept alive to here)
+
+
+def test_the_log_context_of_a_job_is_the_dict_it_was() -> None:
+    """A span-less attempt's log context is the Job itself (``tel.JOB``), its fields read when
+    a line is logged: the same fields and values the dict built per attempt had (the trace id
+    the producer's carrier names, '' without one), through JobContextFilter and
+    JsonFormatter alike; a traced attempt's dict is used as it is."""
+    import contextvars
+
+    tp = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    for carrier in ({}, {"traceparent": tp}, {"traceparent": "junk"}):
+        job = Job("j1", "greet", {"n": 1}, 2, 5, "q1", 1, "j1", {}, dict(carrier))
+        before = {"job_id": "j1", "job_type": "greet", "queue": "q1", "attempt": 2,
+                  "trace_id": tel.carrier_trace_id(carrier) if carrier else ""}
+        for value in (job, before):
+            ctx = contextvars.copy_context()
+            ctx.run(tel.JOB.set, value)
+            assert ctx.run(tel.job_fields) == before
+            record = logging.LogRecord("x", logging.INFO, __file__, 1, "hi", None, None)
+            assert ctx.run(JobContextFilter().filter, record)
+            assert {k: getattr(record, k) for k in before} == before
+            line = json.loads(ctx.run(JsonFormatter().format, record))
+            assert {k: line.get(k) for k in before} == {k: v or None for k, v in
+                                                       before.items()}
+    assert tel.job_fields() is None
+    assert tel.carrier_trace_id({"traceparent": tp}) == "ab" * 16

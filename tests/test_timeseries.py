@@ -108,3 +108,30 @@ def test_observe_many_counts_as_observe_does_per_job() -> None:
     assert counts(many) == got
     assert got["b"][:2] == [sum(1 for q, ok, *_ in rows if q == "b" and ok),
                                     sum(1 for q, ok, *_ in rows if q == "b" and not ok)]
+
+
+def test_observe_many_counts_as_observe_one_by_one() -> None:
+    """A batch's observations (``observe_many``: counted in lists, a bucket looked up only
+    when a value leaves the last one's range) land in the same buckets as ``observe`` for
+    each: bounds exactly, values between, below the first bound, over the last, None, NaN,
+    negative, and several queues interleaved."""
+    import random
+
+    rnd = random.Random(32)
+    edges = [v for b in BOUNDS_MS for v in (b - 0.5, b, b + 0.001, b + 1)]
+    values: list[float | None] = [None, float("nan"), -1, 0, 0.0, 0.01, 1e9, *edges]
+    seen: list[tuple[str, bool, float | None, float | None]] = []
+    for i in range(3000):
+        w = rnd.choice(values) if i % 3 else rnd.choice([5, 5, 6, 40, 41])
+        r_ms = rnd.choice(values) if i % 2 else rnd.random() * 3
+        seen.append((rnd.choice(["a", "a", "a", "b"]), rnd.random() < 0.8, w, r_ms))
+    one, many = SeriesRecorder(["a"]), SeriesRecorder(["a"])
+    for item in seen:
+        one.observe(*item)
+    for i in range(0, len(seen), 75):
+        many.observe_many(seen[i:i + 75])
+    assert set(one._acc) == set(many._acc) == {"a", "b"}
+    for queue in ("a", "b"):
+        got, want = many._acc[queue], one._acc[queue]
+        assert (got.completed, got.failed) == (want.completed, want.failed)
+        assert got.wait == want.wait and got.run == want.run

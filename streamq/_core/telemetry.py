@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
@@ -466,9 +466,37 @@ _meter.create_observable_counter(
 
 # ------------------------------------------------------------------ structured logs
 
-JOB: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("streamq_job",
-                                                                            default=None)
+class JobLike(Protocol):
+    """What the log context needs of a running job (a ``streamq.Job``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def trace(self) -> dict[str, str]: ...
+
+
+JOB: contextvars.ContextVar[dict[str, Any] | JobLike | None] = contextvars.ContextVar(
+    "streamq_job", default=None)
+"""The running job's log context: its fields (a dict: a traced attempt's, with its span's
+trace id) or the ``Job`` itself, read when a record is logged (``job_fields``): an attempt
+that logs nothing builds no dict."""
 _JOB_FIELDS = ("job_id", "job_type", "queue", "attempt", "trace_id")
+
+
+def job_fields() -> dict[str, Any] | None:
+    """The running job's log fields (job_id, job_type, queue, attempt, trace_id), or None."""
+    ctx = JOB.get()
+    if ctx is None or type(ctx) is dict:
+        return ctx
+    job: Any = ctx  # (a Job: its trace id is the producer's, as a span-less attempt's)
+    return {"job_id": job.id, "job_type": job.type, "queue": job.queue,
+            "attempt": job.attempt, "trace_id": carrier_trace_id(job.trace)}
 _EXTRA_FIELDS = ("stats",)
 """Structured values a log record may carry (``extra=``) that JSON lines keep as fields."""
 
@@ -479,7 +507,7 @@ class JobContextFilter(logging.Filter):
     ``handler.addFilter(JobContextFilter())``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        ctx = JOB.get()
+        ctx = job_fields()
         for name in _JOB_FIELDS:
             if not hasattr(record, name):
                 setattr(record, name, ctx.get(name) if ctx else None)
@@ -495,7 +523,7 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname, "logger": record.name, "message": record.getMessage(),
         }
-        ctx = JOB.get()
+        ctx = job_fields()
         for name in _JOB_FIELDS:
             value = getattr(record, name, None) or (ctx.get(name) if ctx else None)
             if value not in (None, ""):

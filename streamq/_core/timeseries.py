@@ -45,6 +45,12 @@ SCRIPT = _load()
 
 
 _bisect_left = bisect.bisect_left
+_EDGES: tuple[tuple[float, float], ...] = tuple(
+    (float(BOUNDS_MS[b - 1]) if b else -1.0,
+     float(BOUNDS_MS[b]) if b < len(BOUNDS_MS) else float("inf"))
+    for b in range(len(BOUNDS_MS) + 1))
+"""Each bucket's range of values (lo, hi] (bucket 0 from -1: every value >= 0 observed)."""
+_NO_COUNTS: list[int] = []
 
 
 def bucket(ms: float) -> int:
@@ -103,27 +109,44 @@ class SeriesRecorder:
     def observe_many(self, seen: Sequence[tuple[str, bool, float | None, float | None]]
                      ) -> None:
         """``observe`` for each (queue, completed, wait_ms, run_ms), in one call (a worker's
-        batch of attempts)."""
+        batch of attempts): counted in lists first, a bucket looked up only when a value
+        leaves the last one's range (a batch's values mostly share their buckets)."""
         accs = self._acc
-        bl, bounds = _bisect_left, BOUNDS_MS
+        bl, bounds, top = _bisect_left, BOUNDS_MS, len(BOUNDS_MS)
+        edges = _EDGES
+        by_queue: dict[str, tuple[list[int], list[int], list[int]]] = {}
         last_q: str | None = None
-        acc = _Acc()
+        counts = waits = runs = _NO_COUNTS  # (rebound at the first queue)
+        w_lo = w_hi = r_lo = r_hi = 0.0  # the last buckets' ranges (lo, hi]: none yet
+        wb = rb = 0
         for queue, completed, wait_ms, run_ms in seen:
             if queue != last_q:
-                got = accs.get(queue)
+                got = by_queue.get(queue)
                 if got is None:
-                    got = accs[queue] = _Acc()
-                acc, last_q = got, queue
-            if completed:
-                acc.completed += 1
-            else:
-                acc.failed += 1
+                    got = by_queue[queue] = ([0, 0], [0] * (top + 1), [0] * (top + 1))
+                counts, waits, runs = got
+                last_q = queue
+            counts[completed] += 1  # [failed, completed]
             if wait_ms is not None and wait_ms >= 0:
-                b = bl(bounds, wait_ms)
-                acc.wait[b] = acc.wait.get(b, 0) + 1
+                if not w_lo < wait_ms <= w_hi:
+                    wb = bl(bounds, wait_ms)
+                    w_lo, w_hi = edges[wb]
+                waits[wb] += 1
             if run_ms is not None and run_ms >= 0:
-                b = bl(bounds, run_ms)
-                acc.run[b] = acc.run.get(b, 0) + 1
+                if not r_lo < run_ms <= r_hi:
+                    rb = bl(bounds, run_ms)
+                    r_lo, r_hi = edges[rb]
+                runs[rb] += 1
+        for queue, (counts, waits, runs) in by_queue.items():
+            acc = accs.get(queue)
+            if acc is None:
+                acc = accs[queue] = _Acc()
+            acc.completed += counts[1]
+            acc.failed += counts[0]
+            for hist, got_n in ((acc.wait, waits), (acc.run, runs)):
+                for b, n in enumerate(got_n):
+                    if n:
+                        hist[b] = hist.get(b, 0) + n
 
     def take(self, keys_of: Callable[[str], Keys]
              ) -> list[tuple[str, list[str], list[Any], _Acc]]:

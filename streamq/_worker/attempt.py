@@ -8,6 +8,8 @@ import contextvars
 import logging
 import math
 import time
+from collections.abc import Callable
+from types import MethodType
 from typing import Any
 
 import attrs
@@ -33,11 +35,15 @@ from .cancel import cancelled
 from .invoke import Expired, SyncRunner, bounded, error_info
 from .lease import Lease
 from .pool import Encoded, ProcessPool
-from .progress import Progress
+from .progress import Progress, Sent
 from .registry import HandlerSpec, Registry
 from .state import Finish, QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
+_bind = MethodType
+_OK_NONE = ("ok", b"", 0, "")
+"""The rest of a ``Finish`` for a handler that returned None (not stored)."""
+_perf_counter = time.perf_counter
 _JOB_FIELDS = ("id", "type", "payload", "attempt", "max_attempts", "queue", "version",
                "idempotency_key", "headers", "trace", "deadline_ms", "priority", "_reporter",
                "_cancel", "ctx", "_dependencies")
@@ -89,6 +95,24 @@ class Attempts:
         self.seen: list[tuple[str, bool, int, float]] | None = None
         """While a batch's first steps run (``collect``): the chart observations of the
         attempts that ended there, handed to ``series`` in one call (``flush_seen``)."""
+        self.found = registry.found
+        """The registry's handlers as found by (job type, version): a lookup per job without
+        a call (``Registry.get`` on a miss)."""
+        self.metering = False
+        """Job metrics are recorded (``tel.metering()``), as asked for the batch (``ask``)."""
+        self.tracing = False
+        """Attempts make spans (``tel.tracing()``), as asked for the batch (``ask``)."""
+        self.record: Callable[[Lease, str, Any], Sent] | None = None
+        """``progress.record`` (bound once a batch): a job's reporter is it with the job's
+        lease bound (``Progress.reporter``'s, without its call)."""
+
+    def ask(self) -> None:
+        """Ask once for a batch of attempts (Worker._start_jobs) whether metrics and spans
+        are recorded (each attempt asked for itself before): a provider installed while a
+        batch starts counts from the next batch on."""
+        self.metering = tel.metering()
+        self.tracing = tel.tracing()
+        self.record = self.progress.record if self.progress is not None else None
 
     def collect(self) -> None:
         """Attempts that end from here on are observed for the charts in one call, at
@@ -122,7 +146,8 @@ class Attempts:
         job_id = lease.job_id
         ident = (job_id, lease.entry, lease.token)
         serde = self.queue_config.serde
-        metering = tel.metering()  # (asked once per job)
+        metering = self.metering  # (asked once per batch: ask)
+        record = self.record
 
         try:  # a bare body (every envelope option at its default) needs no Envelope
             plain = plain_body(data, serde)
@@ -148,7 +173,7 @@ class Attempts:
             return self._dead(qs, ident, attempt, "MalformedEnvelope",
                               f"the envelope names job {env.id!r}", "malformed envelope",
                               jtype)
-        spec = self.registry.get(jtype, version)
+        spec = self.found.get((jtype, version)) or self.registry.get(jtype, version)
         if spec is None:
             return self._dead(qs, ident, attempt, "UnknownJobType",
                               f"no handler for {jtype!r} version {version} on this worker"
@@ -166,7 +191,7 @@ class Attempts:
         # the level of the ready stream it was read from (each level has its own).
         job = Job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
                   headers, carrier, deadline_ms, qs.keys.level,
-                  self.progress.reporter(lease) if self.progress else None, lease.cancel,
+                  _bind(record, lease) if record is not None else None, lease.cancel,
                   self.registry.lifecycle.ctx)
         if self.deps_client is not None and (spec.children or (headers and DEPS_HEADER in
                                                                headers)):
@@ -175,11 +200,15 @@ class Attempts:
             deps = (results_of(lease.deps, serde) if lease.deps is not None else
                     await adrive(self.deps_client, all_results(qs.keys, job.id, serde)))
             object.__setattr__(job, "_dependencies", tuple(deps))
-        span = tel.Attempt(queue, job_id, jtype, attempt, carrier,
-                           self.config.trace_parent, self.server) if tel.tracing() else None
-        token = tel.JOB.set({"job_id": job_id, "job_type": jtype, "queue": queue,
-                             "attempt": attempt, "trace_id": span.trace_id if span is not None
-                             else tel.carrier_trace_id(carrier) if carrier else ""})
+        if self.tracing:
+            span: tel.Attempt | None = tel.Attempt(queue, job_id, jtype, attempt, carrier,
+                                                   self.config.trace_parent, self.server)
+            assert span is not None
+            token = tel.JOB.set({"job_id": job_id, "job_type": jtype, "queue": queue,
+                                 "attempt": attempt, "trace_id": span.trace_id})
+        else:  # the log context is the job itself: its fields read only when a line is
+            span = None  # logged (tel.job_fields)
+            token = tel.JOB.set(job)
         running = self.in_flight.by_queue
         running[queue] = running.get(queue, 0) + 1
         started = time.perf_counter()
@@ -215,7 +244,7 @@ class Attempts:
                         item = self._failed(spec, job, ident, attempt, max_attempts, exc,
                                             timeout)
                     else:  # (None is not stored: finish.lua reads b'' back as None)
-                        item = (*ident, "ok", b"", 0, "") if result is None else \
+                        item = ident + _OK_NONE if result is None else \
                             self._succeeded(spec, ident, attempt, max_attempts, result)
                 except asyncio.CancelledError:
                     if not lease.interrupted or task is None:

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator
+from types import MethodType
 from typing import Any
 
 import attrs
@@ -79,8 +80,10 @@ class Progress:
     # ------------------------------------------------------------------ handler side
 
     def reporter(self, lease: Lease) -> Callable[[str, Any], Sent]:
-        """The callable a Job uses: ``(kind, value)`` with kind 'progress' or 'log'."""
-        return lambda kind, value: self.record(lease, kind, value)
+        """The callable a Job uses: ``(kind, value)`` with kind 'progress' or 'log'
+        (``record`` with ``lease`` bound: one C call, no closure per job)."""
+        bound: Callable[[str, Any], Sent] = MethodType(self.record, lease)
+        return bound
 
     def record(self, lease: Lease, kind: str, value: Any) -> Sent:
         if kind == "progress":
@@ -163,6 +166,12 @@ class Progress:
                              json.dumps(p.lines) if p.lines else ""]
                 await SCRIPTS["progress"].run_async(
                     self.client, [k.events, *(k.job(p.lease.job_id) for p in part)], args)
+
+    def waiting(self) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], int]]:
+        """The reports not written yet and the line numbering kept, by (queue, job id): both
+        empty, no job has reports (``has_reports`` is False for every job). The same dicts
+        for the worker's life (read them once, test them per job)."""
+        return self._pending, self._line_seq
 
     def has_reports(self, queue: str, job_id: str) -> bool:
         """True when the job has reports not written yet (``settle_first`` must run before

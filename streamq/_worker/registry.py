@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -92,6 +92,10 @@ def check_handler(name: str, fn: Any) -> None:
         ) from None
 
 
+_FOUND_MAX = 10_000
+"""(type, version) pairs ``Registry.found`` keeps (versions come from job data)."""
+
+
 class Registry:
     """Maps job types to handlers.
 
@@ -100,6 +104,10 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, int | None], HandlerSpec] = {}
+        self._found: dict[tuple[str, int], HandlerSpec] = {}
+        self.found: Mapping[tuple[str, int], HandlerSpec] = self._found
+        """What ``get`` answered, by (type, version): read it first for a lookup per job
+        without a call (a miss: ask ``get``). Emptied when a handler is registered."""
         self.lifecycle = Lifecycle()
         """The startup and shutdown hooks, and the context they build (lifecycle.py)."""
 
@@ -172,6 +180,7 @@ class Registry:
                            float(timeout) if timeout is not None else None, retry, retrying,
                            failing, isolation, bool(children))
         self._handlers[(name, version)] = spec
+        self._found.clear()
         return spec
 
     def handler(
@@ -230,7 +239,10 @@ class Registry:
                                           "isolation": isolation})
 
     def get(self, name: str, version: int = 1) -> HandlerSpec | None:
-        return self._handlers.get((name, version)) or self._handlers.get((name, None))
+        got = self._handlers.get((name, version)) or self._handlers.get((name, None))
+        if got is not None and len(self._found) < _FOUND_MAX:
+            self._found[(name, version)] = got
+        return got
 
     def names(self) -> list[str]:
         return sorted({n for n, _ in self._handlers})

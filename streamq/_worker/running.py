@@ -97,6 +97,7 @@ class Running:
             return
         # (the loop passed on: get_running_loop makes a getpid system call)
         loop = asyncio.get_running_loop()
+        self._attempts.ask()  # metrics and spans: asked once for the batch
         if not EAGER:  # (an interpreter without asyncio's _enter_task: a task per job)
             for qs, lease, attempt, data, times in todo:
                 self._track(qs, lease, loop.create_task(
@@ -113,40 +114,64 @@ class Running:
         run = attempts.attempt
         job_ctx = self._job_ctx
         progress = self._progress
-        ended: list[QState] = []
-        """The lane of each job whose outcome its first step buffered."""
+        reports = progress.waiting() if progress is not None else None
+        ended = 0
+        """Jobs whose outcome their first step buffered."""
+        lanes: list[QState] = []
+        """Their lanes, each once (a batch's jobs are of one lane, or a few)."""
         last: tuple[QState, Lease, contextvars.Context] | None = None
+        carrier = self._carrier
+        if carrier is None or carrier.spoilt:
+            carrier = self._carrier = Carrier(loop)  # (none, or spoilt: eager.py)
+        task = carrier.task
         try:
             left = len(todo)
             for qs, lease, attempt, data, times in todo:
                 left -= 1
-                self._later = left
-                carrier = self._carrier
-                if carrier is None or carrier.task.cancelling() or carrier.task.done():
-                    carrier = self._carrier = Carrier(loop)  # (none, or spoilt: eager.py)
-                task = carrier.task
                 ctx = job_ctx.copy()
                 job = run(qs, lease, attempt, data, times, task)
+                # the job's first step, as the carrier's task (Carrier.first_step, inline)
+                enter_task(loop, task)
                 try:
-                    waits, value = carrier.first_step(loop, job, ctx)
+                    try:
+                        value = ctx.run(job.send, None)
+                    finally:
+                        leave_task(loop, task)
+                except StopIteration as stop:  # it ended there (a no-op handler)
+                    item: Finish = stop.value
                 except asyncio.CancelledError:  # the worker stops: the job goes back as is
+                    if task.cancelling() or task.done():
+                        carrier = self._carrier = Carrier(loop)
+                        task = carrier.task
                     continue
                 except Exception as exc:  # noqa: BLE001 - a bug of ours: a retry, not a lost slot
-                    waits, value = False, attempts.internal_error(lease, attempt, exc)
-                if waits:  # the attempt goes on in the carrier (its task now), then its outcome
-                    self._carrier = None
+                    item = attempts.internal_error(lease, attempt, exc)
+                else:  # it waits: it goes on in the carrier (its task now), then its outcome
                     self._track(qs, lease, task, tasks)
                     carrier.carry(self._job_rest(qs, lease, attempt, job, value, task), ctx)
+                    carrier = self._carrier = Carrier(loop)
+                    task = carrier.task
                     continue
-                item: Finish = value
-                if progress is not None and progress.has_reports(qs.keys.tag, lease.job_id):
+                if task.cancelling() or task.done():  # (the job cancelled its own task)
+                    carrier = self._carrier = Carrier(loop)
+                    task = carrier.task
+                if reports is not None and (reports[0] or reports[1]) and progress is not None \
+                        and progress.has_reports(qs.keys.tag, lease.job_id):
                     # its last reports go in before its outcome: handed over from a task
+                    self._later = left  # (read by _outcome: jobs of the batch still to run)
                     self._carry_on(loop, carrier, qs, lease, ctx, tasks,
-                                 self._outcome_of(qs, lease, item, task))
+                                   self._outcome_of(qs, lease, item, task))
+                    carrier = self._carrier
+                    if carrier is None or carrier.spoilt:
+                        carrier = self._carrier = Carrier(loop)
+                    task = carrier.task
                     continue
                 qs.buf.append(item)
-                ended.append(qs)
-                last = (qs, lease, ctx) if not left else None
+                ended += 1
+                if not lanes or lanes[-1] is not qs:
+                    lanes.append(qs)
+                if not left:
+                    last = (qs, lease, ctx)
         finally:
             self._later = 0
             if outer is not None:
@@ -155,7 +180,7 @@ class Running:
                 attempts.flush_seen()
         if not ended:
             return
-        self._handed_over(len(ended))
+        self._handed_over(ended)
         settler = self._settler
         if last is not None:
             qs, lease, ctx = last
@@ -164,13 +189,13 @@ class Running:
                 # the only job running, its lane's settling loop idle: its outcome goes out
                 # at once, from its own task (under load the loop batches them)
                 carrier = self._carrier
-                if carrier is None or carrier.task.cancelling() or carrier.task.done():
+                if carrier is None or carrier.spoilt:
                     carrier = self._carrier = Carrier(loop)
                 self._carry_on(loop, carrier, qs, lease, ctx, tasks,
-                             self._settle_lone(qs, lease, settler, carrier.task), outer)
+                               self._settle_lone(qs, lease, settler, carrier.task), outer)
                 return
         woken = None
-        for qs in ended:  # (a batch's jobs are of one lane, or a few)
+        for qs in lanes:
             if qs is not woken:
                 qs.flush.set()
                 woken = qs
