@@ -34,6 +34,7 @@ def _note_calls(monkeypatch: pytest.MonkeyPatch, claims: list[int], finishes: li
         return await orig(self, client, keys, args, **kw)
 
     monkeypatch.setattr(Script, "run_async", noted)
+    monkeypatch.setattr(Script, "packable", lambda self, client: False)  # (unpacked)
 
 
 async def test_claims_under_a_settling_backlog_are_full_batches(
@@ -101,6 +102,7 @@ async def test_claims_go_out_on_the_fetch_loops_kept_connection(
         return await orig(self, client, keys, args, **kw)
 
     monkeypatch.setattr(Script, "run_async", noted)
+    monkeypatch.setattr(Script, "packable", lambda self, client: False)  # (unpacked)
     done: list[str] = []
     reg = Registry()
 

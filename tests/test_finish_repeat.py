@@ -29,6 +29,7 @@ def _lose_finish_replies(monkeypatch: pytest.MonkeyPatch, lose: list[int]) -> No
         return reply
 
     monkeypatch.setattr(Script, "run_async", lossy)
+    monkeypatch.setattr(Script, "packable", lambda self, client: False)  # (unpacked)
 
 
 async def test_a_lost_finish_reply_of_a_fire_and_forget_job_counts_a_completion(

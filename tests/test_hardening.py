@@ -60,7 +60,17 @@ def drop_reply_once(monkeypatch: pytest.MonkeyPatch, name: str, times: int = 1) 
             raise redis.ConnectionError(f"reply of {name}.lua lost (test)")
         return reply
 
+    orig_packed = Script.run_packed_async
+
+    async def lossy_packed(self: Script, client: Any, packed: bytes, **kw: Any) -> Any:
+        reply = await orig_packed(self, client, packed, **kw)  # (claims, finish.lua calls)
+        if self is script and calls[0] < times:
+            calls[0] += 1
+            raise redis.ConnectionError(f"reply of {name}.lua lost (test)")
+        return reply
+
     monkeypatch.setattr(Script, "run_async", lossy)
+    monkeypatch.setattr(Script, "run_packed_async", lossy_packed)
     return calls
 
 
@@ -77,7 +87,16 @@ def fail_once(monkeypatch: pytest.MonkeyPatch, name: str, exc: Exception, times:
             raise exc
         return await orig(self, client, keys, args, **kw)
 
+    orig_packed = Script.run_packed_async
+
+    async def failing_packed(self: Script, client: Any, packed: bytes, **kw: Any) -> Any:
+        if self is script and calls[0] < times:
+            calls[0] += 1
+            raise exc
+        return await orig_packed(self, client, packed, **kw)
+
     monkeypatch.setattr(Script, "run_async", failing)
+    monkeypatch.setattr(Script, "run_packed_async", failing_packed)
     return calls
 
 

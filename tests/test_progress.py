@@ -92,6 +92,7 @@ async def test_reports_made_while_a_write_is_under_way_are_written_too(
         return reply
 
     monkeypatch.setattr(Script, "run_async", held)
+    monkeypatch.setattr(Script, "packable", lambda self, client: False)  # (unpacked)
     reg = Registry()
     worker: list[Worker] = []
 

@@ -32,6 +32,7 @@ def _record_finish(monkeypatch: pytest.MonkeyPatch, senders: list[asyncio.Task[A
         return reply
 
     monkeypatch.setattr(Script, "run_async", noted)
+    monkeypatch.setattr(Script, "packable", lambda self, client: False)  # (unpacked)
 
 
 async def test_a_lone_job_sends_its_own_outcome(url: str, q: Queue,

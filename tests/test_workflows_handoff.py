@@ -234,6 +234,7 @@ async def test_a_lost_finish_reply_runs_the_handed_job_once(
     # on the class, as other tests do: undoing a patch of the instance would leave the
     # original bound method on it, hiding later tests' patches of the class
     monkeypatch.setattr(Script, "run_async", lossy)
+    monkeypatch.setattr(Script, "packable", lambda self, client: False)  # (unpacked)
     with Queue.from_url(url, qname) as q:
         q.enqueue("t", job_id="a")
         q.enqueue("t", job_id="b", depends_on=["a"], max_attempts=1)

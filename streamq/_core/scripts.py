@@ -96,6 +96,17 @@ def _scluster(client: Any) -> bool:
     return kind
 
 
+def pack_run(args: Sequence[Arg]) -> bytes:
+    """``args`` as a command's RESP bulk strings, without the array header: a run of a
+    script call's keys or arguments, packed once and reused when it does not change (hiredis
+    packs each value with a ``sprintf``), or per call for the part that does
+    (:meth:`Script.packed`). Empty without hiredis (nothing is packed then)."""
+    if not args or _pack is None:
+        return b""
+    raw: bytes = _pack(tuple(args))
+    return raw[raw.index(b"\n") + 1:]
+
+
 class Script:
     """One Lua script, addressed by its SHA1."""
 
@@ -103,6 +114,43 @@ class Script:
         self.name = name
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self._head = pack_run(("EVALSHA", self.sha))
+
+    def packable(self, client: Any) -> bool:
+        """True when calls to ``client`` may be sent as :meth:`packed` bytes
+        (:meth:`run_packed_async`): one server (or a Sentinel primary) and hiredis."""
+        return self._plain(client)
+
+    def packed(self, nkeys: int, count: int, runs: Sequence[bytes]) -> bytes:
+        """This script's EVALSHA from runs of keys and arguments packed with
+        :func:`pack_run` (in order, keys first): ``count`` values in all, the first
+        ``nkeys`` of them keys. The same bytes as the call packed whole."""
+        n = b"%d" % nkeys
+        return b"".join((b"*%d\r\n%s$%d\r\n%s\r\n" % (count + 3, self._head, len(n), n),
+                         *runs))
+
+    async def run_packed_async(self, client: aredis.Redis, packed: bytes, *,
+                               kept: Kept | None = None, ping_first: bool = False) -> Any:
+        """:meth:`run_async` of a call packed already (:meth:`packed`; only where
+        :meth:`packable`): the same exchange, errors and NOSCRIPT fallback."""
+        try:
+            try:
+                return await self._send(client, packed, kept, ping_first)
+            except NoScriptError:
+                await client.script_load(self.source)
+                return await self._send(client, packed, kept, ping_first)
+        except ResponseError as exc:
+            err = self._error(exc, client)
+            if err is exc:
+                raise
+            raise err from exc
+
+    @staticmethod
+    async def _send(client: aredis.Redis, packed: bytes, kept: Kept | None,
+                    ping_first: bool) -> Any:
+        if ping_first:
+            return await exchange(client, _PING + packed, 2, kept)
+        return await exchange(client, packed, 1, kept)
 
     @staticmethod
     def _plain(client: Any) -> bool:
@@ -144,10 +192,8 @@ class Script:
                                        ("EVALSHA", self.sha, len(keys), *keys, *args),
                                        kept, ping_first)
             return await client.evalsha(self.sha, len(keys), *keys, *args)
-        packed = _pack(("EVALSHA", self.sha, len(keys), *keys, *args))
-        if ping_first:
-            return await exchange(client, _PING + packed, 2, kept)
-        return await exchange(client, packed, 1, kept)
+        return await self._send(client, _pack(("EVALSHA", self.sha, len(keys), *keys, *args)),
+                                kept, ping_first)
 
     def _packed(self, calls: Sequence[tuple[Sequence[str], Sequence[Arg]]]) -> list[bytes]:
         return [_pack(("EVALSHA", self.sha, len(k), *k, *a)) for k, a in calls]

@@ -17,6 +17,7 @@ import contextlib
 from collections.abc import Iterable
 from typing import Any
 
+from redis._parsers.hiredis import _AsyncHiredisParser as _HiredisParser
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -128,18 +129,31 @@ class Kept:
     Python calls to hand a connection out and take it back, on the path of a job. On a
     Redis Cluster: a connection to the node that owns the user's slot (``slot``: every key
     the user sends shares one hash tag, so its slot is computed once), changed for one to
-    the new owner when the slot map moves the slot."""
+    the new owner when the slot map moves the slot.
 
-    __slots__ = ("conn", "node", "slot")
+    Its replies are read under one lapse timer per socket timeout, not one per read
+    (:func:`read_kept`)."""
+
+    __slots__ = ("conn", "due", "lapsed", "node", "reader", "slot", "timer")
 
     def __init__(self) -> None:
         self.conn: Any = None
         self.node: Any = None
         """The cluster node ``conn`` belongs to (None on one server)."""
         self.slot: int | None = None
+        self.due = 0.0
+        """Event-loop time by which the read in progress must end (its socket timeout)."""
+        self.reader: Any = None
+        """The task reading a reply now (None: no read in progress)."""
+        self.timer: Any = None
+        """The lapse timer (armed at most once per socket timeout, re-armed lazily)."""
+        self.lapsed = False
 
     async def release(self, client: Any) -> None:
         """Give the connection back to ``client``'s pool (a worker stopping)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         conn, self.conn = self.conn, None
         node, self.node = self.node, None
         if conn is None:
@@ -148,6 +162,66 @@ class Kept:
             node.release(conn)
         else:
             await client.connection_pool.release(conn)
+
+
+def _lapse(kept: Kept) -> None:
+    """The lapse timer of ``kept``: a read still in progress past its due time is cancelled
+    (``read_kept`` turns that into a timeout); one that is not yet due re-arms the timer at
+    its due time; with no read in progress the timer ends (the next read arms it)."""
+    kept.timer = None
+    task = kept.reader
+    if task is None:
+        return
+    loop = task.get_loop()
+    if loop.time() < kept.due:
+        kept.timer = loop.call_at(kept.due, _lapse, kept)
+        return
+    kept.lapsed = True
+    task.cancel()
+
+
+async def read_kept(conn: Any, kept: Kept) -> Any:
+    """``conn.read_response()`` for the connection ``kept`` holds, with the same bound (the
+    connection's socket timeout: a node that stops answering still times out, as
+    ``redis.exceptions.TimeoutError``) and the same errors, without a timer made and
+    cancelled per read: redis-py arms ``asyncio.timeout`` around every read (a TimerHandle
+    made, pushed on the loop's heap and cancelled). Here one timer per socket timeout
+    checks the read in progress (:func:`_lapse`). Only for RESP2 over hiredis (what
+    streamq's clients use); any other connection reads through redis-py."""
+    parser = conn._parser
+    timeout = conn.socket_timeout
+    if type(parser) is not _HiredisParser or not timeout or conn.protocol in (3, "3"):
+        return await conn.read_response()
+    task = asyncio.current_task()
+    assert task is not None
+    loop = task.get_loop()
+    kept.due = loop.time() + timeout
+    kept.reader = task
+    kept.lapsed = False
+    if kept.timer is None:
+        kept.timer = loop.call_at(kept.due, _lapse, kept)
+    cancelling = task.cancelling()
+    try:
+        reply = await parser.read_response()
+    except asyncio.CancelledError:
+        await conn.disconnect(nowait=True)
+        if kept.lapsed and task.uncancel() <= cancelling:
+            raise RedisTimeoutError(f"Timeout reading from {conn._host_error()}") from None
+        raise
+    except OSError as e:
+        await conn.disconnect(nowait=True)
+        raise RedisConnectionError(
+            f"Error while reading from {conn._host_error()} : {e.args}") from None
+    except BaseException:
+        await conn.disconnect(nowait=True)
+        raise
+    finally:
+        kept.reader = None
+    if conn.health_check_interval:
+        conn.next_health_check = loop.time() + conn.health_check_interval
+    if isinstance(reply, ResponseError):
+        raise reply from None
+    return reply
 
 
 async def xreadgroup(client: Any, group: str, consumer: str, streams: dict[str, str],
@@ -214,6 +288,11 @@ async def exchange(client: Any, packed: bytes, replies: int, kept: Kept | None =
             kept.conn = conn
     try:
         await conn.send_packed_command(packed)
+        if kept is not None:
+            for _ in range(replies - 1):
+                with contextlib.suppress(ResponseError):
+                    await read_kept(conn, kept)
+            return await read_kept(conn, kept)
         for _ in range(replies - 1):
             with contextlib.suppress(ResponseError):
                 await conn.read_response()
@@ -267,10 +346,10 @@ async def cexchange(client: Any, key: str | bytes, command: tuple[Any, ...],
         if ping_first:
             await conn.send_packed_command(_PING + packed)
             with contextlib.suppress(ResponseError):
-                await conn.read_response()
+                await (conn.read_response() if kept is None else read_kept(conn, kept))
         else:
             await conn.send_packed_command(packed)
-        return await conn.read_response()
+        return await (conn.read_response() if kept is None else read_kept(conn, kept))
     except _REDIRECTS:  # read whole, not run: follow it below
         pass
     except ResponseError:

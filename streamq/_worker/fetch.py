@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
@@ -29,7 +30,7 @@ from .._core import telemetry as tel
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.keys import DEFAULT_PRIORITY, GROUP, Keys, levels_in_use
 from .._core.retry import transient
-from .._core.scripts import SCRIPTS
+from .._core.scripts import SCRIPTS, pack_run
 from .._core.sends import xreadgroup
 from .._core.supervise import Outage, Supervised
 from .handoff import TICKET_SLACK_MS, HandOff, inbox_row
@@ -335,10 +336,22 @@ class Fetching(HandOff):
         first = self._take_tokens(n)
         order = qs.order
         streams = [qs.lanes[p].keys.stream for p in order]
-        reply = await SCRIPTS["claim"].run_async(client, *claim_call(
-            qs.keys, self.consumer, self.queue_config, self._token_prefix, first, n, streams,
-            self._shares(qs, n)), kept=qs.reads)  # (the loop's own connection: one call
-        # at a time, as its blocking reads; no pool hand-out and return per claim)
+        script = SCRIPTS["claim"]
+        if script.packable(client):  # the fixed keys and arguments packed once (same bytes)
+            pack = qs.claim_pack
+            if pack is None or pack.order != order or pack.prefix != self._token_prefix:
+                pack = qs.claim_pack = ClaimPack.make(
+                    qs.keys, self.consumer, self.queue_config, self._token_prefix, order,
+                    streams)
+            reply = await script.run_packed_async(client, pack.call(
+                first, n, self.queue_config.rate_args(qs.keys.shard), self._shares(qs, n)),
+                kept=qs.reads)
+        else:
+            reply = await script.run_async(client, *claim_call(
+                qs.keys, self.consumer, self.queue_config, self._token_prefix, first, n,
+                streams, self._shares(qs, n)), kept=qs.reads)
+        # (the loop's own connection: one call at a time, as its blocking reads; no pool
+        # hand-out and return per claim)
         status, missing, allowed, wait_ms = reply[:_CLAIM_HEAD]
         if status == b"paused":
             qs.paused = True  # seen before the flag poll: stop fetching at once
@@ -556,3 +569,35 @@ def claim_call(k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str, firs
                        k.job(""), token_prefix, first, n, *cfg.rate_args(k.shard), *shares,
                        cfg.group_arg]
     return keys, args
+
+
+@attrs.frozen
+class ClaimPack:
+    """The runs of a shard's claim.lua calls that do not change between calls, packed once
+    (``scripts.pack_run``) for the levels in ``order`` and the token prefix ``prefix``:
+    :meth:`call` packs only the token number, N, the rate arguments and the shares. The
+    consumer and the queue's config are the worker's own, fixed while it runs."""
+
+    order: list[int]
+    prefix: str
+    head: bytes
+    """Every key, then ARGV[1..7]."""
+    nkeys: int
+    tail: bytes
+    """The group defaults argument."""
+
+    @classmethod
+    def make(cls, k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str,
+             order: list[int], streams: Sequence[str]) -> ClaimPack:
+        keys, args = claim_call(k, consumer, cfg, token_prefix, 0, 0, streams,
+                                [0] * len(streams))
+        return cls(list(order), token_prefix, pack_run([*keys, *args[:7]]), len(keys),
+                   pack_run(args[-1:]))
+
+    def call(self, first: int, n: int, rate: tuple[int, int], shares: Sequence[int]
+             ) -> bytes:
+        """The packed EVALSHA of ``claim_call(..., first, n, streams, shares)`` (rate: the
+        shard's ``QueueConfig.rate_args``)."""
+        var = (first, n, *rate, *shares)
+        return SCRIPTS["claim"].packed(self.nkeys, self.nkeys + 8 + len(var),
+                                       (self.head, pack_run(var), self.tail))

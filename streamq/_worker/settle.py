@@ -17,7 +17,7 @@ from .._core import telemetry as tel
 from .._core.config import QueueConfig
 from .._core.keys import GROUP, RECENT_KEEP, Keys
 from .._core.retry import transient
-from .._core.scripts import SCRIPTS
+from .._core.scripts import SCRIPTS, pack_run
 from .._core.supervise import Outage, Supervised
 from .lease import LeaseKeeper
 from .state import Finish, QState, WorkerStats
@@ -48,6 +48,21 @@ class _FinishCall:
     answers 'completed' for a fire-and-forget job whose record its first run deleted."""
     recent: str
     """The recent completions list of the lane's shard (``Keys.recent``, dashboard)."""
+    p_keys: bytes = b""
+    """``keys`` packed once (``scripts.pack_run``): the fixed runs of a packed call."""
+    p_keys2: bytes = b""
+    """The keys after the jobs' (``group_keys``, ``marker``, ``recent``), packed."""
+    p_args: bytes = b""
+    """``args`` packed."""
+    p_tail: bytes = b""
+    """``group_arg`` and ``RECENT_KEEP`` packed."""
+
+    @classmethod
+    def make(cls, keys: list[str], group_keys: list[str], args: list[Any], group_arg: str,
+             job: str, marker: str, recent: str) -> _FinishCall:
+        return cls(keys, group_keys, args, group_arg, job, marker, recent, pack_run(keys),
+                   pack_run([*group_keys, marker, recent]), pack_run(args),
+                   pack_run((group_arg, RECENT_KEEP)))
 
 
 class Settler:
@@ -132,15 +147,12 @@ class Settler:
         batch = qs.buf[:_BATCH]
         call = self._calls.get(k.tag)
         if call is None:  # the lane's fixed keys and arguments, built once
-            call = self._calls[k.tag] = _FinishCall(
+            call = self._calls[k.tag] = _FinishCall.make(
                 [k.stream, k.delayed, k.dead, k.stats, k.events], k.group_keys,
                 [GROUP, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen, k.wake_channel],
                 cfg.group_arg, k.job(""), k.finished(self.consumer), k.recent)
         job = call.job
-        keys = [*call.keys, *[job + b[0] for b in batch], *call.group_keys, call.marker,
-                call.recent]
-        # (a settled grouped job frees its group's slot: the group keys)
-        args: list[Any] = [*call.args]
+        jobs = [job + b[0] for b in batch]
         _, _, _, o, _, x, e = batch[0] if batch else ("", "", "", "", b"", 0, "")
         shared = len(batch) > 1
         if shared:
@@ -148,20 +160,33 @@ class Settler:
                 if b[3] != o or b[5] != x or b[6] != e:
                     shared = False
                     break
+        var: list[Any]
         if shared:
             # finish.lua's compact form: the outcome, delay or reason and error type every
             # attempt shares, once (a batch of successes: 4 arguments per job, not 7)
-            args.extend((-len(batch), o, x, e))
-            add = args.extend
+            var = [-len(batch), o, x, e]
+            add = var.extend
             for b in batch:
                 add((b[0], b[1], b[2], b[4]))
         else:
-            args.append(len(batch))
+            var = [len(batch)]
             for b in batch:
-                args.extend(b)
-        args.extend((call.group_arg, RECENT_KEEP))
+                var.extend(b)
         hand = self.hand_args(qs) if self.hand_args is not None else []
-        args.extend(hand)
+        script = SCRIPTS["finish"]
+        packed = b""
+        if not cfg.min_replicas and script.packable(self.client):
+            # the lane's fixed keys and arguments packed once, the rest now (same bytes)
+            nkeys = len(call.keys) + len(jobs) + len(call.group_keys) + 2
+            packed = script.packed(nkeys, nkeys + len(call.args) + len(var) + 2 + len(hand), (
+                call.p_keys, pack_run(jobs), call.p_keys2, call.p_args, pack_run(var),
+                call.p_tail, pack_run(hand)))
+            keys: list[str] = []
+            args: list[Any] = []
+        else:
+            # (a settled grouped job frees its group's slot: the group keys)
+            keys = [*call.keys, *jobs, *call.group_keys, call.marker, call.recent]
+            args = [*call.args, *var, call.group_arg, RECENT_KEEP, *hand]
         qs.settle_calls += 1
         qs.sending = True
         sent = time.monotonic()
@@ -169,9 +194,13 @@ class Settler:
             if cfg.min_replicas:  # each call followed by a WAIT
                 (reply,), (acked,) = await durable.arun(SCRIPTS["finish"], self.client,
                                                         [(keys, args)], cfg)
-            else:  # on the lane's own connection (one call at a time: qs.sending)
-                reply = await SCRIPTS["finish"].run_async(self.client, keys, args,
-                                                          kept=qs.settles, ping_first=lone)
+            elif packed:  # on the lane's own connection (one call at a time: qs.sending)
+                reply = await script.run_packed_async(self.client, packed, kept=qs.settles,
+                                                      ping_first=lone)
+                acked = 0
+            else:
+                reply = await script.run_async(self.client, keys, args, kept=qs.settles,
+                                               ping_first=lone)
                 acked = 0
         except BaseException:
             if hand:  # a lost reply may have handed this worker a job: its own entries
