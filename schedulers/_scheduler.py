@@ -355,6 +355,10 @@ class Scheduler:
             [self.queue_config.events_arg, keys.wake_channel, entry.name, tick, info,
              *p.args, mode, lay.shards])
         status = reply[0].decode()
+        if status in ("queued", "scheduled"):  # counted before the mirror's await: a stop
+            # there must not leave a fired tick uncounted
+            self.fired += 1
+            log.info("cron %s fired tick %d as job %s", entry.name, tick, p.job_id)
         if p.shard != 0 and status != "future":
             await self._mirror_cron(home, entry.name, tick, info if status in (
                 "queued", "scheduled", "duplicate") else None)
@@ -362,9 +366,6 @@ class Scheduler:
             promoter = self._promoters[entry.queue]
             await promoter.sync_clock(self._client)  # our estimate ran ahead: read it again
             return tick + 50
-        if status in ("queued", "scheduled"):
-            self.fired += 1
-            log.info("cron %s fired tick %d as job %s", entry.name, tick, p.job_id)
         return entry.next_after(tick)
 
     async def _mirror_cron(self, home: Keys, name: str, tick: int, info: str | None) -> None:

@@ -214,9 +214,13 @@ async def test_scheduler_and_pause_cover_every_shard(where: tuple[str, ClusterSe
             # cron ticks land in their job id's shard (one beyond shard 0 at least)
             await eventually(lambda: any(shard_of(j, shards) for j in fired()), 30,
                              "a cron tick fired into a shard other than 0")
+            # shard 0's cron hash learns a tick fired elsewhere just after it (_mirror_cron)
+            await eventually(lambda: admin.cron(name)[0].last_job in fired(), 10,
+                             "the last tick mirrored to shard 0")
         st = admin.stats(name)
-        assert st.scheduled == 0 and st.ready == len(later) + s.fired == len(later) + len(
-            fired())
+        assert st.scheduled == 0 and st.ready == len(later) + len(fired())
+        # every tick is counted, but one whose fire.lua reply the stop cut off
+        assert len(fired()) - 1 <= s.fired <= len(fired())
         assert all(q.get(j) is not None for j in fired())  # found by id: the right shard
         [info] = admin.cron(name)
         assert info.name == "tick" and info.last_job in fired()
