@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from streamq import Keys, QueueConfig
-from streamq._core import scripts
+from streamq._core import scripts, sends
 from streamq._core.config import RateLimit
 from streamq._core.conn import async_client
 from streamq._core.scripts import SCRIPTS, Script, _pack, pack_run
@@ -51,7 +51,7 @@ async def test_a_finish_call_packed_from_its_fixed_runs_sends_the_same_bytes(
     """settle_batch packed (the lane's fixed runs once) and unpacked (keys and arguments
     packed whole) send the same bytes, for a compact (shared outcome) and a full batch."""
     sent: list[bytes] = []
-    exchange = scripts.exchange
+    exchange = sends.exchange
 
     async def recorded(client: Any, packed: bytes, replies: int, kept: Any = None) -> Any:
         sent.append(packed)
@@ -61,7 +61,7 @@ async def test_a_finish_call_packed_from_its_fixed_runs_sends_the_same_bytes(
     monkeypatch.setattr(scripts, "exchange", recorded)
     client = async_client(url)
     cfg = QueueConfig()
-    settler = Settler(client, cfg, LeaseKeeper(lambda: None, "c", 1.0),  # type: ignore[arg-type]
+    settler = Settler(client, cfg, LeaseKeeper(lambda: None, "c", 1.0),  # type: ignore[arg-type,return-value]
                       WorkerStats(), "c", lambda n: None)
     qs = QState(Keys(qname))
     batches: list[list[Any]] = [
