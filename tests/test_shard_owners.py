@@ -19,6 +19,7 @@ from streamq import Job, Keys, Queue, QueueConfig, Registry, Worker
 from streamq._core.scripts import SCRIPTS
 from streamq._worker.owners import assign
 from streamq._worker.promote import Promoter
+from streamq.admin import Admin
 
 
 def owned(w: Worker) -> set[int]:
@@ -236,3 +237,36 @@ async def test_a_shards_upkeep_runs_on_its_owner_only(url: str,
             await eventually(lambda: all(calls.get((o, s), 0) >= 3 for o, s in (
                 ("a", 0), ("a", 2), ("b", 1), ("b", 3))), 30, "each owner promoting")
             assert not [k for k in calls if k not in {("a", 0), ("a", 2), ("b", 1), ("b", 3)}]
+
+
+async def test_a_queue_resharded_up_from_one_shard_is_split_and_back_down_owned_whole(
+        url: str) -> None:
+    """Workers configured for an unsharded queue (``QueueConfig()``) follow a reshard 1 -> 4:
+    they split the four shards between them as on a queue made with 4; after 4 -> 1 each
+    owns the one shard left (none rests it), and jobs enqueued after each change all run."""
+    name = fresh(None, 4)
+    cfg = QueueConfig()
+    ran: dict[str, str] = {}
+    conf = fast(concurrency=8, promote=False, heartbeat_interval_s=1.0)
+    admin = Admin.from_url(url, cfg)
+    try:
+        with Queue.from_url(url, name, cfg) as q:
+            async with Worker(url, [name], recording("a", ran), conf, cfg, consumer="a") as a, \
+                    Worker(url, [name], recording("b", ran), conf, cfg, consumer="b") as b:
+                assert owned(a) == owned(b) == {0}
+                assert admin.reshard(name, 4).shards == 4
+                await eventually(lambda: owned(a) == {0, 2} and owned(b) == {1, 3}, 30,
+                                 "the four shards split")
+                ids = [f"up-{i}" for i in range(80)]
+                q.enqueue_many([{"type": "work", "job_id": j} for j in ids])
+                await eventually(lambda: all(j in ran for j in ids), 60, "every job run")
+                assert {ran[j] for j in ids} == {"a", "b"}
+                assert admin.reshard(name, 1).shards == 1
+                await eventually(lambda: admin.reshard_finish(name).done, 30, "shards gone")
+                await eventually(lambda: owned(a) == owned(b) == {0}, 30,
+                                 "shard 0 owned by both")
+                late = [f"down-{i}" for i in range(40)]
+                q.enqueue_many([{"type": "work", "job_id": j} for j in late])
+                await eventually(lambda: all(j in ran for j in late), 60, "every job run")
+    finally:
+        admin.close()

@@ -86,8 +86,19 @@ class Owning:
     """Set (and replaced) when this worker's shards change: resting fetch loops look again."""
 
     def _owning(self) -> bool:
-        """Whether this worker owns a subset of its queues' shards (else: every shard)."""
-        return self.config.own_shards and self.queue_config.shards > 1
+        """Whether this worker splits the shards of its queues with the other live workers
+        (``own_shards``). A queue it serves with one shard is always owned whole; one that a
+        reshard grows past one shard is split from the next refresh, whatever shard count
+        the worker was configured with (it follows the stored layout)."""
+        return self.config.own_shards
+
+    def _sharded(self) -> bool:
+        """Whether some queue of this worker is served with more than one shard now."""
+        return any(len(self._serving(name)) > 1 for name in self._names)
+
+    _left_some: bool = False
+    """Whether some refresh read a queue with more than one shard (then a graceful stop
+    removes this worker from the workers ZSETs)."""
 
     _owner_views: dict[str, frozenset[str]] | None = None
     """The live workers each sharded queue's last read found (by queue name)."""
@@ -105,8 +116,14 @@ class Owning:
         for name in list(self._names):
             serving = sorted((qs for qs in self._serving(name) if not qs.retired),
                              key=lambda qs: qs.keys.shard)
-            if len(serving) < 2:
+            if len(serving) < 2:  # one shard (or a reshard down to one): owned whole
+                for qs in serving:
+                    if not qs.owned:
+                        changed = qs.owned = True
+                        qs.idle = False
+                views.pop(name, None)
                 continue
+            self._left_some = True
             reply: Any = await SCRIPTS["owners"].run_async(
                 client, [serving[0].keys.workers], [window, MAX_WORKERS])
             live = [v.decode() if isinstance(v, bytes) else str(v) for v in reply[1:]]
@@ -136,7 +153,9 @@ class Owning:
                                        and qs.owned and not qs.retired))
 
     def _owners_loop(self) -> asyncio.Task[None] | None:
-        """The supervised refresh loop (None when this worker owns every shard anyway)."""
+        """The supervised refresh loop (None with ``own_shards=False``). Its step reads
+        nothing while every queue has one shard: it only looks again (a reshard may grow
+        one)."""
         if not self._owning():
             return None
         self._count_fetchers()
@@ -172,7 +191,7 @@ class Owning:
         workers take this one's shards at their next refresh (best effort: else it ages
         out). Only where shards are owned: elsewhere the heartbeat ages as before."""
         client = self._client
-        if not self._owning() or client is None:
+        if not self._owning() or not self._left_some or client is None:
             return
         keys = {qs.keys.workers for qs in self._qs.values()}
         try:

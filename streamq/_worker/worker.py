@@ -216,7 +216,8 @@ class Worker(Owning, Resharding, Fetching, Running):
                 client, [q.keys for q in queues if q.keys.shard == 0], self.registry.names()))
             # never fetch from a queue that is already paused
             await acall(lambda _retried: hk.refresh_paused())
-            if self._owning():  # seen live before the first fetch, and our shards known
+            if self._owning() and self._sharded():  # seen live before the first fetch,
+                # and our shards known
                 await acall(lambda _retried: hk.beat())
                 await acall(lambda _retried: self._refresh_owners(client))
             if tel.metering():  # every counter and gauge there from the first scrape
