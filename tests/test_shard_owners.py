@@ -270,3 +270,23 @@ async def test_a_queue_resharded_up_from_one_shard_is_split_and_back_down_owned_
                 await eventually(lambda: all(j in ran for j in late), 60, "every job run")
     finally:
         admin.close()
+
+
+async def test_a_heartbeat_too_slow_for_the_visibility_timeout_is_warned_about(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """3 heartbeat intervals at or above the visibility timeout: a dead worker's shards
+    would wait longer than its leases (not refused; said once at start, with the fix)."""
+    name = fresh(None, 2)
+    cfg = QueueConfig(shards=2)
+    slow = fast(concurrency=2, promote=False, heartbeat_interval_s=4.0, visibility_timeout_s=9)
+    with caplog.at_level("WARNING", logger="streamq.worker"):
+        async with Worker(url, [name], recording("a", {}), slow, cfg):
+            pass
+    said = [r.getMessage() for r in caplog.records if "handed on after" in r.getMessage()]
+    assert len(said) == 1 and "heartbeat_interval_s below 3.00 s" in said[0]
+    caplog.clear()
+    ok = fast(concurrency=2, promote=False, heartbeat_interval_s=2.0, visibility_timeout_s=9)
+    with caplog.at_level("WARNING", logger="streamq.worker"):
+        async with Worker(url, [name], recording("a", {}), ok, cfg):
+            pass
+    assert not [r for r in caplog.records if "handed on after" in r.getMessage()]

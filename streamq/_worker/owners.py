@@ -96,6 +96,17 @@ class Owning:
         """Whether some queue of this worker is served with more than one shard now."""
         return any(len(self._serving(name)) > 1 for name in self._names)
 
+    def _warn_slow_owner_handover(self) -> None:
+        """A warning when a dead worker's shards would wait for its heartbeat to age out
+        longer than its leases take to lapse (nothing is lost; new work there waits)."""
+        aged = LIVE_BEATS * self.config.heartbeat_interval_s
+        if aged >= self.config.visibility_timeout_s:
+            log.warning(
+                "worker %s: a dead worker's shards are handed on after %.1f s (%d heartbeat "
+                "intervals), not within visibility_timeout_s=%.1f s; set heartbeat_interval_s "
+                "below %.2f s for a faster hand-over", self.consumer, aged, LIVE_BEATS,
+                self.config.visibility_timeout_s, self.config.visibility_timeout_s / LIVE_BEATS)
+
     _left_some: bool = False
     """Whether some refresh read a queue with more than one shard (then a graceful stop
     removes this worker from the workers ZSETs)."""

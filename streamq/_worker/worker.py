@@ -218,6 +218,7 @@ class Worker(Owning, Resharding, Fetching, Running):
             await acall(lambda _retried: hk.refresh_paused())
             if self._owning() and self._sharded():  # seen live before the first fetch,
                 # and our shards known
+                self._warn_slow_owner_handover()
                 await acall(lambda _retried: hk.beat())
                 await acall(lambda _retried: self._refresh_owners(client))
             if tel.metering():  # every counter and gauge there from the first scrape
