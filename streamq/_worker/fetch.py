@@ -42,8 +42,8 @@ log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 _CLAIM_HEAD = 4
 """Values before the entries in claim.lua's reply."""
-_CLAIM_WIDTH = 10
-"""Values per entry in claim.lua's reply."""
+_CLAIM_WIDTH = 4
+"""Values per entry in each of claim.lua's arrays of entries read (after its level)."""
 _LEVELS_EVERY_S = 1.0
 """How often a fetch loop reads its shard's levels SET (priority levels in use)."""
 class Fetching(HandOff):
@@ -365,8 +365,7 @@ class Fetching(HandOff):
                 return
             for i in missing.split(b","):
                 await self._ensure_group(client, qs.lanes[order[int(i) - 1]].keys)
-        got = (len(reply) - _CLAIM_HEAD) // _CLAIM_WIDTH
-        if got < int(allowed):  # fewer than the rate allowed: the streams are drained
+        if claim_read(reply) < int(allowed):  # fewer than the rate allowed: drained
             qs.idle = True
         # the batch in one pass (Worker._launch's work, the leases held under one lock)
         leases: list[Lease] = []
@@ -375,18 +374,26 @@ class Fetching(HandOff):
             to_start = self._to_start
             hold, start = leases.append, to_start.append
             now = time.monotonic()
-            rows = iter(reply[_CLAIM_HEAD:])  # (each entry's values grouped by zip)
-            for (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
-                 age_ms) in zip(*[rows] * _CLAIM_WIDTH, strict=False):
-                if code != b"run":
-                    if code == b"paused":
+            prefix = self._token_prefix
+            k = first
+            for rows in reply[_CLAIM_HEAD:]:  # one array per read: its level, then 4 values
+                lane = lanes[order[rows[0] - 1]]  # per entry (claim.lua's header)
+                keys = lane.keys
+                it = iter(rows)
+                next(it)
+                for eid, jid, data, t in zip(it, it, it, it, strict=False):
+                    if t.__class__ is int:  # attempt 1, no deadline, waited t ms
+                        lease = Lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
+                        hold(lease)
+                        start((lane, lease, 1, data, (0, t, t)))
+                    elif t.__class__ is list:  # any other start
+                        attempt, deadline, wait_ms, age_ms = t
+                        lease = Lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
+                        hold(lease)
+                        start((lane, lease, attempt, data, (deadline, wait_ms, age_ms)))
+                    elif t == b"paused":  # not started (skip, dead, paused, limited)
                         qs.paused = True
-                    continue
-                lane = lanes[order[int(level) - 1]]
-                lease = Lease(lane.keys, jid.decode(), eid.decode(), token.decode(), now)
-                hold(lease)
-                start((lane, lease, int(attempt), data,
-                       (int(deadline), int(wait_ms), int(age_ms))))
+                    k += 1
             if leases:
                 self.stats.started += len(leases)
             self._release(n - len(leases))
@@ -601,3 +608,35 @@ class ClaimPack:
         var = (first, n, *rate, *shares)
         return SCRIPTS["claim"].packed(self.nkeys, self.nkeys + 8 + len(var),
                                        (self.head, pack_run(var), self.tail))
+
+
+def claim_read(reply: Sequence[Any]) -> int:
+    """How many entries a claim.lua reply says were read."""
+    return sum((len(rows) - 1) // _CLAIM_WIDTH for rows in reply[_CLAIM_HEAD:])
+
+
+def claim_rows(reply: Sequence[Any], token_prefix: str, first: int
+               ) -> list[tuple[int, str, str, str, str, int, Any, int, int, int]]:
+    """The entries of a claim.lua reply (``claim_call(..., token_prefix, first, ...)``), each
+    as (level, entry id, job id, code, token, attempt, data or reason, deadline ms, ms since
+    it entered the stream, ms since it was created): the reply in full, for tests and tools
+    (the worker's ``_claim`` decodes it in place). A row not started has code 'skip',
+    'dead', 'paused' or 'limited' and zeros for the numbers."""
+    out: list[tuple[int, str, str, str, str, int, Any, int, int, int]] = []
+    k = first
+    for rows in reply[_CLAIM_HEAD:]:
+        level = int(rows[0])
+        for i in range(1, len(rows), _CLAIM_WIDTH):
+            eid, jid, data, t = rows[i:i + _CLAIM_WIDTH]
+            token = f"{token_prefix}{k:x}"
+            k += 1
+            if isinstance(t, int):
+                out.append((level, eid.decode(), jid.decode(), "run", token, 1, data, 0, t, t))
+            elif isinstance(t, list):
+                attempt, deadline, wait_ms, age_ms = (int(x) for x in t)
+                out.append((level, eid.decode(), jid.decode(), "run", token, attempt, data,
+                            deadline, wait_ms, age_ms))
+            else:
+                out.append((level, eid.decode(), jid.decode(errors="replace"), t.decode(),
+                            token, 0, data, 0, 0, 0))
+    return out
