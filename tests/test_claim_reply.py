@@ -80,7 +80,7 @@ def test_the_full_form_of_a_start(r: redis.Redis, q: Queue) -> None:
     rows = {row[2]: row for row in claim_rows(reply, "p", 0)}
     assert rows["plain"][5:6] == (1,) and rows["plain"][7] == 0
     assert rows["plain"][8] == rows["plain"][9]
-    _lv, _e, _j, code, token, attempt, _d, deadline, wait, age = rows["timed"]
+    _lv, _e, _j, code, token, attempt, _d, deadline, *_ = rows["timed"]
     assert code == "run" and token == "p1" and attempt == 1 and deadline > 0
     assert rows["again"][5] == 3 and rows["again"][7] == 0
     assert rows["old"][5] == 1 and rows["old"][9] > rows["old"][8]

@@ -191,8 +191,8 @@ class Attempts:
         # the level of the ready stream it was read from (each level has its own).
         job = Job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
                   headers, carrier, deadline_ms, qs.keys.level,
-                  _bind(record, lease) if record is not None else None, lease.cancel,
-                  self.registry.lifecycle.ctx)
+                  _bind(record, lease) if record is not None else None, lease,
+                  self.registry.lifecycle.ctx)  # (the lease is its cancel flag)
         if self.deps_client is not None and (spec.children or (headers and DEPS_HEADER in
                                                                headers)):
             # a job that waited for others: its dependency results, sent with its start
@@ -214,7 +214,7 @@ class Attempts:
         started = time.perf_counter()
         exc_seen: BaseException | None = None
         item: Finish | None = None
-        cancel = lease.cancel
+        cancel = lease  # (its cancel flag: Lease.cancel)
         try:
             if cancel.is_set():  # asked before the handler began: it never runs
                 item = cancelled(lease)

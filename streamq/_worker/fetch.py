@@ -618,10 +618,11 @@ def claim_read(reply: Sequence[Any]) -> int:
 def claim_rows(reply: Sequence[Any], token_prefix: str, first: int
                ) -> list[tuple[int, str, str, str, str, int, Any, int, int, int]]:
     """The entries of a claim.lua reply (``claim_call(..., token_prefix, first, ...)``), each
-    as (l, the place of its level's stream in the call (1 = the first), entry id, job id, code, token, attempt, data or reason, deadline ms, ms since
-    it entered the stream, ms since it was created): the reply in full, for tests and tools
-    (the worker's ``_claim`` decodes it in place). A row not started has code 'skip',
-    'dead', 'paused' or 'limited' and zeros for the numbers."""
+    as (l: the place of its level's stream in the call, 1 = the first; entry id, job id,
+    code, token, attempt, data or reason, deadline ms, ms since it entered the stream, ms
+    since it was created): the reply in full, for tests and tools (the worker's ``_claim``
+    decodes it in place). An entry not started has code 'skip', 'dead', 'paused' or
+    'limited' and zeros for the numbers."""
     out: list[tuple[int, str, str, str, str, int, Any, int, int, int]] = []
     k = first
     for rows in reply[_CLAIM_HEAD:]:

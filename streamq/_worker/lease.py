@@ -24,23 +24,32 @@ log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 
 
-@attrs.define
-class Lease:
+@attrs.define(eq=False)  # (equal only to itself, as when each lease had its own flag)
+class Lease(CancelFlag):
+    """One job's lease while this worker runs it. It is the job's cancel flag as well
+    (``cancel``, a ``CancelFlag``: set once the worker learns that a cancel was requested):
+    one object per job, not two."""
+
     keys: Keys
     job_id: str
     entry: str
     token: str
     started: float = attrs.field(factory=time.monotonic)
     lost: bool = False
-    cancel: CancelFlag = attrs.field(factory=CancelFlag)
-    """Set (on the event loop) once the worker learns that a cancel was requested (cancel.py);
-    the handler's ``job.cancel_requested``."""
+    _set: bool = attrs.field(default=False, init=False)
+    """The cancel flag's state (``CancelFlag``'s slot)."""
     task: Any = None
     """The task running the job's async handler, while it runs (cancel.py interrupts it)."""
     interrupted: bool = False
     deps: Any = None
     """The job's dependency results as the script that started it sent them (field, value,
     ...: finish.lua's hand-off), read instead of the results HASH; None: read them."""
+
+    @property
+    def cancel(self) -> CancelFlag:
+        """Set (on the event loop) once the worker learns that a cancel was requested
+        (cancel.py); the handler's ``job.cancel_requested``. The lease itself."""
+        return self
 
 
 class LeaseKeeper:
