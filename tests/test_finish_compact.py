@@ -43,9 +43,9 @@ def _call(r: redis.Redis, q: Queue, jobs: list[tuple[str, str, str]], outcome: s
             *k.group_keys, k.finished("c1"), k.recent]
     args: list[Any] = [GROUP, "1000", 3600, 1000, ""]
     if compact:
-        args += [-len(jobs), outcome, extra, etype]
-        for (j, e, t), d in zip(jobs, data, strict=True):
-            args += [j, e, t, d]
+        args += [-len(jobs), outcome, extra, etype, len(k.job("").encode())]
+        for (_j, e, t), d in zip(jobs, data, strict=True):
+            args += [e, t, d]  # (each job id read from its key)
     else:
         args.append(len(jobs))
         for (j, e, t), d in zip(jobs, data, strict=True):
@@ -112,9 +112,9 @@ def test_the_compact_form_hands_a_released_job_to_its_caller(r: redis.Redis, url
                 *k.group_keys, k.finished("c1"), k.recent]
         args: list[Any] = [GROUP, "1000", 3600, 1000, ""]
         if compact:
-            args += [-2, "ok", 0, ""]
-            for j, e, t in jobs:
-                args += [j, e, t, b""]
+            args += [-2, "ok", 0, "", len(k.job("").encode())]
+            for _j, e, t in jobs:
+                args += [e, t, b""]
         else:
             args.append(2)
             for j, e, t in jobs:

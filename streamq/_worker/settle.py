@@ -163,11 +163,12 @@ class Settler:
         var: list[Any]
         if shared:
             # finish.lua's compact form: the outcome, delay or reason and error type every
-            # attempt shares, once (a batch of successes: 4 arguments per job, not 7)
-            var = [-len(batch), o, x, e]
+            # attempt shares, once, and each job's id read from its key (a batch of
+            # successes: 3 arguments per job, not 7)
+            var = [-len(batch), o, x, e, len(job.encode())]
             add = var.extend
             for b in batch:
-                add((b[0], b[1], b[2], b[4]))
+                add((b[1], b[2], b[4]))
         else:
             var = [len(batch)]
             for b in batch:
