@@ -214,9 +214,9 @@ class Attempts:
         started = time.perf_counter()
         exc_seen: BaseException | None = None
         item: Finish | None = None
-        cancel = lease  # (its cancel flag: Lease.cancel)
         try:
-            if cancel.is_set():  # asked before the handler began: it never runs
+            if lease._set:  # asked before the handler began: it never runs (the lease's
+                # cancel flag, CancelFlag.is_set without its call)
                 item = cancelled(lease)
             else:  # interrupt() cancels an async handler's task (cancel.py)
                 pool = self.pool if spec.isolation == "process" or \
@@ -258,7 +258,7 @@ class Attempts:
                 if lease.interrupted and task is not None:  # it swallowed its cancellation
                     lease.interrupted = False
                     task.uncancel()
-                if cancel.is_set():  # asked while it ran: settled 'cancel'
+                if lease._set:  # asked while it ran: settled 'cancel'
                     item = cancelled(lease)
         except BaseException as exc:
             exc_seen = exc

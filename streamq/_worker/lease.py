@@ -83,8 +83,13 @@ class LeaseKeeper:
         """``add`` for each of a batch's leases, under one lock."""
         with self._lock:
             held = self._leases
+            keys: Keys | None = None
+            tag = ""
             for lease in leases:
-                held[(lease.keys.tag, lease.entry)] = lease
+                if lease.keys is not keys:  # (a batch's leases share their lane's keys)
+                    keys = lease.keys
+                    tag = keys.tag
+                held[(tag, lease.entry)] = lease
 
     def backdate(self, queue: str, entry: str, token: str, since: float) -> None:
         """The lease of (entry, token) may have begun as early as ``since`` (a hand-off:
