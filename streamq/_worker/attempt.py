@@ -210,7 +210,10 @@ class Attempts:
             span = None  # logged (tel.job_fields)
             token = tel.JOB.set(job)
         running = self.in_flight.by_queue
-        running[queue] = running.get(queue, 0) + 1
+        try:  # (no call: a queue's first job only meets the KeyError)
+            running[queue] += 1
+        except KeyError:
+            running[queue] = 1
         started = time.perf_counter()
         exc_seen: BaseException | None = None
         item: Finish | None = None
