@@ -15,7 +15,7 @@ from streamq import Job, Queue, Registry, Retry, Worker
 from streamq._core.config import QueueConfig
 from streamq._core.keys import GROUP, Keys
 from streamq._core.scripts import SCRIPTS
-from streamq._worker.fetch import claim_call, claim_read, claim_rows
+from streamq._worker.calls import claim_call, claim_read, claim_rows
 
 
 def _groups(r: redis.Redis, k: Keys, levels: list[int]) -> list[str]:

@@ -14,7 +14,7 @@ from streamq import InvalidArgument, Job, Queue, QueueConfig, Registry, Worker
 from streamq._core.config import RateLimit
 from streamq._core.keys import GROUP, Keys
 from streamq._core.scripts import SCRIPTS
-from streamq._worker.fetch import claim_call, claim_read
+from streamq._worker.calls import claim_call, claim_read
 
 
 def test_rate_limit_is_validated() -> None:

@@ -16,7 +16,7 @@ from streamq import Queue
 from streamq._core.config import QueueConfig
 from streamq._core.keys import GROUP, Keys
 from streamq._core.scripts import SCRIPTS
-from streamq._worker.fetch import claim_call, claim_rows
+from streamq._worker.calls import claim_call, claim_rows
 
 
 def _claim(r: redis.Redis, k: Keys, first: int = 16, n: int = 10) -> list[list[Any]]:
