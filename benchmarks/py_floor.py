@@ -1,7 +1,8 @@
 """What a worker's Python costs per job at the least: ``python -m benchmarks.py_floor``.
 
-Not streamq's worker: a loop over claim replies shaped like claim.lua's (75 entries of 10
-elements, RESP bytes) that does only what a worker cannot skip for a no-op job: parse the
+Not streamq's worker: a loop over claim replies shaped like claim.lua's were before its
+4-value rows (75 entries of 10 elements, RESP bytes; kept so that its figures compare with
+those in docs/performance.md) that does only what a worker cannot skip for a no-op job: parse the
 reply with hiredis, decode id and token, make a frozen attrs ``Job``, decode the JSON
 payload, run the handler's coroutine to its end, and pack the settling call's arguments with
 hiredis. No I/O, no event loop, no leases, context, metrics or time limits. Prints the best of

@@ -12,18 +12,14 @@ from streamq import Job, Queue, Registry, Worker
 from streamq._core.config import QueueConfig
 from streamq._core.keys import GROUP, Keys
 from streamq._core.scripts import SCRIPTS
-from streamq._worker.fetch import claim_call
+from streamq._worker.calls import claim_call, claim_rows
 from streamq.admin import Admin
 
 
-def _parse(reply: list[Any]) -> list[dict[str, Any]]:
-    out = []
-    for i in range(4, len(reply), 10):
-        lv, eid, jid, code, token, attempt, *_ = reply[i:i + 10]
-        out.append({"entry": eid.decode(), "id": jid.decode(), "code": code.decode(),
-                    "token": token.decode() if isinstance(token, bytes) else token,
-                    "attempt": attempt, "level": lv})
-    return out
+def _parse(reply: list[Any], prefix: str = "pfx", first: int = 0) -> list[dict[str, Any]]:
+    return [{"entry": eid, "id": jid, "code": code, "token": token, "attempt": attempt,
+             "level": lv}
+            for lv, eid, jid, code, token, attempt, *_ in claim_rows(reply, prefix, first)]
 
 
 def test_claim_reads_and_starts_a_batch(r: redis.Redis, qname: str, url: str) -> None:
@@ -33,7 +29,7 @@ def test_claim_reads_and_starts_a_batch(r: redis.Redis, qname: str, url: str) ->
             q.enqueue("t", {"i": i}, job_id=f"j{i}")
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     reply = SCRIPTS["claim"](r, *claim_call(k, "c1", QueueConfig(), "pfx", 16, 3))
-    got = _parse(reply)
+    got = _parse(reply, "pfx", 16)
     assert reply[0] == b"ok" and reply[1] == b""
     assert [g["id"] for g in got] == ["j0", "j1", "j2"]
     assert [g["token"] for g in got] == ["pfx10", "pfx11", "pfx12"]
@@ -63,7 +59,7 @@ def test_claim_dead_letters_a_malformed_entry(r: redis.Redis, qname: str) -> Non
     k = Keys(qname)
     r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
     r.xadd(k.stream, {"junk": "x"})
-    got = _parse(SCRIPTS["claim"](r, *claim_call(k, "c1", QueueConfig(), "p", 1, 10)))
+    got = _parse(SCRIPTS["claim"](r, *claim_call(k, "c1", QueueConfig(), "p", 1, 10)), "p", 1)
     assert [g["code"] for g in got] == ["dead"]
     assert r.xlen(k.stream) == 0 and r.xlen(k.dead) == 1
     assert r.xpending(k.stream, GROUP)["pending"] == 0
@@ -97,10 +93,10 @@ async def test_a_lost_claim_reply_burns_no_attempt(url: str, qname: str,
         async with Worker(url, [qname], reg, fast(), consumer="lost-1") as w:
             # the call the worker made, run here; its reply "lost". A flag key that is not
             # set stands in for the pause flag, so the call itself is not refused.
-            keys, args = claim_call(k, w.consumer, QueueConfig(), w._token_prefix,
-                                    w._take_tokens(4), 4)
+            first = w._take_tokens(4)
+            keys, args = claim_call(k, w.consumer, QueueConfig(), w._token_prefix, first, 4)
             keys[3] = k.base + ":not-paused"
-            got = _parse(SCRIPTS["claim"](r, keys, args))
+            got = _parse(SCRIPTS["claim"](r, keys, args), w._token_prefix, first)
             assert [g["code"] for g in got] == ["run"] * 4
             assert all(r.hget(k.job(g["id"]), "n") == b"1" for g in got)
             admin.resume(qname)  # the worker reads its own pending entries first

@@ -43,9 +43,15 @@ def _call(r: redis.Redis, q: Queue, jobs: list[tuple[str, str, str]], outcome: s
             *k.group_keys, k.finished("c1"), k.recent]
     args: list[Any] = [GROUP, "1000", 3600, 1000, ""]
     if compact:
-        args += [-len(jobs), outcome, extra, etype]
-        for (j, e, t), d in zip(jobs, data, strict=True):
-            args += [j, e, t, d]
+        args += [-len(jobs), outcome, extra, etype, len(k.job("").encode())]
+        if any(data):
+            args.append(1)
+            for (_j, e, t), d in zip(jobs, data, strict=True):
+                args += [e, t, d]  # (each job id read from its key)
+        else:  # every result None: no data sent
+            args.append(0)
+            for _j, e, t in jobs:
+                args += [e, t]
     else:
         args.append(len(jobs))
         for (j, e, t), d in zip(jobs, data, strict=True):
@@ -68,15 +74,19 @@ def _seen(r: redis.Redis, q: Queue) -> dict[str, Any]:
             "recent": len(recent), "pending": r.xpending(k.stream, GROUP)["pending"]}
 
 
-@pytest.mark.parametrize("outcome", ["ok", "retry"])
+@pytest.mark.parametrize("outcome", ["ok", "ok-none", "retry"])
 def test_the_compact_form_settles_as_the_full_one(r: redis.Redis, url: str, qname: str,
                                                   outcome: str) -> None:
+    """'ok-none': every handler returned None, so the compact form sends no data."""
+    none = outcome == "ok-none"
+    outcome = "ok" if none else outcome
     cfg = QueueConfig(group_concurrency=1)
     seen = []
     for compact in (False, True):
         with Queue.from_url(url, f"{qname}-{compact}", cfg) as q:
             jobs = _started(r, q)
-            data = [b"1", b""] if outcome == "ok" else [b'{"type": "E"}'] * 2
+            data = ([b"", b""] if none else [b"1", b""]) if outcome == "ok" else \
+                [b'{"type": "E"}'] * 2
             extra, etype = (0, "") if outcome == "ok" else (1000, "E")
             out = _call(r, q, jobs, outcome, data, extra, etype, compact)
             want = [b"completed"] * 2 if outcome == "ok" else [b"retrying"] * 2
@@ -112,9 +122,9 @@ def test_the_compact_form_hands_a_released_job_to_its_caller(r: redis.Redis, url
                 *k.group_keys, k.finished("c1"), k.recent]
         args: list[Any] = [GROUP, "1000", 3600, 1000, ""]
         if compact:
-            args += [-2, "ok", 0, ""]
-            for j, e, t in jobs:
-                args += [j, e, t, b""]
+            args += [-2, "ok", 0, "", len(k.job("").encode()), 0]
+            for _j, e, t in jobs:
+                args += [e, t]
         else:
             args.append(2)
             for j, e, t in jobs:

@@ -355,7 +355,7 @@ def test_a_dead_grouped_job_is_redriven_through_its_group(url: str, qname: str, 
                                                           admin: Admin) -> None:
     from streamq._core.keys import GROUP
     from streamq._core.scripts import SCRIPTS
-    from streamq._worker.fetch import start_call
+    from streamq._worker.calls import start_call
 
     k = q.keys
     q.enqueue_many([{"type": "g", "payload": {"g": "d"}, "group": "d", "job_id": f"d{i}"}
@@ -416,7 +416,7 @@ def test_a_repeated_grouped_start_and_enqueue_write_nothing_new(url: str, qname:
     from streamq._core.keys import GROUP
     from streamq._core.scripts import SCRIPTS
     from streamq._producer import prepare as prod
-    from streamq._worker.fetch import start_call
+    from streamq._worker.calls import start_call
 
     cfg = QueueConfig(group_concurrency=2, group_rate=GroupRate(1, 60.0))
     q = Queue.from_url(url, qname, config=cfg)
@@ -492,7 +492,7 @@ def test_jobs_handed_back_keep_their_order_ahead_of_the_rest(q: Queue, admin: Ad
                                                              r: redis.Redis) -> None:
     from streamq._core.keys import GROUP
     from streamq._core.scripts import SCRIPTS
-    from streamq._worker.fetch import start_call
+    from streamq._worker.calls import start_call
 
     k = q.keys
     q.enqueue_many([{"type": "g", "payload": {"g": "o"}, "group": "o", "job_id": f"o{i}"}

@@ -13,7 +13,7 @@ from streamq._core import scripts, sends
 from streamq._core.config import RateLimit
 from streamq._core.conn import async_client
 from streamq._core.scripts import SCRIPTS, Script, _pack, pack_run
-from streamq._worker.fetch import ClaimPack, claim_call
+from streamq._worker.calls import ClaimPack, claim_call
 from streamq._worker.lease import LeaseKeeper
 from streamq._worker.settle import Settler
 from streamq._worker.state import QState, WorkerStats

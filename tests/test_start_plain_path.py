@@ -16,13 +16,14 @@ from streamq import Queue
 from streamq._core.config import QueueConfig
 from streamq._core.keys import GROUP, Keys
 from streamq._core.scripts import SCRIPTS
-from streamq._worker.fetch import claim_call
+from streamq._worker.calls import claim_call, claim_rows
 
 
 def _claim(r: redis.Redis, k: Keys, first: int = 16, n: int = 10) -> list[list[Any]]:
     reply = SCRIPTS["claim"](r, *claim_call(k, "c1", QueueConfig(), "pfx", first, n))
     assert reply[0] == b"ok"
-    return [reply[i:i + 10] for i in range(4, len(reply), 10)]
+    return [[lv, e.encode(), j.encode(), c.encode(), t.encode(), *rest]
+            for lv, e, j, c, t, *rest in claim_rows(reply, "pfx", first)]
 
 
 def _rec(r: redis.Redis, key: str) -> dict[bytes, bytes]:

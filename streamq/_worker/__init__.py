@@ -3,7 +3,7 @@ outcomes (settle), leases (lease), housekeeping loops (housekeeping), promotion 
 (promote, shared with the scheduler), handler invocation (invoke), progress reports (progress),
 the event-loop watchdog (watchdog) and the state its parts share (state)."""
 
-from .fetch import start_call
+from .calls import start_call
 from .state import WorkerStats
 from .worker import Worker
 

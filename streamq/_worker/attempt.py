@@ -191,8 +191,8 @@ class Attempts:
         # the level of the ready stream it was read from (each level has its own).
         job = Job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
                   headers, carrier, deadline_ms, qs.keys.level,
-                  _bind(record, lease) if record is not None else None, lease.cancel,
-                  self.registry.lifecycle.ctx)
+                  _bind(record, lease) if record is not None else None, lease,
+                  self.registry.lifecycle.ctx)  # (the lease is its cancel flag)
         if self.deps_client is not None and (spec.children or (headers and DEPS_HEADER in
                                                                headers)):
             # a job that waited for others: its dependency results, sent with its start
@@ -210,13 +210,16 @@ class Attempts:
             span = None  # logged (tel.job_fields)
             token = tel.JOB.set(job)
         running = self.in_flight.by_queue
-        running[queue] = running.get(queue, 0) + 1
+        try:  # (no call: a queue's first job only meets the KeyError)
+            running[queue] += 1
+        except KeyError:
+            running[queue] = 1
         started = time.perf_counter()
         exc_seen: BaseException | None = None
         item: Finish | None = None
-        cancel = lease.cancel
         try:
-            if cancel.is_set():  # asked before the handler began: it never runs
+            if lease._set:  # asked before the handler began: it never runs (the lease's
+                # cancel flag, CancelFlag.is_set without its call)
                 item = cancelled(lease)
             else:  # interrupt() cancels an async handler's task (cancel.py)
                 pool = self.pool if spec.isolation == "process" or \
@@ -258,7 +261,7 @@ class Attempts:
                 if lease.interrupted and task is not None:  # it swallowed its cancellation
                     lease.interrupted = False
                     task.uncancel()
-                if cancel.is_set():  # asked while it ran: settled 'cancel'
+                if lease._set:  # asked while it ran: settled 'cancel'
                     item = cancelled(lease)
         except BaseException as exc:
             exc_seen = exc

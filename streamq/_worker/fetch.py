@@ -19,10 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import redis.asyncio as aredis
 from redis.exceptions import ResponseError
 
@@ -30,9 +28,10 @@ from .._core import telemetry as tel
 from .._core.config import QueueConfig, WorkerConfig
 from .._core.keys import DEFAULT_PRIORITY, GROUP, Keys, levels_in_use
 from .._core.retry import transient
-from .._core.scripts import SCRIPTS, pack_run
+from .._core.scripts import SCRIPTS
 from .._core.sends import xreadgroup
 from .._core.supervise import Outage, Supervised
+from .calls import CLAIM_HEAD, ClaimPack, claim_call, claim_read, start_call
 from .handoff import TICKET_SLACK_MS, HandOff, inbox_row
 from .lease import Lease, LeaseKeeper
 from .slots import Slots
@@ -40,10 +39,6 @@ from .state import QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000
-_CLAIM_HEAD = 4
-"""Values before the entries in claim.lua's reply."""
-_CLAIM_WIDTH = 10
-"""Values per entry in claim.lua's reply."""
 _LEVELS_EVERY_S = 1.0
 """How often a fetch loop reads its shard's levels SET (priority levels in use)."""
 class Fetching(HandOff):
@@ -352,7 +347,7 @@ class Fetching(HandOff):
                 streams, self._shares(qs, n)), kept=qs.reads)
         # (the loop's own connection: one call at a time, as its blocking reads; no pool
         # hand-out and return per claim)
-        status, missing, allowed, wait_ms = reply[:_CLAIM_HEAD]
+        status, missing, allowed, wait_ms = reply[:CLAIM_HEAD]
         if status == b"paused":
             qs.paused = True  # seen before the flag poll: stop fetching at once
             self._release(n)
@@ -365,8 +360,7 @@ class Fetching(HandOff):
                 return
             for i in missing.split(b","):
                 await self._ensure_group(client, qs.lanes[order[int(i) - 1]].keys)
-        got = (len(reply) - _CLAIM_HEAD) // _CLAIM_WIDTH
-        if got < int(allowed):  # fewer than the rate allowed: the streams are drained
+        if claim_read(reply) < int(allowed):  # fewer than the rate allowed: drained
             qs.idle = True
         # the batch in one pass (Worker._launch's work, the leases held under one lock)
         leases: list[Lease] = []
@@ -375,18 +369,26 @@ class Fetching(HandOff):
             to_start = self._to_start
             hold, start = leases.append, to_start.append
             now = time.monotonic()
-            rows = iter(reply[_CLAIM_HEAD:])  # (each entry's values grouped by zip)
-            for (level, eid, jid, code, token, attempt, data, deadline, wait_ms,
-                 age_ms) in zip(*[rows] * _CLAIM_WIDTH, strict=False):
-                if code != b"run":
-                    if code == b"paused":
+            prefix = self._token_prefix
+            k = first
+            for rows in reply[CLAIM_HEAD:]:  # one array per read: its level, then 4 values
+                lane = lanes[order[rows[0] - 1]]  # per entry (claim.lua's header)
+                keys = lane.keys
+                it = iter(rows)
+                next(it)
+                for eid, jid, data, t in zip(it, it, it, it, strict=False):
+                    if t.__class__ is int:  # attempt 1, no deadline, waited t ms
+                        lease = Lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
+                        hold(lease)
+                        start((lane, lease, 1, data, (0, t, t)))
+                    elif t.__class__ is list:  # any other start
+                        attempt, deadline, wait_ms, age_ms = t
+                        lease = Lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
+                        hold(lease)
+                        start((lane, lease, attempt, data, (deadline, wait_ms, age_ms)))
+                    elif t == b"paused":  # not started (skip, dead, paused, limited)
                         qs.paused = True
-                    continue
-                lane = lanes[order[int(level) - 1]]
-                lease = Lease(lane.keys, jid.decode(), eid.decode(), token.decode(), now)
-                hold(lease)
-                start((lane, lease, int(attempt), data,
-                       (int(deadline), int(wait_ms), int(age_ms))))
+                    k += 1
             if leases:
                 self.stats.started += len(leases)
             self._release(n - len(leases))
@@ -532,72 +534,3 @@ class Fetching(HandOff):
             self._release(skipped)
         finally:  # every lease of the batch held: now their first steps (eager.py)
             self._start_jobs()
-
-
-def start_call(k: Keys, consumer: str, cfg: QueueConfig, part: Sequence[tuple[str, str, str]],
-               bad: Sequence[tuple[str, str]], resume: str = "", *, rate: bool = False
-               ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of one start.lua call: (entry, job id, token) per entry to start, and
-    (entry, description) per malformed entry; resume: the worker's token prefix when these
-    are its own pending entries read again; rate: check the queue's rate limit (if any)."""
-    keys = [k.stream, k.dead, k.stats, k.events, k.paused, *(k.job(j) for _, j, _t in part)]
-    args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
-                       resume, len(part)]
-    for eid, jid, token in part:
-        args += [eid, jid, token]
-    args.append(len(bad))
-    for eid, desc in bad:
-        args += [eid, desc]
-    keys += k.group_keys  # a grouped job starts through its group's gate
-    args.append(cfg.group_arg)
-    if rate and cfg.rate_limit is not None:
-        keys.append(k.rate)
-        args += cfg.rate_args(k.shard)
-    return keys, args
-
-
-def claim_call(k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str, first: int, n: int,
-               streams: Sequence[str] | None = None, shares: Sequence[int] | None = None
-               ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of one claim.lua call: up to n entries, tokens from number first on,
-    from the level streams given (in reading order; default: the shard's default level)
-    with their shares of n."""
-    streams = [k.stream] if streams is None else list(streams)
-    shares = [n] if shares is None else list(shares)
-    keys = [k.dead, k.stats, k.events, k.paused, k.rate, *streams, *k.group_keys]
-    args: list[Any] = [GROUP, consumer, cfg.events_arg, cfg.dead_ttl_s, cfg.dead_maxlen,
-                       k.job(""), token_prefix, first, n, *cfg.rate_args(k.shard), *shares,
-                       cfg.group_arg]
-    return keys, args
-
-
-@attrs.frozen
-class ClaimPack:
-    """The runs of a shard's claim.lua calls that do not change between calls, packed once
-    (``scripts.pack_run``) for the levels in ``order`` and the token prefix ``prefix``:
-    :meth:`call` packs only the token number, N, the rate arguments and the shares. The
-    consumer and the queue's config are the worker's own, fixed while it runs."""
-
-    order: list[int]
-    prefix: str
-    head: bytes
-    """Every key, then ARGV[1..7]."""
-    nkeys: int
-    tail: bytes
-    """The group defaults argument."""
-
-    @classmethod
-    def make(cls, k: Keys, consumer: str, cfg: QueueConfig, token_prefix: str,
-             order: list[int], streams: Sequence[str]) -> ClaimPack:
-        keys, args = claim_call(k, consumer, cfg, token_prefix, 0, 0, streams,
-                                [0] * len(streams))
-        return cls(list(order), token_prefix, pack_run([*keys, *args[:7]]), len(keys),
-                   pack_run(args[-1:]))
-
-    def call(self, first: int, n: int, rate: tuple[int, int], shares: Sequence[int]
-             ) -> bytes:
-        """The packed EVALSHA of ``claim_call(..., first, n, streams, shares)`` (rate: the
-        shard's ``QueueConfig.rate_args``)."""
-        var = (first, n, *rate, *shares)
-        return SCRIPTS["claim"].packed(self.nkeys, self.nkeys + 8 + len(var),
-                                       (self.head, pack_run(var), self.tail))

@@ -24,23 +24,32 @@ log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 
 
-@attrs.define
-class Lease:
+@attrs.define(eq=False)  # (equal only to itself, as when each lease had its own flag)
+class Lease(CancelFlag):
+    """One job's lease while this worker runs it. It is the job's cancel flag as well
+    (``cancel``, a ``CancelFlag``: set once the worker learns that a cancel was requested):
+    one object per job, not two."""
+
     keys: Keys
     job_id: str
     entry: str
     token: str
     started: float = attrs.field(factory=time.monotonic)
     lost: bool = False
-    cancel: CancelFlag = attrs.field(factory=CancelFlag)
-    """Set (on the event loop) once the worker learns that a cancel was requested (cancel.py);
-    the handler's ``job.cancel_requested``."""
+    _set: bool = attrs.field(default=False, init=False)
+    """The cancel flag's state (``CancelFlag``'s slot)."""
     task: Any = None
     """The task running the job's async handler, while it runs (cancel.py interrupts it)."""
     interrupted: bool = False
     deps: Any = None
     """The job's dependency results as the script that started it sent them (field, value,
     ...: finish.lua's hand-off), read instead of the results HASH; None: read them."""
+
+    @property
+    def cancel(self) -> CancelFlag:
+        """Set (on the event loop) once the worker learns that a cancel was requested
+        (cancel.py); the handler's ``job.cancel_requested``. The lease itself."""
+        return self
 
 
 class LeaseKeeper:
@@ -74,8 +83,13 @@ class LeaseKeeper:
         """``add`` for each of a batch's leases, under one lock."""
         with self._lock:
             held = self._leases
+            keys: Keys | None = None
+            tag = ""
             for lease in leases:
-                held[(lease.keys.tag, lease.entry)] = lease
+                if lease.keys is not keys:  # (a batch's leases share their lane's keys)
+                    keys = lease.keys
+                    tag = keys.tag
+                held[(tag, lease.entry)] = lease
 
     def backdate(self, queue: str, entry: str, token: str, since: float) -> None:
         """The lease of (entry, token) may have begun as early as ``since`` (a hand-off:

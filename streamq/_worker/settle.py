@@ -155,19 +155,29 @@ class Settler:
         jobs = [job + b[0] for b in batch]
         _, _, _, o, _, x, e = batch[0] if batch else ("", "", "", "", b"", 0, "")
         shared = len(batch) > 1
+        empty = True  # (every result b'': None, not sent)
         if shared:
             for b in batch:
                 if b[3] != o or b[5] != x or b[6] != e:
                     shared = False
                     break
+                if b[4]:
+                    empty = False
         var: list[Any]
         if shared:
             # finish.lua's compact form: the outcome, delay or reason and error type every
-            # attempt shares, once (a batch of successes: 4 arguments per job, not 7)
-            var = [-len(batch), o, x, e]
+            # attempt shares, once, and each job's id read from its key (a batch of
+            # successes: 3 arguments per job, not 7; 2 when every handler returned None)
+            var = [-len(batch), o, x, e, len(job.encode())]
             add = var.extend
-            for b in batch:
-                add((b[0], b[1], b[2], b[4]))
+            if empty:
+                var.append(0)
+                for b in batch:
+                    add((b[1], b[2]))
+            else:
+                var.append(1)
+                for b in batch:
+                    add((b[1], b[2], b[4]))
         else:
             var = [len(batch)]
             for b in batch:

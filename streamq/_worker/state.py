@@ -71,7 +71,7 @@ class QState:
     """The connection the fetch loop keeps for its blocking reads and claims (fetch.py)."""
     settles: Kept = attrs.field(factory=Kept)
     claim_pack: Any = None
-    """The fixed runs of this shard's claim.lua calls, packed once (fetch.py's ClaimPack)."""
+    """The fixed runs of this shard's claim.lua calls, packed once (calls.py's ClaimPack)."""
     """The connection this lane's finish.lua calls go out on (settle.py)."""
     sending: bool = False
     """A finish.lua call of this lane is in flight (one at a time: settle.py)."""

@@ -5,7 +5,8 @@
 -- Each level stream (in the order given) is read up to its share first; what the shares did
 -- not fill is then read from the levels in the order given (priorities: docs/fairness.md).
 -- Every entry read is started as start.lua starts one (_lib.lua's start_entry), with the
--- token '<token prefix><hex(first + k)>' for the k-th entry read (k = 0, 1, ...).
+-- token '<token prefix><hex(first + k)>' for the k-th entry read (k = 0, 1, ..., counting
+-- every entry read, a malformed one too: the worker computes each token from its row's place).
 -- The queue-wide rate limit (_lib.lua's rate_*, GCRA) is checked before anything is read:
 -- the claim reads at most as many entries as may start now, and a start that did not happen
 -- (an entry skipped or dead-lettered) is not charged. None may start: nothing is read and the
@@ -39,13 +40,21 @@
 -- ARGV[11]  rate limit: tolerance in µs
 -- ARGV[11+l] level l's share of N
 -- ARGV[12+L] group defaults (QueueConfig.group_arg)
--- Returns a flat array: status ('ok' | 'paused' | 'limited': the rate allows no start now),
+-- Returns an array: status ('ok' | 'paused' | 'limited': the rate allows no start now),
 --           levels without the consumer group (their numbers, comma separated; '' = none),
 --           how many entries the rate allowed to read (N without a limit), ms until the
---           next start conforms (0 = now), then 10 per entry read: level, stream
---           entry id, job id ('' for a malformed entry), code ('run' | 'skip' | 'dead' |
---           'paused'), token, attempt, the job's data or the reason, deadline ms, ms since
---           the job (re)entered the stream, ms since it was created.
+--           next start conforms (0 = now), then one array per read that got entries, in the
+--           order read: its level l, then 4 values per entry read: stream entry id, job id
+--           ('' for a malformed entry), the job's data (or the reason it did not start), and
+--           t, which is
+--             a number: it started, attempt 1, no deadline, t ms since it (re)entered the
+--               stream and since it was created (the common start: one value, not four);
+--             an array {attempt, deadline ms, ms since it (re)entered the stream, ms since
+--               it was created}: it started (any other start);
+--             a string: it did not start: 'skip' | 'dead' | 'paused' | 'limited' (the data
+--               value is then the reason).
+--           The k-th entry of the reply (k = 0, 1, ... over every array) started under the
+--           token '<token prefix><hex(first + k)>'.
 local group, consumer = ARGV[1], ARGV[2]
 local c = {dead = KEYS[1], stats = KEYS[2], events = KEYS[3], group = group,
   consumer = consumer, events_maxlen = ARGV[3], dead_ttl = ARGV[4], dead_maxlen = ARGV[5],
@@ -121,6 +130,9 @@ local function read(l, want)
   if not reply or not reply[1] then drained[l] = true; return end
   c.stream = stream
   if #reply[1][2] < want then drained[l] = true end
+  local rows = {l}
+  out[#out + 1] = rows
+  local k = 1
   for _, e in ipairs(reply[1][2]) do
     local entry, fields = e[1], e[2]
     local id
@@ -128,25 +140,31 @@ local function read(l, want)
       if fields[j] == 'id' then id = fields[j + 1] end
     end
     got = got + 1
-    local k = #out
+    local token = token_of(next_token)  -- (one per entry read: the worker counts them)
+    next_token = next_token + 1
     if not id or not utf8_ok(id) then
       ack_del(stream, group, entry)
       rcall('XADD', c.dead, 'MAXLEN', '~', c.dead_maxlen, '*', 'job', '', 'reason',
         'malformed stream entry', 'etype', 'MalformedEntry', 'type', '', 't', c.now,
         'entry', entry, 'raw', ssub(cjson.encode(fields), 1, 500))
       c.failed = c.failed + 1
-      out[k + 1] = l; out[k + 2] = entry; out[k + 3] = ''; out[k + 4] = 'dead'
-      out[k + 5] = 0; out[k + 6] = 0; out[k + 7] = 'malformed stream entry'
-      out[k + 8] = 0; out[k + 9] = 0; out[k + 10] = 0
+      rows[k + 1] = entry; rows[k + 2] = ''; rows[k + 3] = 'malformed stream entry'
+      rows[k + 4] = 'dead'
     else
-      local token = token_of(next_token)
-      next_token = next_token + 1
-      local code, tok, attempt, data, deadline, wait, age = start_entry(c, prefix .. id, entry,
+      local code, _, attempt, data, deadline, wait, age = start_entry(c, prefix .. id, entry,
         id, token, true)
-      out[k + 1] = l; out[k + 2] = entry; out[k + 3] = id; out[k + 4] = code
-      out[k + 5] = tok; out[k + 6] = attempt; out[k + 7] = data
-      out[k + 8] = deadline; out[k + 9] = wait; out[k + 10] = age
+      -- (a run's token is this token: a fresh entry of this consumer was never started
+      -- under another of its tokens)
+      rows[k + 1] = entry; rows[k + 2] = id; rows[k + 3] = data
+      if code ~= 'run' then
+        rows[k + 4] = code
+      elseif attempt == 1 and deadline == 0 and wait == age then
+        rows[k + 4] = wait
+      else
+        rows[k + 4] = {attempt, deadline, wait, age}
+      end
     end
+    k = k + 4
   end
 end
 for l = 1, levels do

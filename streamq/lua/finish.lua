@@ -44,9 +44,14 @@
 --           dead-lettered); 'ok' wins when it arrives (the job finished first).
 -- ARGV[6] = -N, the compact form (_worker/settle.py, when every attempt of the call has the
 --           same outcome, delay ms or reason, and error type: each is sent once, not per job):
---           ARGV[7], ARGV[8], ARGV[9] that outcome, delay or reason, error type; then
---           ARGV[10 + 4*(i-1) ..] per attempt i: job id, stream entry id, lease token, data.
---           Below, '7 + 7*N' (the first argument after the attempts) is then 10 + 4*N.
+--           ARGV[7], ARGV[8], ARGV[9] that outcome, delay or reason, error type;
+--           ARGV[10] P, the length in bytes of the job record key prefix (Keys.job('')):
+--           attempt i's job id is KEYS[5+i] after its first P bytes (not sent again);
+--           ARGV[11] D: '1' = each attempt sends its data, '0' = every attempt's data is ''
+--           (not sent: a batch of handlers that returned None); then
+--           ARGV[12 + (2+D)*(i-1) ..] per attempt i: stream entry id, lease token, and its
+--           data when D is '1'.
+--           Below, '7 + 7*N' (the first argument after the attempts) is then 12 + (2+D)*N.
 -- ARGV[7 + 7*N] group defaults (QueueConfig.group_arg), with the group keys
 -- KEYS[17+N] (optional, after the group keys) the caller's finish marker HASH
 --           (Keys.finished): field 't' = the lease tokens (space-separated) of the
@@ -87,9 +92,10 @@ local group, events_maxlen, dead_ttl, dead_maxlen, wake =
 local n = tonumber(ARGV[6])
 local A0, S = 7, 7  -- the first attempt's first argument, arguments per attempt
 local c_out, c_extra, c_etype = nil, nil, nil  -- the compact form's shared values
+local c_p = 0  -- (and its key prefix's length: a job id is its key's rest)
 if n < 0 then
-  n, A0, S = -n, 10, 4
-  c_out, c_extra, c_etype = ARGV[7], ARGV[8], ARGV[9]
+  n, A0, S = -n, 12, ARGV[11] == '0' and 2 or 3
+  c_out, c_extra, c_etype, c_p = ARGV[7], ARGV[8], ARGV[9], tonumber(ARGV[10]) + 1
 end
 local T = A0 + S * n  -- the first argument after the attempts ('7 + 7*N' in the header)
 local now = now_ms()
@@ -126,14 +132,15 @@ local function marked(token)
 end
 for i = 1, n do
   local b = A0 + S * (i - 1)
-  local id, entry, token = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-  local outcome, data, extra, etype
+  local jobkey = KEYS[5 + i]
+  local id, entry, token, outcome, data, extra, etype
   if c_out then
-    outcome, data, extra, etype = c_out, ARGV[b + 3], c_extra, c_etype
+    id, entry, token = ssub(jobkey, c_p), ARGV[b], ARGV[b + 1]
+    outcome, data, extra, etype = c_out, S == 3 and ARGV[b + 2] or '', c_extra, c_etype
   else
+    id, entry, token = ARGV[b], ARGV[b + 1], ARGV[b + 2]
     outcome, data, extra, etype = ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 6]
   end
-  local jobkey = KEYS[5 + i]
   -- rec_t(jobkey, false, NAMES) inlined for a layout-2 record (literal names, no unpack).
   -- 'z' (start_entry's flag, docs/key-layout.md): none of the six rare fields is there, and
   -- 'z' holds 'x' ('' = absent), so they are not read; without it (a record started by an
