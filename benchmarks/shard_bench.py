@@ -4,7 +4,7 @@ cluster with and without replicas, as ratios to the same queue unsharded and to 
 
 ``python -m benchmarks.shard_bench [--jobs 20000] [--concurrency 100] [--workers 1]
 [--shards 1,3,6,12] [--one-shards 1] [--setups one,cluster,replicas] [--repeat 3]
-[--callgrind] [--dilate 50] [--json] [--out FILE] [--md FILE]``.
+[--callgrind [--cache-sim]] [--dilate 50] [--json] [--out FILE] [--md FILE]``.
 
 Setups, all started at once (persistence off): ``one`` a private redis-server; ``cluster`` a
 private 3-primary loopback cluster without replicas; ``replicas`` the same with one replica
@@ -42,6 +42,11 @@ instructions per second over two quiet seconds before the drain times the drain'
 so is what the workers' start and stop cost (scripts loaded, groups made, the command table
 read: per worker, not per job), counted over a start and stop of as many workers on the
 still empty queue. ``instructions_per_job_net`` leaves both out.
+``--cache-sim`` (with ``--callgrind``, about twice as slow again) has valgrind simulate the
+caches too: ``cache_misses_per_job`` gives the primaries' simulated misses per job (``D1mr``,
+``DLmr``, ...: first-level and last-level data reads, ...), what a run's instructions cost
+beyond their count when they touch memory further apart (a simulation of one process alone:
+not what other processes on the same cores evict).
 """
 
 from __future__ import annotations
