@@ -4,7 +4,7 @@ cluster with and without replicas, as ratios to the same queue unsharded and to 
 
 ``python -m benchmarks.shard_bench [--jobs 20000] [--concurrency 100] [--workers 1]
 [--shards 1,3,6,12] [--one-shards 1] [--setups one,cluster,replicas] [--repeat 3]
-[--callgrind] [--dilate 50] [--json] [--out FILE] [--md FILE]``.
+[--callgrind [--cache-sim]] [--dilate 50] [--json] [--out FILE] [--md FILE]``.
 
 Setups, all started at once (persistence off): ``one`` a private redis-server; ``cluster`` a
 private 3-primary loopback cluster without replicas; ``replicas`` the same with one replica
@@ -42,6 +42,11 @@ instructions per second over two quiet seconds before the drain times the drain'
 so is what the workers' start and stop cost (scripts loaded, groups made, the command table
 read: per worker, not per job), counted over a start and stop of as many workers on the
 still empty queue. ``instructions_per_job_net`` leaves both out.
+``--cache-sim`` (with ``--callgrind``, about twice as slow again) has valgrind simulate the
+caches too: ``cache_misses_per_job`` gives the primaries' simulated misses per job (``D1mr``,
+``DLmr``, ...: first-level and last-level data reads, ...), what a run's instructions cost
+beyond their count when they touch memory further apart (a simulation of one process alone:
+not what other processes on the same cores evict).
 """
 
 from __future__ import annotations
@@ -109,12 +114,13 @@ def _switches(pid: int) -> dict[str, int]:
 class _Callgrind:
     """Each server's instructions over a drain (``--callgrind``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache_sim: bool = False) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="shard-bench-cg-"))
         self.binary = self.dir / "redis-server"
         self.binary.write_text(
             "#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no --dump-instr=no"
-            f" --callgrind-out-file={self.dir}/out.%p redis-server \"$@\"\n")
+            + (" --cache-sim=yes" if cache_sim else "")
+            + f" --callgrind-out-file={self.dir}/out.%p redis-server \"$@\"\n")
         self.binary.chmod(0o755)
 
     @staticmethod
@@ -138,16 +144,21 @@ class _Callgrind:
 
     def stop(self, ports: list[int], funcs: bool = True
              ) -> dict[int, tuple[int, dict[str, int]]]:
-        """Per server: (instructions, inclusive instructions of ``_FUNCS``)."""
+        """Per server: (instructions, inclusive instructions of ``_FUNCS``; with
+        ``--cache-sim`` also the simulated cache misses, as ``~D1mr`` ... ``~DLmw``)."""
         out = {}
         for port in ports:
             pid = self._pid(port)
             self._ctl(pid, "-i", "off")
             self._ctl(pid, "-d")
             dumps = sorted(self.dir.glob(f"out.{pid}.*"), key=lambda f: f.stat().st_mtime)
-            totals = [line for line in dumps[-1].read_text().splitlines()
-                      if line.startswith(("summary:", "totals:"))]
-            out[port] = (int(totals[-1].split()[1]), self._funcs(dumps[-1]) if funcs else {})
+            lines = dumps[-1].read_text().splitlines()
+            events = next((ln.split()[1:] for ln in lines if ln.startswith("events:")), ["Ir"])
+            totals = [line for line in lines if line.startswith(("summary:", "totals:"))]
+            values = [int(v) for v in totals[-1].split()[1:]]
+            found = self._funcs(dumps[-1]) if funcs else {}
+            found.update({f"~{e}": v for e, v in zip(events[1:], values[1:], strict=False)})
+            out[port] = (values[0], found)
         return out
 
     @staticmethod
@@ -326,7 +337,11 @@ async def _drain(s: _Setup, name: str, cfg: QueueConfig, n: int, a: Any,
         for p in s.ports:
             for f, v in ins[p][1].items():
                 funcs[f] = funcs.get(f, 0) + v / n
-        out["inclusive_instructions_per_job"] = funcs
+        out["inclusive_instructions_per_job"] = {f: v for f, v in funcs.items()
+                                                 if not f.startswith("~")}
+        if a.cache_sim:  # the primaries' simulated misses (D1: first level, LL: last)
+            out["cache_misses_per_job"] = {f[1:]: v for f, v in funcs.items()
+                                           if f.startswith("~")}
         if s.replicas:
             out["replica_instructions_per_job"] = sum(ins[p][0] for p in s.replicas) / n
     return out
@@ -378,7 +393,7 @@ def _load() -> str:
 
 
 def measure(a: Any) -> dict[str, Any]:
-    cg = _Callgrind() if a.callgrind else None
+    cg = _Callgrind(a.cache_sim) if a.callgrind else None
     if a.dilate != 1:
         _dilate(a.dilate)
     kinds = a.setups.split(",")
@@ -426,6 +441,7 @@ def _argv(a: Any) -> str:
             f" --shards {a.shards} --one-shards {a.one_shards} --setups {a.setups}"
             f" --repeat {a.repeat} --block-ms {a.block_ms}"
             + (" --callgrind" if a.callgrind else "")
+            + (" --cache-sim" if getattr(a, "cache_sim", False) else "")
             + f" --dilate {a.dilate:g}" + (" --no-promote" if a.no_promote else ""))
 
 
@@ -505,6 +521,8 @@ def main() -> None:
     ap.add_argument("--md", type=Path, help="also write the markdown tables here")
     ap.add_argument("--callgrind", action="store_true",
                     help="count each server's instructions per job (valgrind, ~50x slower)")
+    ap.add_argument("--cache-sim", action="store_true",
+                    help="with --callgrind: simulated cache misses per job too (~2x slower)")
     ap.add_argument("--dilate", type=float, default=None,
                     help="stretch the workers' periods by this (default 50 with --callgrind)")
     a = ap.parse_args()
