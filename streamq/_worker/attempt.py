@@ -12,8 +12,6 @@ from collections.abc import Callable
 from types import MethodType
 from typing import Any
 
-import attrs
-
 from .._core import telemetry as tel
 from .._core.config import QueueConfig, RetryPolicy, WorkerConfig
 from .._core.driver import adrive
@@ -29,7 +27,7 @@ from .._core.errors import (
     WaitForChildren,
 )
 from .._core.flow import DEPS_HEADER, all_results, results_of
-from .._core.model import Job, envelope_from_data, plain_body
+from .._core.model import Job, envelope_from_data, new_job, plain_body
 from .._core.timeseries import SeriesRecorder
 from .cancel import cancelled
 from .invoke import Expired, SyncRunner, bounded, error_info
@@ -44,11 +42,6 @@ _bind = MethodType
 _OK_NONE = ("ok", b"", 0, "")
 """The rest of a ``Finish`` for a handler that returned None (not stored)."""
 _perf_counter = time.perf_counter
-_JOB_FIELDS = ("id", "type", "payload", "attempt", "max_attempts", "queue", "version",
-               "idempotency_key", "headers", "trace", "deadline_ms", "priority", "_reporter",
-               "_cancel", "ctx", "_dependencies")
-if tuple(a.name for a in attrs.fields(Job)) != _JOB_FIELDS:  # Job(...) below is positional
-    raise ImportError("streamq: Job's fields changed order; update Attempts.attempt")
 _last_exc: contextvars.ContextVar[BaseException | None] = contextvars.ContextVar(
     "streamq_last_exc", default=None)
 _deliberate: contextvars.ContextVar[bool] = contextvars.ContextVar("streamq_deliberate",
@@ -185,14 +178,12 @@ class Attempts:
                               f" {max_attempts}: the previous run's lease lapsed",
                               "attempts exhausted (lease lapsed)", jtype)
         queue = qs.keys.queue
-        # positional (Job's field order: id, type, payload, attempt, max_attempts, queue,
-        # version, idempotency_key, headers, trace, deadline_ms, priority, reporter,
-        # cancel, ctx): a third cheaper than by keyword, once per job. A job's priority is
-        # the level of the ready stream it was read from (each level has its own).
-        job = Job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
-                  headers, carrier, deadline_ms, qs.keys.level,
-                  _bind(record, lease) if record is not None else None, lease,
-                  self.registry.lifecycle.ctx)  # (the lease is its cancel flag)
+        # (new_job: Job(...) without the class call, once per job.) A job's priority is the
+        # level of the ready stream it was read from (each level has its own).
+        job = new_job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
+                      headers, carrier, deadline_ms, qs.keys.level,
+                      _bind(record, lease) if record is not None else None, lease,
+                      self.registry.lifecycle.ctx)  # (the lease is its cancel flag)
         if self.deps_client is not None and (spec.children or (headers and DEPS_HEADER in
                                                                headers)):
             # a job that waited for others: its dependency results, sent with its start

@@ -33,7 +33,7 @@ from .._core.sends import xreadgroup
 from .._core.supervise import Outage, Supervised
 from .calls import CLAIM_HEAD, ClaimPack, claim_call, claim_read, start_call
 from .handoff import TICKET_SLACK_MS, HandOff, inbox_row
-from .lease import Lease, LeaseKeeper
+from .lease import Lease, LeaseKeeper, new_lease
 from .slots import Slots
 from .state import QState, WorkerStats
 
@@ -378,12 +378,12 @@ class Fetching(HandOff):
                 next(it)
                 for eid, jid, data, t in zip(it, it, it, it, strict=False):
                     if t.__class__ is int:  # attempt 1, no deadline, waited t ms
-                        lease = Lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
+                        lease = new_lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
                         hold(lease)
                         start((lane, lease, 1, data, (0, t, t)))
                     elif t.__class__ is list:  # any other start
                         attempt, deadline, wait_ms, age_ms = t
-                        lease = Lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
+                        lease = new_lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
                         hold(lease)
                         start((lane, lease, attempt, data, (deadline, wait_ms, age_ms)))
                     elif t == b"paused":  # not started (skip, dead, paused, limited)

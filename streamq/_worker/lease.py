@@ -52,6 +52,38 @@ class Lease(CancelFlag):
         return self
 
 
+_new = object.__new__
+
+
+def new_lease(keys: Keys, job_id: str, entry: str, token: str, started: float) -> Lease:
+    """``Lease(keys, job_id, entry, token, started)`` for the fetch path (once per job): the
+    same object, its slots written here, without calling the class (about 1,100 CPU
+    instructions less per job). Keep it in step with Lease's fields: checked at import."""
+    lease = _new(Lease)
+    lease.keys = keys
+    lease.job_id = job_id
+    lease.entry = entry
+    lease.token = token
+    lease.started = started
+    lease.lost = False
+    lease._set = False
+    lease.task = None
+    lease.interrupted = False
+    lease.deps = None
+    return lease
+
+
+def _check_new_lease() -> None:
+    names = [a.name for a in attrs.fields(Lease)]
+    a: Any = names
+    made, built = new_lease(a[0], a[1], a[2], a[3], 0.0), Lease(a[0], a[1], a[2], a[3], 0.0)
+    if [getattr(made, n, made) for n in names] != [getattr(built, n) for n in names]:
+        raise ImportError("streamq: Lease's fields changed; update lease.new_lease")
+
+
+_check_new_lease()
+
+
 class LeaseKeeper:
     """Holds the worker's leases; renews those older than ``every_s`` every ``every_s``."""
 

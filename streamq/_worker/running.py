@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .attempt import Attempts
 from .eager import AVAILABLE as EAGER
 from .eager import Carrier, Resumed, enter_task, leave_task
-from .lease import Lease
+from .lease import Lease, new_lease
 from .state import Finish, QState
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ class Running:
                 data: bytes, times: tuple[int, int, int], deps: Any = None) -> None:
         """Hold a started job's lease; its first step runs in the caller's ``_start_jobs``,
         once every lease of the batch is held (renewed even while a first step blocks)."""
-        lease = Lease(qs.keys, job_id, entry, token)
+        lease = new_lease(qs.keys, job_id, entry, token, time.monotonic())
         if deps is not None:  # its dependency results, sent with its start (Lease.deps)
             lease.deps = deps
         self._leases.add(lease)
