@@ -7,8 +7,9 @@ steps, and its buffered outcomes are dropped. The child process runs under ``val
 --tool=callgrind --instr-atstart=no`` and switches instrumentation on (``callgrind_control``)
 after a warm-up batch, so the figure is the measured loop only, repeatable to about +-10
 instructions per job and independent of the machine's load. The lease objects the harness
-makes are counted (a claim makes them in fetch.py). Prints JSON. To measure another tree,
-run from a clone of it with ``PYTHONPATH`` pointing at it (``repo`` names the tree measured).
+makes are counted (``new_lease``, as a claim makes them in fetch.py). Prints JSON. To
+measure another tree, run from a clone of it with ``PYTHONPATH`` pointing at it (``repo``
+names the tree measured; a tree before 5c1a19e has no ``new_lease``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _ctl(*args: str) -> None:
 async def _run(n: int, instrument: bool) -> None:
     from streamq._core.timeseries import SeriesRecorder
     from streamq._worker.invoke import SyncRunner
-    from streamq._worker.lease import Lease
+    from streamq._worker.lease import new_lease
     from streamq._worker.progress import Progress
 
     reg = _registry()
@@ -65,7 +66,7 @@ async def _run(n: int, instrument: bool) -> None:
 
     def batch(first: int, k: int, prefix: str) -> None:
         for i in range(first, first + k):
-            lease = Lease(qs.keys, f"{prefix}{i}", f"1-{i}", "tok")
+            lease = new_lease(qs.keys, f"{prefix}{i}", f"1-{i}", "tok", 0.0)
             w._to_start.append((qs, lease, 1, datas[i], (0, 5, 10)))
         w._start_jobs()
         if len(qs.buf) != k:
