@@ -12,7 +12,7 @@ from streamq import Keys, QueueConfig
 from streamq._core import scripts, sends
 from streamq._core.config import RateLimit
 from streamq._core.conn import async_client
-from streamq._core.scripts import SCRIPTS, Script, _pack, pack_run
+from streamq._core.scripts import SCRIPTS, Script, _pack, pack_run, pack_strs
 from streamq._worker.calls import ClaimPack, claim_call
 from streamq._worker.lease import LeaseKeeper
 from streamq._worker.settle import Settler
@@ -27,6 +27,20 @@ def test_a_call_packed_from_runs_is_the_call_packed_whole() -> None:
     runs = (pack_run(keys[:1]), pack_run(keys[1:]), pack_run(args[:2]), pack_run([]),
             pack_run(args[2:]))
     assert s.packed(len(keys), len(keys) + len(args), runs) == whole
+
+
+@pytest.mark.parametrize("values", [
+    ["sq:{q}:job:0f3a", "1700000000000-0", "w1a:3e8", ""],  # a settle's keys, entries, tokens
+    ["x" * 255, "y"],  # the longest value packed by join
+    ["x" * 256, "y"],  # longer: hiredis packs the run
+    ["caf\N{LATIN SMALL LETTER E WITH ACUTE}", "a"],  # not ASCII: its bytes are longer
+    ["a", b"b\r\n"],  # not all str
+    ["a", 7],
+])
+def test_a_run_of_strings_packs_as_hiredis_packs_it(values: list[Any]) -> None:
+    whole = _pack(("X", *values))  # (the command name's run: $1 X)
+    assert pack_strs(values) == pack_run(values) == whole.split(b"$1\r\nX\r\n", 1)[1]
+    assert pack_strs([]) == b""
 
 
 @pytest.mark.parametrize("cfg", [

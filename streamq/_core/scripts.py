@@ -107,6 +107,30 @@ def pack_run(args: Sequence[Arg]) -> bytes:
     return raw[raw.index(b"\n") + 1:]
 
 
+_BULK = tuple(f"${n}" for n in range(256))
+"""A bulk string's header for each length ``pack_strs`` packs itself."""
+
+
+def pack_strs(args: list[str]) -> bytes:
+    """:func:`pack_run` for a run of short ASCII strings (a settle's job keys, entries and
+    tokens): the same bytes, made with one ``join`` instead of a ``sprintf`` per value
+    (about 350 CPU instructions less per value). Anything else (a value not a str, longer
+    than 255 characters, or not ASCII: its length in bytes differs) goes to ``pack_run``."""
+    if not args or _pack is None:
+        return b""
+    n2 = 2 * len(args)
+    flat = [""] * (n2 + 1)  # header, value, header, value, ..., "" (the last CRLF)
+    try:
+        flat[0:n2:2] = map(_BULK.__getitem__, map(len, args))
+        flat[1:n2:2] = args
+        text = "\r\n".join(flat)
+    except (TypeError, IndexError):
+        return pack_run(args)
+    if not text.isascii():
+        return pack_run(args)
+    return text.encode()
+
+
 class Script:
     """One Lua script, addressed by its SHA1."""
 

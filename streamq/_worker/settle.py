@@ -17,7 +17,7 @@ from .._core import telemetry as tel
 from .._core.config import QueueConfig
 from .._core.keys import GROUP, RECENT_KEEP, Keys
 from .._core.retry import transient
-from .._core.scripts import SCRIPTS, pack_run
+from .._core.scripts import SCRIPTS, pack_run, pack_strs
 from .._core.supervise import Outage, Supervised
 from .lease import LeaseKeeper
 from .state import Finish, QState, WorkerStats
@@ -164,18 +164,20 @@ class Settler:
                 if b[4]:
                     empty = False
         var: list[Any]
+        per: list[str] = []  # (the compact form's per-job values, when all are str)
         if shared:
             # finish.lua's compact form: the outcome, delay or reason and error type every
             # attempt shares, once, and each job's id read from its key (a batch of
             # successes: 3 arguments per job, not 7; 2 when every handler returned None)
             var = [-len(batch), o, x, e, len(job.encode())]
-            add = var.extend
             if empty:
                 var.append(0)
+                add = per.extend
                 for b in batch:
                     add((b[1], b[2]))
             else:
                 var.append(1)
+                add = var.extend
                 for b in batch:
                     add((b[1], b[2], b[4]))
         else:
@@ -188,15 +190,16 @@ class Settler:
         if not cfg.min_replicas and script.packable(self.client):
             # the lane's fixed keys and arguments packed once, the rest now (same bytes)
             nkeys = len(call.keys) + len(jobs) + len(call.group_keys) + 2
-            packed = script.packed(nkeys, nkeys + len(call.args) + len(var) + 2 + len(hand), (
-                call.p_keys, pack_run(jobs), call.p_keys2, call.p_args, pack_run(var),
-                call.p_tail, pack_run(hand)))
+            packed = script.packed(
+                nkeys, nkeys + len(call.args) + len(var) + len(per) + 2 + len(hand), (
+                    call.p_keys, pack_strs(jobs), call.p_keys2, call.p_args, pack_run(var),
+                    pack_strs(per), call.p_tail, pack_run(hand)))
             keys: list[str] = []
             args: list[Any] = []
         else:
             # (a settled grouped job frees its group's slot: the group keys)
             keys = [*call.keys, *jobs, *call.group_keys, call.marker, call.recent]
-            args = [*call.args, *var, call.group_arg, RECENT_KEEP, *hand]
+            args = [*call.args, *var, *per, call.group_arg, RECENT_KEEP, *hand]
         qs.settle_calls += 1
         qs.sending = True
         sent = time.monotonic()
