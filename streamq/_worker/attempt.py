@@ -9,7 +9,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from types import MethodType
 from typing import Any
 
 from .._core import telemetry as tel
@@ -38,7 +37,6 @@ from .registry import HandlerSpec, Registry
 from .state import Finish, QState, WorkerStats
 
 log = logging.getLogger("streamq.worker")
-_bind = MethodType
 _OK_NONE = ("ok", b"", 0, "")
 """The rest of a ``Finish`` for a handler that returned None (not stored)."""
 _perf_counter = time.perf_counter
@@ -96,8 +94,8 @@ class Attempts:
         self.tracing = False
         """Attempts make spans (``tel.tracing()``), as asked for the batch (``ask``)."""
         self.record: Callable[[Lease, str, Any], Sent] | None = None
-        """``progress.record`` (bound once a batch): a job's reporter is it with the job's
-        lease bound (``Progress.reporter``'s, without its call)."""
+        """``progress.record`` (bound once a batch): a job's reporter is its lease, which
+        calls it (``Lease.__call__``)."""
 
     def ask(self) -> None:
         """Ask once for a batch of attempts (Worker._start_jobs) whether metrics and spans
@@ -180,10 +178,11 @@ class Attempts:
         queue = qs.keys.queue
         # (new_job: Job(...) without the class call, once per job.) A job's priority is the
         # level of the ready stream it was read from (each level has its own).
+        lease.report = record  # (the lease is the job's reporter and its cancel flag)
         job = new_job(job_id, jtype, payload, attempt, max_attempts, queue, version, idem,
                       headers, carrier, deadline_ms, qs.keys.level,
-                      _bind(record, lease) if record is not None else None, lease,
-                      self.registry.lifecycle.ctx)  # (the lease is its cancel flag)
+                      lease if record is not None else None, lease,
+                      self.registry.lifecycle.ctx)
         if self.deps_client is not None and (spec.children or (headers and DEPS_HEADER in
                                                                headers)):
             # a job that waited for others: its dependency results, sent with its start

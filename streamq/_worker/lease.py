@@ -44,6 +44,14 @@ class Lease(CancelFlag):
     deps: Any = None
     """The job's dependency results as the script that started it sent them (field, value,
     ...: finish.lua's hand-off), read instead of the results HASH; None: read them."""
+    report: Any = None
+    """The worker's ``Progress.record`` while the lease is the job's reporter (``__call__``):
+    set by the attempt, one store per job instead of a bound method made per job."""
+
+    def __call__(self, kind: str, value: Any) -> Any:
+        """The job's reporter (``Job.progress`` and ``Job.log``): ``record`` with this
+        lease."""
+        return self.report(self, kind, value)
 
     @property
     def cancel(self) -> CancelFlag:
@@ -70,6 +78,7 @@ def new_lease(keys: Keys, job_id: str, entry: str, token: str, started: float) -
     lease.task = None
     lease.interrupted = False
     lease.deps = None
+    lease.report = None
     return lease
 
 

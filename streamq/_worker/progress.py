@@ -17,7 +17,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator
-from types import MethodType
 from typing import Any
 
 import attrs
@@ -78,12 +77,6 @@ class Progress:
         self._loop = asyncio.get_running_loop()
 
     # ------------------------------------------------------------------ handler side
-
-    def reporter(self, lease: Lease) -> Callable[[str, Any], Sent]:
-        """The callable a Job uses: ``(kind, value)`` with kind 'progress' or 'log'
-        (``record`` with ``lease`` bound: one C call, no closure per job)."""
-        bound: Callable[[str, Any], Sent] = MethodType(self.record, lease)
-        return bound
 
     def record(self, lease: Lease, kind: str, value: Any) -> Sent:
         if kind == "progress":
