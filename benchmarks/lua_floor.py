@@ -14,10 +14,17 @@ in redis-server instructions per job (independent of the machine's load):
 The drain is measured once per step set, each adding one per-job command to the one before:
 ``x`` none (stream only: XREADGROUP, XACK, XDEL and the calls themselves), ``G`` HGETALL of the
 record at the start, ``S`` HSET of the lease (6 fields, as start_entry writes), ``M`` HMGET of
-``s k z`` at the finish, ``F`` HSET of ``s c f <now>``, ``E`` EXPIRE. The last row is the
-least a lifecycle keeping a fenced record costs in Lua on that server: compare it with
+``s k z`` at the finish, ``F`` HSET of ``s c f <now>``, ``E`` EXPIRE. ``GSMFE`` is the least
+a lifecycle keeping a fenced record costs in Lua on that server: compare it with
 ``python -m benchmarks.floor --callgrind`` (streamq's own scripts) and with the issue's goal
 (docs/performance.md, "The floor a fenced record sets").
+
+Then the other contracts, each a step set of its own (enqueue measured per set):
+``P`` the fence is the entry's place in the finishing consumer's pending list (one XPENDING
+of the batch's count per finish call, instead of M's HMGET per job); ``R`` no EXPIRE: one
+ZADD per finish call of every completed record's due time, for a reaper to delete (the
+reaper's DELs are not counted, as the expiry of E's keys is not); ``B`` the body in the
+stream entry (``id <id> b <body>``), the record without it, so the start reads no record.
 """
 
 from __future__ import annotations
@@ -40,11 +47,17 @@ from streamq._core.server import free_port
 from .floor import _ctl, _dump_part, _total
 
 ENQ = r"""
-local n = #ARGV / 2
+local n = (#ARGV - 1) / 2
+local inline = ARGV[#ARGV]:find('B', 1, true)
 redis.call('EXISTS', unpack(KEYS, 3, 2 + n))
 for i = 1, n do
-  local e = redis.call('XADD', KEYS[1], '*', 'id', ARGV[2 * i - 1])
-  redis.call('HSET', KEYS[2 + i], 's', 'q', 'b', ARGV[2 * i], 'e', e)
+  if inline then  -- B: the body in the stream entry, not in the record
+    local e = redis.call('XADD', KEYS[1], '*', 'id', ARGV[2 * i - 1], 'b', ARGV[2 * i])
+    redis.call('HSET', KEYS[2 + i], 's', 'q', 'e', e)
+  else
+    local e = redis.call('XADD', KEYS[1], '*', 'id', ARGV[2 * i - 1])
+    redis.call('HSET', KEYS[2 + i], 's', 'q', 'b', ARGV[2 * i], 'e', e)
+  end
 end
 redis.call('HINCRBY', KEYS[2], 'enqueued', n)
 return n
@@ -60,10 +73,12 @@ local out = {}
 if not reply then return out end
 local prefix, k = ARGV[3], 0
 local get, set = steps:find('G', 1, true), steps:find('S', 1, true)
+local inline = steps:find('B', 1, true)
 for _, e in ipairs(reply[1][2]) do
   local id = e[2][2]
   local key = prefix .. id
   local body = 'x'
+  if inline then body = e[2][4] end
   if get then
     local h = redis.call('HGETALL', key)
     for j = 1, #h, 2 do if h[j] == 'b' then body = h[j + 1] end end
@@ -84,17 +99,30 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local prefix = ARGV[1]
 local check, done = steps:find('M', 1, true), steps:find('F', 1, true)
-local ttl = steps:find('E', 1, true)
-local ents = {}
+local ttl, reap = steps:find('E', 1, true), steps:find('R', 1, true)
+local owned
+if steps:find('P', 1, true) then  -- P: the fence is the entry's place in this consumer's PEL
+  owned = {}
+  local n = (#ARGV - 1) / 3
+  for _, p in ipairs(redis.call('XPENDING', KEYS[1], 'g', '-', '+', n, KEYS[4])) do
+    owned[p[1]] = true
+  end
+end
+local ents, due = {}, {}
 for i = 2, #ARGV, 3 do
   local key = prefix .. ARGV[i]
   local ok = true
   if check then ok = redis.call('HMGET', key, 's', 'k', 'z')[2] == ARGV[i + 1] end
+  if owned then ok = owned[ARGV[i + 2]] end
   if ok then
     if done then redis.call('HSET', key, 's', 'c', 'f', now) end
     if ttl then redis.call('EXPIRE', key, 3600) end
+    if reap then due[#due + 1] = now + 3600000; due[#due + 1] = key end
     ents[#ents + 1] = ARGV[i + 2]
   end
+end
+if reap and #due > 0 then  -- R: one ZADD of the batch's records for a reaper to delete
+  redis.call('ZADD', KEYS[5], unpack(due))
 end
 redis.call('XACK', KEYS[1], 'g', unpack(ents))
 redis.call('XDEL', KEYS[1], unpack(ents))
@@ -102,8 +130,10 @@ redis.call('HINCRBY', KEYS[2], 'completed', #ents)
 return #ents
 """
 
-STEPS = ("x", "G", "GS", "GSM", "GSMF", "GSMFE")
+STEPS = ("x", "G", "GS", "GSM", "GSMF", "GSMFE", "GPFE", "GSPFE", "GSMFR", "GPFR", "BPFE",
+         "BPFR")
 PREFIX, STREAM, STATS = "lf:{q}:job:", "lf:{q}:stream", "lf:{q}:stats"
+REAP = "lf:{q}:reap"
 
 
 class _Server:
@@ -157,18 +187,20 @@ def run(n: int, batch: int, binary: str) -> dict[str, Any]:
         out: dict[str, Any] = {"jobs": n, "enqueue_batch": batch, "binary": binary,
                                "server": r.info("server").get("redis_version")}
         drains: dict[str, float] = {}
+        enqueues: dict[str, float] = {}
         for steps in STEPS:
             r.flushall()
             r.xgroup_create(STREAM, "g", id="0", mkstream=True)
             ids = [os.urandom(11).hex() for _ in range(n)]
 
-            def do_enqueue(ids: list[str] = ids) -> None:
+            def do_enqueue(ids: list[str] = ids, steps: str = steps) -> None:
                 for i in range(0, n, batch):
                     chunk = ids[i:i + batch]
                     args: list[str] = []
                     for j, x in enumerate(chunk):
                         args += [x, f'noop {{"n":{i + j}}}']
-                    enq(keys=[STREAM, STATS, *(PREFIX + x for x in chunk)], args=args)
+                    enq(keys=[STREAM, STATS, *(PREFIX + x for x in chunk)],
+                        args=[*args, steps])
 
             def do_drain(steps: str = steps) -> None:
                 while True:
@@ -178,16 +210,16 @@ def run(n: int, batch: int, binary: str) -> dict[str, Any]:
                     args: list[Any] = [PREFIX]
                     for j in range(0, len(rep), 4):
                         args += [rep[j + 1], rep[j + 2], rep[j]]
-                    fin(keys=[STREAM, STATS, steps], args=args)
+                    fin(keys=[STREAM, STATS, steps, "c1", REAP], args=args)
 
-            enqueued = srv.measure(do_enqueue) / n
-            out.setdefault("enqueue_ir_per_job", round(enqueued))
+            enqueues[steps] = srv.measure(do_enqueue) / n
             drains[steps] = srv.measure(do_drain) / n
             if r.xlen(STREAM) != 0:
                 raise SystemExit(f"{steps}: the stream was not drained")
+        out["enqueue_ir_per_job"] = round(enqueues["x"])
+        out["enqueue_ir_per_job_by_steps"] = {k: round(v) for k, v in enqueues.items()}
         out["drain_ir_per_job"] = {k: round(v) for k, v in drains.items()}
-        out["lifecycle_ir_per_job"] = {k: round(v + out["enqueue_ir_per_job"])
-                                       for k, v in drains.items()}
+        out["lifecycle_ir_per_job"] = {k: round(v + enqueues[k]) for k, v in drains.items()}
         return out
     finally:
         srv.close()

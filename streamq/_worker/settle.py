@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 import attrs
@@ -22,6 +23,7 @@ from .._core.supervise import Outage, Supervised
 from .lease import LeaseKeeper
 from .state import Finish, QState, WorkerStats
 
+_ENTRY, _TOKEN = itemgetter(1), itemgetter(2)  # a Finish's entry and token
 log = logging.getLogger("streamq.worker")
 _BATCH = 1000
 _PERMANENT_TRIES = 3
@@ -154,7 +156,8 @@ class Settler:
         job = call.job
         jobs = [job + b[0] for b in batch]
         _, _, _, o, _, x, e = batch[0] if batch else ("", "", "", "", b"", 0, "")
-        shared = len(batch) > 1
+        n = len(batch)
+        shared = n > 1
         empty = True  # (every result b'': None, not sent)
         if shared:
             for b in batch:
@@ -169,12 +172,12 @@ class Settler:
             # finish.lua's compact form: the outcome, delay or reason and error type every
             # attempt shares, once, and each job's id read from its key (a batch of
             # successes: 3 arguments per job, not 7; 2 when every handler returned None)
-            var = [-len(batch), o, x, e, len(job.encode())]
+            var = [-n, o, x, e, len(job.encode())]
             if empty:
                 var.append(0)
-                add = per.extend
-                for b in batch:
-                    add((b[1], b[2]))
+                per = [""] * (2 * n)  # entry, token, entry, token, ... (C loops: no
+                per[0::2] = map(_ENTRY, batch)  # bytecode per job)
+                per[1::2] = map(_TOKEN, batch)
             else:
                 var.append(1)
                 add = var.extend
