@@ -194,11 +194,13 @@ class Attempts:
             span: tel.Attempt | None = tel.Attempt(queue, job_id, jtype, attempt, carrier,
                                                    self.config.trace_parent, self.server)
             assert span is not None
-            token = tel.JOB.set({"job_id": job_id, "job_type": jtype, "queue": queue,
-                                 "attempt": attempt, "trace_id": span.trace_id})
+            tel.JOB.set({"job_id": job_id, "job_type": jtype, "queue": queue,
+                         "attempt": attempt, "trace_id": span.trace_id})
         else:  # the log context is the job itself: its fields read only when a line is
             span = None  # logged (tel.job_fields)
-            token = tel.JOB.set(job)
+            tel.JOB.set(job)
+        # (never reset: every attempt runs in a context of its own, made for it and dropped
+        # with it, Running._start_jobs and _run_job)
         running = self.in_flight.by_queue
         try:  # (no call: a queue's first job only meets the KeyError)
             running[queue] += 1
@@ -258,7 +260,6 @@ class Attempts:
             raise
         finally:
             running[queue] -= 1
-            tel.JOB.reset(token)
             ran_s = time.perf_counter() - started
             if item is not None:
                 if metering:  # (the queue wait was recorded at the start: _begin)

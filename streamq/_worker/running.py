@@ -115,11 +115,13 @@ class Running:
         run = attempts.attempt
         job_ctx = self._job_ctx
         progress = self._progress
-        reports = progress.waiting() if progress is not None else None
+        pending, lines = progress.waiting() if progress is not None else ({}, {})
+        """The reports not written yet (read per job: a job's first step may add some)."""
         ended = 0
         """Jobs whose outcome their first step buffered."""
         lanes: list[QState] = []
         """Their lanes, each once (a batch's jobs are of one lane, or a few)."""
+        lane: QState | None = None  # (the last one added)
         last: tuple[QState, Lease, contextvars.Context] | None = None
         carrier = self._carrier
         if carrier is None or carrier.spoilt:
@@ -153,10 +155,11 @@ class Running:
                     carrier = self._carrier = Carrier(loop)
                     task = carrier.task
                     continue
-                if task.cancelling() or task.done():  # (the job cancelled its own task)
+                if task.cancelling():  # the job cancelled its own task (Carrier.spoilt; no
+                    # task is done before the loop runs it again)
                     carrier = self._carrier = Carrier(loop)
                     task = carrier.task
-                if reports is not None and (reports[0] or reports[1]) and progress is not None \
+                if (pending or lines) and progress is not None \
                         and progress.has_reports(qs.keys.tag, lease.job_id):
                     # its last reports go in before its outcome: handed over from a task
                     self._later = left  # (read by _outcome: jobs of the batch still to run)
@@ -169,8 +172,9 @@ class Running:
                     continue
                 qs.buf.append(item)
                 ended += 1
-                if not lanes or lanes[-1] is not qs:
+                if qs is not lane:
                     lanes.append(qs)
+                    lane = qs
                 if not left:
                     last = (qs, lease, ctx)
         finally:
