@@ -201,11 +201,13 @@ class Attempts:
             tel.JOB.set(job)
         # (never reset: every attempt runs in a context of its own, made for it and dropped
         # with it, Running._start_jobs and _run_job)
-        running = self.in_flight.by_queue
-        try:  # (no call: a queue's first job only meets the KeyError)
-            running[queue] += 1
-        except KeyError:
-            running[queue] = 1
+        if metering:  # the in-flight gauge (read only where metrics are recorded: an
+            # attempt that began before a provider was installed is not counted)
+            running = self.in_flight.by_queue
+            try:  # (no call: a queue's first job only meets the KeyError)
+                running[queue] += 1
+            except KeyError:
+                running[queue] = 1
         started = time.perf_counter()
         exc_seen: BaseException | None = None
         item: Finish | None = None
@@ -259,7 +261,8 @@ class Attempts:
             exc_seen = exc
             raise
         finally:
-            running[queue] -= 1
+            if metering:
+                running[queue] -= 1
             ran_s = time.perf_counter() - started
             if item is not None:
                 if metering:  # (the queue wait was recorded at the start: _begin)
