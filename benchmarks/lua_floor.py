@@ -177,52 +177,56 @@ class _Server:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run(n: int, batch: int, binary: str) -> dict[str, Any]:
+def _one(n: int, batch: int, binary: str, steps: str) -> tuple[float, float, str]:
+    """(enqueue, drain) instructions per job of one step set, on a server of its own (a
+    second enqueue measured on the same server read a wrapped, negative total)."""
     srv = _Server(binary)
     try:
         r = srv.client
         enq, claim, fin = (r.register_script(s) for s in (ENQ, CLAIM, FINISH))
         for script in (enq, claim, fin):  # loaded before anything is measured
             r.script_load(script.script)
-        out: dict[str, Any] = {"jobs": n, "enqueue_batch": batch, "binary": binary,
-                               "server": r.info("server").get("redis_version")}
-        drains: dict[str, float] = {}
-        enqueues: dict[str, float] = {}
-        for steps in STEPS:
-            r.flushall()
-            r.xgroup_create(STREAM, "g", id="0", mkstream=True)
-            ids = [os.urandom(11).hex() for _ in range(n)]
+        r.xgroup_create(STREAM, "g", id="0", mkstream=True)
+        ids = [os.urandom(11).hex() for _ in range(n)]
 
-            def do_enqueue(ids: list[str] = ids, steps: str = steps) -> None:
-                for i in range(0, n, batch):
-                    chunk = ids[i:i + batch]
-                    args: list[str] = []
-                    for j, x in enumerate(chunk):
-                        args += [x, f'noop {{"n":{i + j}}}']
-                    enq(keys=[STREAM, STATS, *(PREFIX + x for x in chunk)],
-                        args=[*args, steps])
+        def do_enqueue() -> None:
+            for i in range(0, n, batch):
+                chunk = ids[i:i + batch]
+                args: list[str] = []
+                for j, x in enumerate(chunk):
+                    args += [x, f'noop {{"n":{i + j}}}']
+                enq(keys=[STREAM, STATS, *(PREFIX + x for x in chunk)], args=[*args, steps])
 
-            def do_drain(steps: str = steps) -> None:
-                while True:
-                    rep: list[bytes] = claim(keys=[STREAM], args=["c1", 75, PREFIX, "w1:", steps])
-                    if not rep:
-                        return
-                    args: list[Any] = [PREFIX]
-                    for j in range(0, len(rep), 4):
-                        args += [rep[j + 1], rep[j + 2], rep[j]]
-                    fin(keys=[STREAM, STATS, steps, "c1", REAP], args=args)
+        def do_drain() -> None:
+            while True:
+                rep: list[bytes] = claim(keys=[STREAM], args=["c1", 75, PREFIX, "w1:", steps])
+                if not rep:
+                    return
+                args: list[Any] = [PREFIX]
+                for j in range(0, len(rep), 4):
+                    args += [rep[j + 1], rep[j + 2], rep[j]]
+                fin(keys=[STREAM, STATS, steps, "c1", REAP], args=args)
 
-            enqueues[steps] = srv.measure(do_enqueue) / n
-            drains[steps] = srv.measure(do_drain) / n
-            if r.xlen(STREAM) != 0:
-                raise SystemExit(f"{steps}: the stream was not drained")
-        out["enqueue_ir_per_job"] = round(enqueues["x"])
-        out["enqueue_ir_per_job_by_steps"] = {k: round(v) for k, v in enqueues.items()}
-        out["drain_ir_per_job"] = {k: round(v) for k, v in drains.items()}
-        out["lifecycle_ir_per_job"] = {k: round(v + enqueues[k]) for k, v in drains.items()}
-        return out
+        enqueued = srv.measure(do_enqueue) / n
+        drained = srv.measure(do_drain) / n
+        if r.xlen(STREAM) != 0:
+            raise SystemExit(f"{steps}: the stream was not drained")
+        return enqueued, drained, str(r.info("server").get("redis_version"))
     finally:
         srv.close()
+
+
+def run(n: int, batch: int, binary: str, steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
+    out: dict[str, Any] = {"jobs": n, "enqueue_batch": batch, "binary": binary}
+    drains: dict[str, float] = {}
+    enqueues: dict[str, float] = {}
+    for s in steps:
+        enqueues[s], drains[s], out["server"] = _one(n, batch, binary, s)
+    out["enqueue_ir_per_job"] = round(enqueues[steps[0]])
+    out["enqueue_ir_per_job_by_steps"] = {k: round(v) for k, v in enqueues.items()}
+    out["drain_ir_per_job"] = {k: round(v) for k, v in drains.items()}
+    out["lifecycle_ir_per_job"] = {k: round(v + enqueues[k]) for k, v in drains.items()}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--batch", type=int, default=500, help="jobs per enqueue call")
     ap.add_argument("--binary", default=os.environ.get("STREAMQ_REDIS_SERVER", "redis-server"))
+    ap.add_argument("--steps", default=",".join(STEPS), help="step sets, comma-separated")
     args = ap.parse_args(argv)
-    print(json.dumps(run(args.jobs, args.batch, args.binary), indent=1))
+    print(json.dumps(run(args.jobs, args.batch, args.binary, tuple(args.steps.split(","))),
+                     indent=1))
     return 0
 
 

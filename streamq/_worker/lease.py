@@ -102,7 +102,8 @@ class LeaseKeeper:
         self._consumer = consumer
         self._every_s = every_s
         self._lock = threading.Lock()
-        self._leases: dict[tuple[str, str], Lease] = {}
+        self._leases: dict[str, dict[str, Lease]] = {}
+        """The leases held, by lane (its keys' tag), then by entry: no tuple made per job."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.renewed = 0
@@ -116,62 +117,79 @@ class LeaseKeeper:
         self.loop = Supervised("lease renewal", log, outage=outage, min_backoff_s=0.02,
                                max_backoff_s=max(0.05, every_s / 4))
 
+    def _lane(self, tag: str) -> dict[str, Lease]:
+        """The lane's leases by entry (made at its first lease; call it under the lock)."""
+        held = self._leases.get(tag)
+        if held is None:
+            held = self._leases[tag] = {}
+        return held
+
     def add(self, lease: Lease) -> None:
         with self._lock:
-            self._leases[(lease.keys.tag, lease.entry)] = lease
+            self._lane(lease.keys.tag)[lease.entry] = lease
 
     def add_many(self, leases: list[Lease]) -> None:
         """``add`` for each of a batch's leases, under one lock."""
         with self._lock:
-            held = self._leases
             keys: Keys | None = None
-            tag = ""
+            held: dict[str, Lease] = {}
             for lease in leases:
                 if lease.keys is not keys:  # (a batch's leases share their lane's keys)
                     keys = lease.keys
-                    tag = keys.tag
-                held[(tag, lease.entry)] = lease
+                    held = self._lane(keys.tag)
+                held[lease.entry] = lease
+
+    def _get(self, queue: str, entry: str) -> Lease | None:
+        held = self._leases.get(queue)
+        return held.get(entry) if held is not None else None
 
     def backdate(self, queue: str, entry: str, token: str, since: float) -> None:
         """The lease of (entry, token) may have begun as early as ``since`` (a hand-off:
         started by a producer before this worker learnt of it): it is renewed as if it had."""
         with self._lock:
-            lease = self._leases.get((queue, entry))
+            lease = self._get(queue, entry)
             if lease is not None and lease.token == token and since < lease.started:
                 lease.started = since
 
     def remove(self, queue: str, entry: str) -> None:
         with self._lock:
-            self._leases.pop((queue, entry), None)
+            held = self._leases.get(queue)
+            if held is not None:
+                held.pop(entry, None)
 
     def remove_many(self, queue: str, settled: list[tuple[str, str]]) -> None:
         """Drop the leases of settled (entry, token) pairs; a newer lease of the same entry
         (taken over again after this one was lost) stays."""
         with self._lock:
+            held = self._leases.get(queue)
+            if held is None:
+                return
             for entry, token in settled:
-                lease = self._leases.get((queue, entry))
+                lease = held.get(entry)
                 if lease is not None and lease.token == token:
-                    del self._leases[(queue, entry)]
+                    del held[entry]
 
     def remove_settled(self, queue: str, settled: Iterable[Sequence[Any]]) -> None:
         """``remove_many`` for outcomes (job id, entry, token, ...): a batch settled."""
         with self._lock:
-            held = self._leases
+            held = self._leases.get(queue)
+            if held is None:
+                return
             for item in settled:
-                key = (queue, item[1])
-                lease = held.get(key)
+                entry = item[1]
+                lease = held.get(entry)
                 if lease is not None and lease.token == item[2]:
-                    del held[key]
+                    del held[entry]
 
     def holds(self, queue: str, entry: str) -> bool:
         """True while this worker holds a live (not lost) lease of the entry."""
         with self._lock:
-            lease = self._leases.get((queue, entry))
+            lease = self._get(queue, entry)
             return lease is not None and not lease.lost
 
     def snapshot(self) -> list[Lease]:
         with self._lock:
-            return list(self._leases.values())
+            return [lease for held in self._leases.values() for lease in held.values()]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="streamq-lease", daemon=True)
