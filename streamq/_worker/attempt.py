@@ -273,13 +273,14 @@ class Attempts:
                     span.end(item[3], _last_exc.get(), str(item[5]) if item[3] != "ok" else "",
                              item[6])
                 outcome = item[3]
-                if outcome == "ok" or outcome == "dead":
+                ok = outcome == "ok"
+                if ok or outcome == "dead":
                     seen = self.seen
                     if seen is not None:  # a batch's first steps: observed once per batch
-                        seen.append((queue, outcome == "ok", wait_ms, ran_s * 1000))
+                        seen.append((queue, ok, wait_ms, ran_s * 1000))
                     elif self.series is not None:
-                        self.series.observe(queue, outcome == "ok", wait_ms, ran_s * 1000)
-                if outcome == "retry" or outcome == "dead":
+                        self.series.observe(queue, ok, wait_ms, ran_s * 1000)
+                if not ok and (outcome == "retry" or outcome == "dead"):
                     exc_now = _last_exc.get()
                     self._log_outcome(job.queue, job.id, job.type, attempt, max_attempts,
                                       item[5] if item[3] == "dead" else int(item[5]),
