@@ -15,7 +15,7 @@ from streamq import Job, Queue, Registry, Retry, Worker
 from streamq._core.config import QueueConfig
 from streamq._core.keys import GROUP, Keys
 from streamq._core.scripts import SCRIPTS
-from streamq._worker.calls import claim_call, claim_read, claim_rows
+from streamq._worker.calls import claim_call, claim_read, claim_rows, lease_tokens
 
 
 def _groups(r: redis.Redis, k: Keys, levels: list[int]) -> list[str]:
@@ -23,6 +23,14 @@ def _groups(r: redis.Redis, k: Keys, levels: list[int]) -> list[str]:
     for s in streams:
         r.xgroup_create(s, GROUP, id="0", mkstream=True)
     return streams
+
+
+def test_the_worker_names_a_claims_tokens_as_the_script_does() -> None:
+    # claim_rows names them one by one, as claim.lua does: <prefix><hex(first + k)>
+    for prefix, first, n in (("a1b2c3d4e5", 1, 75), ("w%d:", 0xfff, 3), ("p", 10**12, 1)):
+        assert lease_tokens(prefix, first, n) == [f"{prefix}{k:x}" for k in range(first,
+                                                                                  first + n)]
+    assert lease_tokens("p", 5, 0) == []
 
 
 def test_levels_in_reading_order_with_tokens_by_place(r: redis.Redis, q: Queue) -> None:

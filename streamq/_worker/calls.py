@@ -92,6 +92,16 @@ def claim_read(reply: Sequence[Any]) -> int:
     return sum((len(rows) - 1) // CLAIM_WIDTH for rows in reply[CLAIM_HEAD:])
 
 
+def lease_tokens(token_prefix: str, first: int, n: int) -> list[str]:
+    """The lease tokens of a claim's n entries, in reading order, as claim.lua names them
+    (``<prefix><hex(first + k)>``): one ``%`` format over the run, not a format spec per
+    entry (about 500 CPU instructions less per job)."""
+    if n <= 0:
+        return []
+    text = (token_prefix.replace("%", "%%") + "%x\n") * n % tuple(range(first, first + n))
+    return text[:-1].split("\n")
+
+
 def claim_rows(reply: Sequence[Any], token_prefix: str, first: int
                ) -> list[tuple[int, str, str, str, str, int, Any, int, int, int]]:
     """The entries of a claim.lua reply (``claim_call(..., token_prefix, first, ...)``), each

@@ -31,7 +31,7 @@ from .._core.retry import transient
 from .._core.scripts import SCRIPTS
 from .._core.sends import xreadgroup
 from .._core.supervise import Outage, Supervised
-from .calls import CLAIM_HEAD, ClaimPack, claim_call, claim_read, start_call
+from .calls import CLAIM_HEAD, ClaimPack, claim_call, claim_read, lease_tokens, start_call
 from .handoff import TICKET_SLACK_MS, HandOff, inbox_row
 from .lease import Lease, LeaseKeeper, new_lease
 from .slots import Slots
@@ -360,7 +360,8 @@ class Fetching(HandOff):
                 return
             for i in missing.split(b","):
                 await self._ensure_group(client, qs.lanes[order[int(i) - 1]].keys)
-        if claim_read(reply) < int(allowed):  # fewer than the rate allowed: drained
+        read = claim_read(reply)
+        if read < int(allowed):  # fewer than the rate allowed: drained
             qs.idle = True
         # the batch in one pass (Worker._launch's work, the leases held under one lock)
         leases: list[Lease] = []
@@ -369,26 +370,26 @@ class Fetching(HandOff):
             to_start = self._to_start
             hold, start = leases.append, to_start.append
             now = time.monotonic()
-            prefix = self._token_prefix
-            k = first
+            # the k-th entry read (started or not) has the k-th token
+            token = iter(lease_tokens(self._token_prefix, first, read)).__next__
             for rows in reply[CLAIM_HEAD:]:  # one array per read: its level, then 4 values
                 lane = lanes[order[rows[0] - 1]]  # per entry (claim.lua's header)
                 keys = lane.keys
                 it = iter(rows)
                 next(it)
                 for eid, jid, data, t in zip(it, it, it, it, strict=False):
+                    tok = token()
                     if t.__class__ is int:  # attempt 1, no deadline, waited t ms
-                        lease = new_lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
+                        lease = new_lease(keys, jid.decode(), eid.decode(), tok, now)
                         hold(lease)
                         start((lane, lease, 1, data, (0, t, t)))
                     elif t.__class__ is list:  # any other start
                         attempt, deadline, wait_ms, age_ms = t
-                        lease = new_lease(keys, jid.decode(), eid.decode(), f"{prefix}{k:x}", now)
+                        lease = new_lease(keys, jid.decode(), eid.decode(), tok, now)
                         hold(lease)
                         start((lane, lease, attempt, data, (deadline, wait_ms, age_ms)))
                     elif t == b"paused":  # not started (skip, dead, paused, limited)
                         qs.paused = True
-                    k += 1
             if leases:
                 self.stats.started += len(leases)
             self._release(n - len(leases))
