@@ -114,8 +114,11 @@ def test_a_second_signal_stops_at_once_and_hands_the_job_back(url: str, q: Queue
                                  json.dumps(cfg)], stdout=subprocess.DEVNULL, stderr=err)
     try:
         q.enqueue("job", {"sleep": 300}, job_id="long")
-        wait_until(lambda: q.get("long").state == "active",  # type: ignore[union-attr]
-                   what="the long job to start")
+        # the ledger's start line, not the record's "active" (written by the claim before
+        # the worker reads its reply: a SIGTERM in between hands the job back unstarted)
+        ledger = tmp_path / "ledger"
+        wait_until(lambda: ledger.exists() and b'"ev": "start"' in ledger.read_bytes(),
+                   what="the long job's handler to start")
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: b"waiting up to 120 s for 1 running jobs" in log.read_bytes(),
                    timeout_s=60, what="the stop to say what it waits for")
