@@ -24,7 +24,7 @@ import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError
 
 from streamq import InvalidArgument, QueueConfig
-from streamq._core.config import _positive_seconds
+from streamq._core.config import _positive_seconds, start_wait_seconds
 from streamq._core.conn import async_client, averify
 from streamq._core.keys import DEFAULT_PRIORITY, GROUP, PRIORITIES, Keys, queues_key, shard_keys
 from streamq._core.retry import acall
@@ -32,7 +32,13 @@ from streamq._core.scripts import SCRIPTS
 from streamq._core.shards import Layout
 from streamq._core.shards import check_layout as _check_layout
 from streamq._core.shards import read as _read_layout
-from streamq._core.supervise import LoopHealth, Outage, Supervised
+from streamq._core.supervise import (
+    LoopHealth,
+    Outage,
+    Supervised,
+    start_unless_stopped,
+    start_waiting,
+)
 from streamq._worker.promote import Promoter
 from streamq._worker.relay import Relay
 
@@ -54,6 +60,9 @@ class SchedulerConfig:
     """A queue whose workers have not sent a heartbeat for this long has no live worker."""
     on_time_s: float = attrs.field(default=60.0, validator=_positive_seconds)
     """With catch_up='skip', a tick this late still fires (it is late, not missed)."""
+    start_wait_s: float = attrs.field(default=0.0, validator=start_wait_seconds)
+    """How long ``start()`` keeps trying again while Redis is not usable yet (as
+    ``WorkerConfig.start_wait_s``); 0 = each set-up call's own few retries (about 3 s)."""
 
 
 class Scheduler:
@@ -111,8 +120,14 @@ class Scheduler:
         await self.stop()
 
     async def start(self) -> None:
+        """Connect, check the queues' layouts and start the loops; while Redis is not usable
+        yet, tried again for up to ``SchedulerConfig.start_wait_s``."""
         if self._running:
             return
+        await start_waiting(self._start_once, self.config.start_wait_s, log,
+                            f"scheduler {self.consumer}")
+
+    async def _start_once(self) -> None:
         client = async_client(self.url, **self._client_kwargs)
         try:  # idempotent calls, retried over transient errors; nothing left behind on failure
             # a URL of the wrong form (redis:// at a cluster node, …): one clear error
@@ -171,7 +186,9 @@ class Scheduler:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
                 loop.add_signal_handler(sig, stop.set)
-        await self.start()
+        if not await start_unless_stopped(self.start(), stop):  # a signal while it waited
+            log.info("scheduler %s: stopped before it started", self.consumer)
+            return
         try:
             await stop.wait()
         finally:

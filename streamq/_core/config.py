@@ -35,6 +35,12 @@ def _positive_seconds(_inst: object, att: attrs.Attribute[float], v: float) -> N
         raise InvalidArgument(f"{att.name} must be a positive, finite number of seconds, got {v!r}")
 
 
+def start_wait_seconds(_inst: object, att: attrs.Attribute[float], v: float) -> None:
+    """0 or more finite seconds (a start-up's wait for Redis)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+        raise InvalidArgument(f"{att.name} must be 0 or more, finite seconds, got {v!r}")
+
+
 def _optional_positive_seconds(
     inst: object, att: attrs.Attribute[float | None], v: float | None
 ) -> None:
@@ -394,6 +400,12 @@ class WorkerConfig:
     replaced before its next one; None = never."""
     pool_start_timeout_s: float = attrs.field(default=60.0, validator=_positive_seconds)
     """How long a new pool child may take to import the registry and run its startup hooks."""
+    start_wait_s: float = attrs.field(default=0.0, validator=start_wait_seconds)
+    """How long ``start()`` keeps trying again while Redis is not usable yet (refused or
+    timed-out connections, LOADING after a restart, READONLY or MASTERDOWN in a failover,
+    OOM): one WARNING per try, backing off up to 5 s. 0 = give up after each set-up call's
+    own few retries (about 3 s). A wrong password, a refused permission or a bad URL fails at
+    once whatever this says."""
 
     @property
     def reclaim_every_s(self) -> float:

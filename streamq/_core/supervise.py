@@ -22,6 +22,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
+from redis.exceptions import AuthenticationError, AuthorizationError
+
 from .retry import transient
 
 
@@ -186,3 +188,69 @@ class Supervised:
             self.ok()
             if pause > 0:
                 stop.wait(pause)
+
+
+_FIRST_WAIT_S = 0.5
+_LONGEST_WAIT_S = 5.0
+
+
+def worth_waiting(exc: BaseException) -> bool:
+    """A start-up error that time may cure: transient (:func:`transient`), and not a refused
+    login (a wrong password or ACL user: redis-py files those under ConnectionError, and no
+    wait fixes them)."""
+    return transient(exc) and not isinstance(exc, (AuthenticationError, AuthorizationError))
+
+
+async def start_waiting(attempt: Callable[[], Awaitable[None]], wait_s: float,
+                        log: logging.Logger, who: str) -> None:
+    """Run ``attempt`` (a worker's or scheduler's start-up, which leaves nothing behind when
+    it raises); while it fails with an error :func:`worth_waiting` (Redis not up yet,
+    LOADING, READONLY in a failover, OOM), run it again, for up to ``wait_s`` seconds after
+    the first try (0: one try), backing off from 0.5 s to 5 s. Each wait is one WARNING line.
+    Any other error, or one still there when the time is up, is raised as it is."""
+    deadline = time.monotonic() + wait_s
+    pause = _FIRST_WAIT_S
+    failed = 0
+    while True:
+        try:
+            await attempt()
+        except Exception as exc:
+            left = deadline - time.monotonic()
+            if left <= 0 or not worth_waiting(exc):
+                raise
+            failed += 1
+            log.warning("%s: Redis is not usable yet (%s: %s); trying again, for up to %.0f s"
+                        " more", who, type(exc).__name__, exc, left)
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, _LONGEST_WAIT_S)
+            continue
+        if failed:
+            log.info("%s: started after %d failed tries", who, failed)
+        return
+
+
+async def start_unless_stopped(start: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Await ``start`` unless ``stop`` is set first (a signal while a start waits for Redis):
+    then cancel it (a start leaves nothing behind when it ends early) and answer False.
+    A start's own error is raised."""
+    starting = asyncio.ensure_future(start)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+    try:
+        await starting
+    except asyncio.CancelledError:
+        if stop.is_set() and not _cancelling():
+            return False
+        raise
+    return True
+
+
+def _cancelling() -> bool:
+    """True when the current task itself is being cancelled (not only what it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -34,7 +34,13 @@ from .._core.keys import DEFAULT_PRIORITY, queues_key, shard_keys
 from .._core.queues import publish_types
 from .._core.retry import acall
 from .._core.sends import Kept, inline_sends
-from .._core.supervise import LoopHealth, Outage, Supervised
+from .._core.supervise import (
+    LoopHealth,
+    Outage,
+    Supervised,
+    start_unless_stopped,
+    start_waiting,
+)
 from .attempt import Attempts
 from .cancel import CancelWatch
 from .eager import Carrier
@@ -192,9 +198,15 @@ class Worker(Owning, Resharding, Fetching, Running):
         """Connect, create the consumer groups, and start fetching in background tasks.
 
         Safe to repeat: the set-up calls are idempotent and retried over transient errors;
-        when it fails anyway, nothing is left behind and ``start()`` may be called again."""
+        while Redis is not usable yet, the whole start is tried again for up to
+        ``WorkerConfig.start_wait_s``; when it fails anyway, nothing is left behind and
+        ``start()`` may be called again."""
         if self._running:
             return
+        await start_waiting(self._start_once, self.config.start_wait_s, log,
+                            f"worker {self.consumer}")
+
+    async def _start_once(self) -> None:
         timeout = self.config.block_ms / 1000 + 10
         client = async_client(self.url, socket_timeout_s=timeout, **self._client_kwargs)
         inline_sends(client)  # every command's write goes out at once (no task per write)
@@ -451,7 +463,9 @@ class Worker(Owning, Resharding, Fetching, Running):
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
-        await self.start()
+        if not await start_unless_stopped(self.start(), stop):  # a signal while it waited
+            log.info("worker %s: stopped before it started", self.consumer)
+            return
         try:
             await stop.wait()
         finally:

@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import json
 import logging
+import math
 import os
 import sys
 import traceback
@@ -122,7 +123,8 @@ def _worker(args: argparse.Namespace) -> int:
                            gauges_interval_s=args.metrics_interval, pool=args.pool,
                            pool_size=args.pool_size, pool_registry=args.registry,
                            max_jobs_per_child=args.max_jobs_per_child,
-                           max_memory_per_child_mb=args.max_memory_per_child)
+                           max_memory_per_child_mb=args.max_memory_per_child,
+                           start_wait_s=args.start_wait)
     except InvalidArgument as exc:
         raise SystemExit(f"streamq: {exc}") from None
     qcfg = queue_config(args)
@@ -172,7 +174,8 @@ def _scheduler(args: argparse.Namespace) -> int:
     if not args.queue and not cron:
         raise SystemExit("streamq scheduler: give at least one --queue or --cron")
     cfg = SchedulerConfig(poll_interval_s=args.poll_interval,
-                          visibility_timeout_s=args.visibility_timeout)
+                          visibility_timeout_s=args.visibility_timeout,
+                          start_wait_s=args.start_wait)
     qcfg = queue_config(args)
     scheduler = Scheduler(args.url, args.queue or [], cron, cfg, qcfg)
     interval = args.metrics_interval if args.metrics_port is not None else None
@@ -310,6 +313,25 @@ def _metrics_options(parser: argparse.ArgumentParser) -> None:
                         " scraped (default 10)")
 
 
+def _wait_seconds(text: str) -> float:
+    """``--start-wait``: 0 or more finite seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return value
+
+
+def _start_wait_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--start-wait", type=_wait_seconds, metavar="SECONDS",
+                        default=os.environ.get("STREAMQ_START_WAIT", "0"),
+                        help="while Redis is not usable at start (not up yet, loading, a"
+                        " failover), keep trying for up to this long before exiting 1"
+                        " (default $STREAMQ_START_WAIT, else 0: a few retries, about 3 s)")
+
+
 def _reload_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reload", action="store_true",
                         help="development: restart (with a graceful stop) when a .py file under"
@@ -346,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace a pool child after N jobs")
     w.add_argument("--max-memory-per-child", type=float, metavar="MIB",
                    help="replace a pool child whose resident memory reaches MIB after a job")
+    _start_wait_option(w)
     _metrics_options(w)
     _reload_option(w)
     w.set_defaults(func=_worker)
@@ -355,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cron", action="append", help="module:attribute of Cron entries (repeatable)")
     s.add_argument("--poll-interval", type=float, default=30.0, help="seconds")
     s.add_argument("--visibility-timeout", type=float, default=30.0, help="seconds")
+    _start_wait_option(s)
     _metrics_options(s)
     _reload_option(s)
     s.set_defaults(func=_scheduler)
