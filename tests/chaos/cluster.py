@@ -49,7 +49,8 @@ from streamq import (
     ReplicationTimeout,
 )
 from streamq._core.cluster_server import ClusterServer, wait_for
-from streamq._core.keys import shard_of
+from streamq._core.keys import GROUP, shard_of
+from streamq._core.model import entry_id
 from streamq._core.retry import transient as engine_transient
 
 from .common import HERE, LAPSED, max_attempts_of, transient
@@ -457,6 +458,7 @@ class ClusterChaos:
         jobs: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         dead: collections.Counter[str] = collections.Counter()
         lost: list[str] = []
+        lost_detail: dict[str, Any] = {}
         twice: collections.Counter[str] = collections.Counter()
 
         def problem(what: str, jid: str, detail: Any) -> None:
@@ -508,6 +510,8 @@ class ClusterChaos:
         failures += [f"{what}: {n} (e.g. {examples[what]})" for what, n in problems.items()]
         if lost:
             failures.append(f"lost: {len(lost)} (e.g. {lost[:5]})")
+            lost_detail = self.where_lost([x.split(":", 1)[0] for x in lost[:5]])
+            failures.append(f"where they are: {json.dumps(lost_detail, default=str)[:4000]}")
         if self.exits:
             failures.append(f"workers exited on their own: {self.exits}")
         menu = CLUSTER_FAULTS + (WORKER_FAULTS if self.o.reshard else ())
@@ -530,7 +534,46 @@ class ClusterChaos:
                 "groups": group_report, "producer_errors": dict(producer.errors),
                 "startup_exits": self.startup_exits, "unexpected_exits": self.exits,
                 "worker_stalls": len(led.stalls), "fault_log": self.faults,
-                "failures": failures}
+                "lost_detail": lost_detail, "failures": failures}
+
+    def where_lost(self, job_ids: list[str]) -> dict[str, Any]:
+        """For a job that did not end: its record in every shard that has one (raw fields but
+        the payload), and its entry in each level stream of that shard (in the stream, pending
+        with whom), read straight from the cluster: what the next look at a failure needs."""
+        assert self.cluster is not None
+        from redis.cluster import RedisCluster
+
+        out: dict[str, Any] = {}
+        first = self.cluster.url.split("://", 1)[1].split(",")[0].split("/")[0]
+        rc = RedisCluster.from_url(f"redis://{first}", protocol=2, decode_responses=True)
+        try:
+            base = Keys(self.queue, qconfig().key_prefix)
+            for jid in job_ids:
+                seen: dict[str, Any] = {}
+                for n in range(16):
+                    k = base.of_shard(n)
+                    rec = {f: v for f, v in rc.hgetall(k.job(jid)).items() if f not in ("b",)}
+                    if not rec:
+                        continue
+                    entry = entry_id(str(rec.get("e", "")).encode())
+                    streams: dict[str, Any] = {}
+                    for s in [k.stream, *k.level_streams]:
+                        try:
+                            pend = rc.xpending_range(s, GROUP, min="-", max="+", count=10000)
+                            streams[s] = {
+                                "len": rc.xlen(s), "pending": len(pend),
+                                "entry pending": [x for x in pend if x["message_id"] == entry],
+                                "entry in stream": bool(entry and rc.xrange(s, entry, entry))}
+                        except Exception as exc:  # noqa: BLE001 - NOGROUP: never read
+                            streams[s] = f"{type(exc).__name__}: {exc}"
+                    seen["entry"] = entry
+                    seen[f"shard {n}"] = {"record": rec, "streams": streams}
+                out[jid] = seen
+        except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            rc.close()
+        return out
 
     def group_limits(self, led: Any, accepted: dict[str, dict[str, Any]],
                      in_fault: Any) -> dict[str, Any]:
