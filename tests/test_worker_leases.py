@@ -5,10 +5,12 @@ leases, a restarted worker's own pending entries, consumer pruning and batch sta
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Any
 
+import pytest
 import redis
 from helpers import eventually, fast, field, finished, record, running, start_entries, state
 
@@ -240,3 +242,43 @@ def test_a_batch_start_runs_exactly_the_callers_own_entries(q: Queue, r: redis.R
     for j in batch:
         rec = record(r, k.job(j))
         assert rec[b"state"] == (b"queued" if j in stale else b"active")
+
+
+def test_a_renewal_that_meets_its_own_settled_outcome_is_quiet(
+        url: str, q: Queue, r: redis.Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """A renewal sent while the lease's own outcome is being settled finds the job done under
+    its own token: not a lease lost to another worker (no warning, the handler is not
+    stopped); one whose job another worker took over is still lost, and says so."""
+    from streamq._worker.lease import Lease, LeaseKeeper
+
+    k = q.keys
+    r.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+    for j in ("mine", "taken"):
+        q.enqueue("t", job_id=j)
+    got: Any = r.xreadgroup(GROUP, "w", {k.stream: ">"}, count=2)  # delivered to "w"
+    by_job = {j: (field(r, k.job(j), "entry") or b"").decode() for j in ("mine", "taken")}
+    assert sorted(by_job.values()) == sorted(eid.decode() for eid, _ in got[0][1])
+    for j, tok in (("mine", "tok-mine"), ("taken", "tok-taken")):
+        assert start_entries(r, k, "w", [(by_job[j], j)], token=tok)[0] == b"run"
+    # "mine" settles (its reply not read yet); "taken" is started again by another worker
+    assert SCRIPTS["finish"](r, [k.stream, k.delayed, k.dead, k.stats, k.events, k.job("mine")],
+                             [GROUP, 100, 3600, 1000, "", 1, "mine", by_job["mine"], "tok-mine",
+                              "ok", b'"done"', 0, ""]) == [b"completed"]
+    r.xclaim(k.stream, GROUP, "other", 0, [by_job["taken"]], justid=True)
+    assert start_entries(r, k, "other", [(by_job["taken"], "taken")])[0] == b"run"
+    assert SCRIPTS["renew"](r, [k.stream, k.job("mine"), k.job("taken")],
+                            [GROUP, "w", by_job["mine"], "tok-mine", by_job["taken"],
+                             "tok-taken"]) == [3, 0]
+
+    keeper = LeaseKeeper(lambda: r, "w", 1.0)
+    stopped: list[str] = []
+    keeper.on_lost = lambda lease: stopped.append(lease.job_id)
+    leases = {j: Lease(k, j, by_job[j], f"tok-{j}", started=0.0) for j in ("mine", "taken")}
+    for lease in leases.values():
+        keeper.add(lease)
+    with caplog.at_level(logging.WARNING, logger="streamq"):
+        keeper.renew_once(r)
+    warned = [rec.getMessage() for rec in caplog.records if "lease lost" in rec.getMessage()]
+    assert stopped == ["taken"] and len(warned) == 1 and "taken" in warned[0]
+    assert leases["mine"].lost and leases["taken"].lost  # neither is renewed again
+    assert keeper.lost == 1 and keeper.renewed == 0

@@ -229,7 +229,9 @@ class LeaseKeeper:
                     args += [x.entry, x.token]
                 reply = SCRIPTS["renew"](client, keys, args)
                 for x, ok in zip(batch, reply, strict=True):
-                    if ok:
+                    if ok == 3:  # its own outcome is in (the settle's reply not read yet):
+                        x.lost = True  # nothing to renew, nothing to stop, nothing to say
+                    elif ok:
                         self.renewed += 1
                         if ok == 2 and self.on_cancel is not None:  # renew.lua: cancel asked
                             self.on_cancel(x)

@@ -8,7 +8,10 @@
 -- ARGV[2]   consumer name (the owner)
 -- ARGV[3..] per lease i: stream entry id, lease token (pairs)
 -- Returns per lease: 1 renewed, 2 renewed and a cancel of the job was requested (cancel.lua's
---           'cx': the worker's fallback when the cancel channel's message was lost), 0 lost
+--           'cx': the worker's fallback when the cancel channel's message was lost), 3 not
+--           renewed because the lease's own outcome is in (the record left 'active' and still
+--           names this token: finish.lua keeps the holder's token; anyone else's settling
+--           clears or replaces it), 0 lost (taken over, settled by another, or gone)
 local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local out, ids = {}, {}
 local n = (#ARGV - 2) / 2
@@ -18,6 +21,8 @@ for i = 1, n do
   if r[1] == 'active' and r[2] == token then
     ids[#ids + 1] = entry
     out[i] = r[3] and 2 or 1
+  elseif r[2] == token then
+    out[i] = 3  -- (its outcome settled while this renewal was on its way)
   else
     out[i] = 0
   end
