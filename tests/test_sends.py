@@ -47,7 +47,8 @@ async def test_an_inline_client_writes_without_a_task_per_command(url: str) -> N
         await fast.ping()  # (connected: the first command of a pool connects)
         made = _count_tasks(loop)
         assert await plain.set("sends:k", b"v") is True
-        assert made[0] >= 1  # redis-py's wait_for wraps the write in a task of its own
+        if sys.version_info < (3, 12):  # (asyncio.wait_for makes no task from 3.12 on)
+            assert made[0] >= 1  # redis-py's wait_for wraps the write in a task of its own
         made[0] = 0
         assert await fast.set("sends:k", b"w") is True
         assert await fast.get("sends:k") == b"w"

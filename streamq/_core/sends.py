@@ -100,9 +100,14 @@ def _subclass(cls: type[AbstractConnection]) -> type[Any]:
         if check_health:
             await self.check_health()  # type: ignore[no-untyped-call]  # (a PING when due)
         writer: Any = self._writer
+        transport = writer.transport
+        if transport.is_closing():  # the connection went away while idle: Python 3.12+'s
+            # writelines on a closed socket transport raises AttributeError, not OSError
+            await self.disconnect(nowait=True)
+            raise RedisConnectionError("Error while writing to socket: connection closed")
         try:
             writer.writelines([command] if isinstance(command, bytes) else command)
-            if writer.transport.get_write_buffer_size():
+            if transport.get_write_buffer_size():
                 async with asyncio.timeout(timeout):  # waits only while the buffer is full
                     await writer.drain()
             else:  # written whole: drain cannot wait (it raises a lost connection), and a
