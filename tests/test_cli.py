@@ -78,3 +78,15 @@ def test_an_unknown_event_kind_is_refused_with_the_known_ones() -> None:
                                       "--events", "completed,finished"])
     with pytest.raises(SystemExit, match="finished"):
         queue_config(args)
+
+
+@pytest.mark.parametrize("var", ["STREAMQ_SHARDS", "STREAMQ_GROUP_CONCURRENCY"])
+def test_a_bad_number_in_the_environment_is_a_usage_error(
+        var: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(var, "abc")
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["stats", "q"])
+    assert stopped.value.code == 2 and "invalid int value: 'abc'" in capsys.readouterr().err
+    monkeypatch.setenv(var, "4")
+    assert getattr(build_parser().parse_args(["stats", "q"]),
+                   var.removeprefix("STREAMQ_").lower()) == 4

@@ -283,12 +283,12 @@ def _common_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
                         help="text, or json: one JSON object per line with the job's fields"
                         " (worker and scheduler; default $STREAMQ_LOG_FORMAT, else text)")
     parser.add_argument("--shards", type=int,
-                        default=d(int(os.environ.get("STREAMQ_SHARDS", "1"))),
+                        default=d(os.environ.get("STREAMQ_SHARDS", "1")),
                         help="the queues' shard count (QueueConfig.shards; default"
                         " $STREAMQ_SHARDS, else 1); it must equal the one stored with each"
                         " queue")
     parser.add_argument("--group-concurrency", type=int,
-                        default=d(int(os.environ.get("STREAMQ_GROUP_CONCURRENCY", "1"))),
+                        default=d(os.environ.get("STREAMQ_GROUP_CONCURRENCY", "1")),
                         help="the queues' default group limit (QueueConfig.group_concurrency;"
                         " default $STREAMQ_GROUP_CONCURRENCY, else 1): give workers the"
                         " producers' value")
