@@ -384,3 +384,23 @@ async def test_an_idle_worker_with_fewer_slots_than_levels_reads_every_level(
         await eventually(lambda: w.stats.completed >= 3, timeout_s=20,
                          what="the jobs enqueued at lower levels while the worker was idle")
     assert sorted(ledger) == ["hi", "lo", "mid"]
+
+
+async def test_a_claim_of_two_levels_whose_jobs_end_at_once_settles_both(url: str, q: Queue
+                                                                         ) -> None:
+    """An idle worker's claim can hold jobs of several levels; when every one ends in its
+    first step, the last one's outcome is sent from its own task and the other levels' loops
+    are woken too. Before, the other level's outcome waited for that level's next job: its
+    job stayed 'active', its lease renewed, for as long as the level stayed quiet (the cluster
+    chaos run lost a job so). A batch that comes apart instead passes as well."""
+    reg = Registry()
+
+    @reg.handler("t")
+    async def t(job: Job) -> None:
+        return None
+
+    q.enqueue("t", job_id="hi", priority=4)
+    q.enqueue("t", job_id="lo", priority=0)
+    async with running(url, q.name, reg, concurrency=8):
+        await eventually(lambda: {q.get(j).state for j in ("hi", "lo")}  # type: ignore[union-attr]
+                         == {"completed"}, what="both jobs to complete")

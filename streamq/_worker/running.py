@@ -192,7 +192,13 @@ class Running:
             if (len(qs.buf) == 1 and qs.settle_idle and not qs.sending and settler is not None
                     and not self._tasks):
                 # the only job running, its lane's settling loop idle: its outcome goes out
-                # at once, from its own task (under load the loop batches them)
+                # at once, from its own task (under load the loop batches them); the
+                # batch's other lanes (a claim of several priority levels) are woken as
+                # below, or their outcomes would wait for their lane's next one (the job
+                # 'active', its lease renewed, for as long as that lane stays quiet)
+                for other in lanes:
+                    if other is not qs:
+                        other.flush.set()
                 carrier = self._carrier
                 if carrier is None or carrier.spoilt:
                     carrier = self._carrier = Carrier(loop)
